@@ -1,0 +1,129 @@
+"""`aotc build`: export artifact -> package folder (AOTInductor .pt2 + manifest.json).
+
+Stages: load the artifact, place it on the device/precision, compile with AOTInductor, hash and
+write the manifest, load-and-run the package in a child process against eager, rename into place.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotc_runtime.environment import gpu_description, running_environment
+from aotc_runtime.manifest import FORMAT_VERSION, MODEL_FILE, sha256_file
+
+from . import __version__
+from .config import BuildConfig, Mode, Precision, preset_runtime
+from .errors import BuildError, UserInputError
+from .export import load_artifact
+from .inductor_options import resolve_options
+from .package_writer import commit, staging_folder, write_manifest
+from .precision import place_program
+from .progress import Progress
+from .quiet import quiet_torch
+from .tolerances import tolerance
+from .toolchain import compiler_options
+from .user_frames import first_line
+from .verify import check_numerics
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    manifest: dict
+
+    def to_dict(self) -> dict:
+        m = self.manifest
+        return {"package": str(self.output), "mode": m["mode"], "device": m["device"], "precision": m["precision"],
+                "build_seconds": m["build_seconds"], "size_bytes": m["size_bytes"], "numeric_check": m["numeric_check"]}
+
+
+def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
+    cfg.validate()
+    progress = progress or Progress()
+    started = time.perf_counter()
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine")
+    options = resolve_options(cfg)
+    compiler, compiler_record = compiler_options(cfg.bsymbolic)
+    with progress.stage(f"loading {cfg.artifact}"):
+        ep, meta = load_artifact(cfg.artifact)
+    signature = meta["signature"]
+    with staging_folder(cfg.output) as staging:
+        with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
+            placed = place_program(ep, cfg.device, cfg.precision, signature)
+        with progress.stage(f"compiling with AOTInductor, mode {cfg.mode.value}"):
+            compile_aoti(placed, staging / MODEL_FILE, {**options, **compiler}, cfg.precision)
+        compile_seconds = time.perf_counter() - started
+        manifest = base_manifest(cfg, meta, options, compiler_record, signature)
+        manifest.update(build_seconds=round(compile_seconds, 2), numeric_check={"status": "pending"})
+        write_manifest(staging, manifest)
+        atol, rtol = tolerance(cfg.precision.value, cfg.atol, cfg.rtol)
+        with progress.stage("checking the package against eager in a child process"), quiet_torch():
+            reference = place_program(ep, cfg.device, Precision.FP32, signature)
+            manifest["numeric_check"] = check_numerics(reference, signature, staging, cfg.device, atol, rtol, cfg.allow_mismatch)
+        manifest["build_seconds"] = round(time.perf_counter() - started, 2)
+        manifest["size_bytes"] = (staging / MODEL_FILE).stat().st_size
+        manifest = write_manifest(staging, manifest)
+        commit(staging, cfg.output)
+    progress.note(f"wrote {cfg.output} in {manifest['build_seconds']:.1f}s")
+    return BuildResult(cfg.output, manifest)
+
+
+def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) -> None:
+    import torch
+
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    if precision == Precision.TF32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with quiet_torch():
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(package_path), inductor_configs=options)
+    except (KeyboardInterrupt, BuildError):
+        raise
+    except Exception as exc:
+        raise BuildError(f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; rerun with --verbose for details") from exc
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old_tf32
+
+
+def base_manifest(cfg: BuildConfig, meta: dict, options: dict, compiler_record: dict, signature: dict) -> dict:
+    toolchain = {**running_environment(), **compiler_record}
+    device = {"type": cfg.device}
+    if cfg.device == "cuda":
+        import torch
+
+        device.update(gpu_description(torch.cuda.current_device()))
+        toolchain["triton"] = _triton_version()
+    runtime = preset_runtime(cfg.mode)
+    runtime["cuda_graphs"] = bool(runtime.get("cuda_graphs")) and cfg.device == "cuda"
+    runtime["tf32"] = cfg.precision == Precision.TF32
+    return {
+        "format_version": FORMAT_VERSION,
+        "aotc_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": meta.get("model"),
+        "source": {"artifact": str(Path(cfg.artifact).resolve()), "sha256": sha256_file(cfg.artifact)},
+        "toolchain": toolchain,
+        "device": device,
+        "mode": cfg.mode.value,
+        "precision": cfg.precision.value,
+        "inductor_options": {k: v for k, v in options.items()},
+        "runtime": runtime,
+        "signature": signature,
+    }
+
+
+def _triton_version():
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return None
+
+
+__all__ = ["build_package", "BuildResult", "Mode"]

@@ -1,0 +1,193 @@
+"""The `aotc` command line: parse flags, build a config, call one aotc.api function, print the result.
+
+Heavy imports (torch) happen inside commands so `aotc --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import EXIT_CODES, INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
+from .quiet import VERBOSE_ENV
+from .shapes import parse_dim, parse_shape
+
+
+class ShapeType(click.ParamType):
+    name = "SHAPE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_shape(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DimType(click.ParamType):
+    name = "NAME=MIN:MAX[:EXAMPLE]"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_dim(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class OptionType(click.ParamType):
+    name = "KEY=VALUE"
+
+    def convert(self, value, param, ctx):
+        from .inductor_options import parse_option
+
+        try:
+            return parse_option(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _exit_code_epilog() -> str:
+    rows = "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES)
+    return "\b\nExit codes:\n" + rows
+
+
+@click.group(epilog=_exit_code_epilog(), context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="aotc", prog_name="aotc")
+@click.option("--verbose", is_flag=True, help="Show torch's logs and full tracebacks.")
+def cli(verbose):
+    """aotc: export a PyTorch model, compile it ahead of time, run it with no compile and no warm-up.
+
+    \b
+      aotc export model.py --input-shape 32x128 -o model.pt2
+      aotc build model.pt2 --mode default --device cpu -o pkg/
+      aotc run pkg/ --iters 100
+    """
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+
+
+@cli.command(epilog=_exit_code_epilog())
+@click.argument("model")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Artifact path [default: <model>.pt2].")
+@click.option("--input-shape", "input_shapes", type=ShapeType(), multiple=True, help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input.")
+@click.option("--dim", "dims", type=DimType(), multiple=True, help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range).")
+@click.option("--dtype", "dtypes", multiple=True, help="Input dtype: one for all or one per input (float32, float16, bfloat16, int64, int32, bool...).")
+@click.option("--entry", help="Name of the model class, factory, instance or function in the file.")
+@click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first (torch.save file or .safetensors).")
+@click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, force, as_json):
+    """Trace MODEL (a .py file or package.module:attr) into an export artifact (.pt2)."""
+    from .api import export as export_api
+    from .config import ExportConfig
+
+    if output is None:
+        output = Path(Path(model.split(":")[-1]).stem + ".pt2")
+    cfg = ExportConfig(model=model, output=output, input_shapes=tuple(input_shapes), dims=tuple(dims), dtypes=tuple(dtypes),
+                       entry=entry, weights=weights, strict=strict, force=force)
+    result = export_api(cfg)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(f"exported {result.model} -> {result.output} in {result.seconds:.1f}s")
+    for spec in result.signature["inputs"]:
+        click.echo(f"  input  {spec['name']}: {spec['dtype']} {spec['shape']}")
+    for spec in result.signature["outputs"]:
+        click.echo(f"  output {spec['name']}: {spec['dtype']} {spec['shape']}")
+    for name, info in result.signature["dims"].items():
+        click.echo(f"  dim    {name}: {info['min']}..{info['max']} (example {info['example']})")
+
+
+@cli.command(epilog=_exit_code_epilog())
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Package folder to write.")
+@click.option("--mode", type=click.Choice(["default", "reduce-overhead", "max-autotune"]), default=None, help="Mode preset (configs/modes/) [default: default].")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Target device [default: cpu].")
+@click.option("--precision", type=click.Choice(["fp32", "tf32", "bf16", "fp16"]), default=None, help="Compute precision [default: fp32].")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML with build settings (flags override it).")
+@click.option("--option", "options", type=OptionType(), multiple=True, help="Inductor option over the preset, e.g. freezing=false; repeatable.")
+@click.option("--atol", type=float, help="Absolute tolerance of the numeric check [default per precision].")
+@click.option("--rtol", type=float, help="Relative tolerance of the numeric check [default per precision].")
+@click.option("--allow-mismatch", is_flag=True, default=None, help="Keep the package even if the numeric check fails.")
+@click.option("--no-bsymbolic", is_flag=True, help="Do not link the model .so with -Wl,-Bsymbolic (see README).")
+@click.option("--force", is_flag=True, help="Replace an existing package.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+def build(artifact, output, mode, device, precision, config_file, options, atol, rtol, allow_mismatch, no_bsymbolic, force, as_json, quiet):
+    """Compile ARTIFACT ahead of time into a package folder (AOTInductor + manifest.json)."""
+    from .api import build as build_api
+    from .config import BuildConfig, Mode, Precision, apply_config_file
+    from .progress import Progress
+
+    flags = {"mode": mode, "device": device, "precision": precision, "atol": atol, "rtol": rtol, "allow_mismatch": allow_mismatch}
+    given = {key for key, value in flags.items() if value is not None}
+    cfg = BuildConfig(artifact=artifact, output=output, options=dict(options), force=force, bsymbolic=not no_bsymbolic,
+                      mode=Mode(mode or "default"), device=device or "cpu", precision=Precision(precision or "fp32"),
+                      atol=atol, rtol=rtol, allow_mismatch=bool(allow_mismatch))
+    if config_file:
+        cfg = apply_config_file(cfg, config_file, given)
+    result = build_api(cfg, Progress(enabled=not quiet))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    m = result.manifest
+    click.echo(f"built {result.output} ({m['mode']}, {m['device']['type']}, {m['precision']}) in {m['build_seconds']:.1f}s, {m['size_bytes'] / 1e6:.1f} MB")
+    check = m["numeric_check"]
+    for out in check["outputs"]:
+        status = "ok" if out["ok"] else "MISMATCH"
+        click.echo(f"  check {out['name']}: max abs {out['max_abs']:.3g}, max rel {out['max_rel']:.3g} (atol {out['atol']:g}, rtol {out['rtol']:g}) {status}")
+
+
+@cli.command(epilog=_exit_code_epilog())
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--input", "inputs", multiple=True, type=click.Path(path_type=Path), help=".npy, .npz or .pt in positional order; default: seeded random inputs.")
+@click.option("--output", type=click.Path(path_type=Path), help="Write outputs to .npz (output_0, ...) or .pt.")
+@click.option("--iters", type=click.IntRange(min=0), default=0, help="Timed calls after the first (median/p90/p99).")
+@click.option("--seed", type=int, default=0, help="Seed of the random inputs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def run(package, inputs, output, iters, seed, as_json):
+    """Run PACKAGE through the thin runtime: no compile, no warm-up."""
+    from aotc_runtime.runner import format_report, run_package
+
+    report = run_package(package, inputs, output, iters, seed)
+    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+
+
+def main(argv=None) -> int:
+    """Console entry point: one-line errors with documented exit codes; tracebacks only with --verbose."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in args
+    try:
+        cli.main(args=args, prog_name="aotc", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except click.exceptions.Abort:
+        click.echo("interrupted; nothing was written", err=True)
+        return INTERRUPTED_EXIT_CODE
+    except KeyboardInterrupt:
+        click.echo("interrupted; nothing was written", err=True)
+        return INTERRUPTED_EXIT_CODE
+    except (AotcError, AotcRuntimeError) as exc:
+        if verbose:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except Exception as exc:  # our own bug: say so, briefly
+        if verbose:
+            raise
+        click.echo(f"error: internal error in aotc: {type(exc).__name__}: {exc}; rerun with --verbose and report it", err=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

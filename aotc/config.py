@@ -1,0 +1,169 @@
+"""Typed configuration for each stage. Flags and YAML files fill the same frozen dataclasses.
+
+Precedence: defaults < mode preset (configs/modes/<mode>.yaml) < --config FILE.yaml < flags.
+Rules about meaning live in `validate()`, which gathers every problem before failing once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .errors import UserInputError
+from .shapes import DimSpec
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+INPUT_DTYPES = FLOAT_DTYPES + ("int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+class Mode(str, enum.Enum):
+    DEFAULT = "default"
+    REDUCE_OVERHEAD = "reduce-overhead"
+    MAX_AUTOTUNE = "max-autotune"
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    model: str
+    output: Path
+    input_shapes: tuple = ()
+    dims: tuple = ()
+    dtypes: tuple = ()
+    entry: str | None = None
+    weights: Path | None = None
+    strict: bool = False
+    force: bool = False
+
+    def dtype_for(self, index: int) -> str:
+        if not self.dtypes:
+            return "float32"
+        return self.dtypes[0] if len(self.dtypes) == 1 else self.dtypes[index]
+
+    def validate(self) -> None:
+        problems = []
+        if self.dtypes and len(self.dtypes) not in (1, len(self.input_shapes)) and self.input_shapes:
+            problems.append(f"{len(self.dtypes)} --dtype for {len(self.input_shapes)} --input-shape; give one for all or one per input")
+        for dtype in self.dtypes:
+            if dtype not in INPUT_DTYPES:
+                problems.append(f"--dtype {dtype} is not one of {', '.join(INPUT_DTYPES)}")
+        if self.output.exists() and not self.force:
+            problems.append(f"output {self.output} exists; pass --force to overwrite it or choose another -o")
+        if self.weights is not None and not self.weights.is_file():
+            problems.append(f"--weights {self.weights} does not exist")
+        if problems:
+            raise UserInputError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    artifact: Path
+    output: Path
+    mode: Mode = Mode.DEFAULT
+    device: str = "cpu"
+    precision: Precision = Precision.FP32
+    options: dict = field(default_factory=dict)  # Inductor options layered over the mode preset
+    atol: float | None = None
+    rtol: float | None = None
+    allow_mismatch: bool = False
+    force: bool = False
+    # Link the model .so with -Wl,-Bsymbolic (see aotc/toolchain.py); on by default, harmless where not needed.
+    bsymbolic: bool = True
+
+    def validate(self) -> None:
+        problems = []
+        if not self.artifact.is_file():
+            problems.append(f"artifact {self.artifact} does not exist; create one with `aotc export MODEL -o {self.artifact}`")
+        if self.output.exists() and not self.force:
+            problems.append(f"output {self.output} exists; pass --force to replace it or choose another -o")
+        if self.device not in ("cpu", "cuda"):
+            problems.append(f"--device {self.device} is not cpu or cuda")
+        if self.precision == Precision.TF32 and self.device == "cpu":
+            problems.append("--precision tf32 needs --device cuda (TF32 is a GPU tensor-core format)")
+        for name, value in (("--atol", self.atol), ("--rtol", self.rtol)):
+            if value is not None and value < 0:
+                problems.append(f"{name} must be >= 0, got {value}")
+        if problems:
+            raise UserInputError("; ".join(problems))
+
+
+BUILD_FILE_KEYS = {"mode", "device", "precision", "options", "atol", "rtol", "allow_mismatch", "bsymbolic"}
+
+
+def load_yaml(path: Path) -> dict:
+    import yaml
+
+    if not path.is_file():
+        raise UserInputError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserInputError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"config file {path} must hold a mapping of keys to values")
+    return data
+
+
+def reject_unknown(keys, allowed, where: str) -> None:
+    for key in keys:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f"; known keys: {', '.join(sorted(allowed))}"
+            raise UserInputError(f"{where}: unknown key '{key}'{hint}")
+
+
+def apply_config_file(config: BuildConfig, path: Path, flags_given: set) -> BuildConfig:
+    """Layer a --config YAML under the flags the user typed (flags win)."""
+    data = load_yaml(path)
+    reject_unknown(data, BUILD_FILE_KEYS, f"config file {path}")
+    changes = {}
+    for key, value in data.items():
+        if key in flags_given:
+            continue
+        if key == "mode":
+            value = _enum(Mode, value, path)
+        elif key == "precision":
+            value = _enum(Precision, value, path)
+        elif key == "options":
+            if not isinstance(value, dict):
+                raise UserInputError(f"config file {path}: 'options' must be a mapping of Inductor options")
+            value = {**value, **config.options}
+        changes[key] = value
+    return replace(config, **changes)
+
+
+def _enum(kind, value, path):
+    try:
+        return kind(value)
+    except ValueError:
+        raise UserInputError(f"config file {path}: '{value}' is not one of {', '.join(m.value for m in kind)}") from None
+
+
+def mode_preset(mode: Mode) -> dict:
+    """The YAML preset of a mode: {'inductor': {common + per-device options}, 'runtime': {...}}."""
+    path = CONFIGS_DIR / "modes" / f"{mode.value}.yaml"
+    if not path.is_file():
+        from .errors import InternalError
+
+        raise InternalError(f"mode preset {path} is missing from the aotc installation; reinstall aotc from its checkout")
+    data = load_yaml(path)
+    reject_unknown(data, {"description", "inductor", "runtime"}, f"preset {path}")
+    return data
+
+
+def preset_inductor_options(mode: Mode, device: str) -> dict:
+    inductor = mode_preset(mode).get("inductor") or {}
+    return {**(inductor.get("common") or {}), **(inductor.get(device) or {})}
+
+
+def preset_runtime(mode: Mode) -> dict:
+    return dict(mode_preset(mode).get("runtime") or {})

@@ -1,0 +1,72 @@
+"""One error hierarchy and one exit-code table for the whole CLI.
+
+Every error message says what went wrong, where, and the flag or change that fixes it. The CLI
+prints `error: <message>` on one line and exits with the class's code; the traceback only with
+--verbose. Runtime errors come from aotc_runtime so the runtime never imports aotc.
+"""
+
+from __future__ import annotations
+
+from aotc_runtime.errors import AotcRuntimeError, InputMismatchError, PackageError
+
+
+class AotcError(Exception):
+    exit_code = 1
+
+
+class UserInputError(AotcError):
+    """A flag, path or file the user gave is malformed or missing."""
+
+    exit_code = 2
+
+
+class ModelError(AotcError):
+    """The user's model cannot be loaded, constructed, or fails on its own example inputs."""
+
+    exit_code = 3
+
+
+class ExportError(AotcError):
+    """torch.export cannot capture the model as one graph."""
+
+    exit_code = 4
+
+
+class BuildError(AotcError):
+    """Lowering or compiling failed, or the compiled package crashed when loaded."""
+
+    exit_code = 5
+
+
+class NumericMismatchError(AotcError):
+    """The compiled package disagrees with eager beyond the tolerance."""
+
+    exit_code = 6
+
+
+class InternalError(AotcError):
+    """A bug in aotc itself; the message asks for --verbose and a report."""
+
+    exit_code = 1
+
+
+INTERRUPTED_EXIT_CODE = 130
+
+# The documented table (README and `aotc --help` are generated from the same rows).
+EXIT_CODES = (
+    (0, "success"),
+    (1, "internal error in aotc (a bug: rerun with --verbose and report it)"),
+    (2, "bad command line or input file (flags, shapes, paths, configs)"),
+    (3, "the model cannot be loaded, constructed, or fails on its example inputs"),
+    (4, "torch.export cannot capture the model (see `aotc explain`)"),
+    (5, "build failed: compilation error, or the package crashed when loaded"),
+    (6, "numeric check failed: package output differs from eager beyond tolerance"),
+    (7, "package refused: not a package, damaged, or built for another torch/GPU"),
+    (8, "run-time inputs do not match the package signature"),
+    (130, "interrupted (Ctrl-C); nothing half-written is left"),
+)
+
+__all__ = [
+    "AotcError", "UserInputError", "ModelError", "ExportError", "BuildError", "NumericMismatchError",
+    "InternalError", "AotcRuntimeError", "PackageError", "InputMismatchError", "EXIT_CODES", "INTERRUPTED_EXIT_CODE",
+]

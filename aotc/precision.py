@@ -1,0 +1,51 @@
+"""Place an ExportedProgram on the build device and in the build precision.
+
+fp32 / tf32: the program is moved as is (tf32 is a matmul/conv math mode the runtime switches on).
+bf16 / fp16: weights are cast and the model is re-exported inside a wrapper that casts floating
+inputs down and floating outputs back up, so the package keeps the signature users exported
+(same input and output dtypes) while computing in the reduced precision.
+"""
+
+from __future__ import annotations
+
+from .config import Precision
+
+REDUCED = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
+
+
+def place_program(ep, device: str, precision: Precision, signature: dict):
+    import torch
+    from torch.export.passes import move_to_device_pass
+
+    if precision not in REDUCED:
+        return move_to_device_pass(ep, device) if device != "cpu" else ep
+    low = getattr(torch, REDUCED[precision])
+    inner = ep.module().to(device=device, dtype=low)
+
+    class CastWrapper(torch.nn.Module):
+        """Computes in reduced precision, keeps the exported float dtypes at the boundary."""
+
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args):
+            cast = [a.to(low) if a.is_floating_point() else a for a in args]
+            out = self.module(*cast)
+            return torch.utils._pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+    example = [t.to(device) for t in ep.example_inputs[0]]
+    return torch.export.export(CastWrapper(inner), tuple(example), dynamic_shapes=dynamic_shapes(signature), strict=False)
+
+
+def dynamic_shapes(signature: dict):
+    import torch
+
+    dims = signature.get("dims") or {}
+    if not dims:
+        return None
+    export_dims = {name: torch.export.Dim(name, min=info["min"], max=info["max"]) for name, info in dims.items()}
+    return tuple(
+        {axis: export_dims[e] for axis, e in enumerate(spec["shape"]) if isinstance(e, str)} or None
+        for spec in signature["inputs"]
+    )

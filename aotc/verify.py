@@ -1,0 +1,125 @@
+"""The build's numeric check: the package (run in a child process) against the ExportedProgram run eagerly.
+
+Inputs: the export's example inputs, plus every dynamic dim at its min and at its max.
+Per output: max abs and max rel difference and the tolerance used; one place decides pass/fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import BuildError, NumericMismatchError
+
+CHILD_TIMEOUT_S = 1800
+
+
+def input_cases(ep, signature, device) -> list:
+    """[(label, [tensors])]: the export's example inputs, then all dynamic dims at min and at max."""
+    from aotc_runtime.signature import Signature
+
+    sig = Signature.from_dict(signature)
+    example = list(ep.example_inputs[0]) if getattr(ep, "example_inputs", None) else sig.random_inputs(seed=0)
+    cases = [("example", [t.to(device) for t in example])]
+    if sig.dims:
+        for label, pick in (("min", "min"), ("max", "max")):
+            sizes = {name: info[pick] for name, info in sig.dims.items()}
+            cases.append((f"dims at {label} ({', '.join(f'{k}={v}' for k, v in sizes.items())})", sig.random_inputs(seed=1, sizes=sizes, device=device)))
+    return cases
+
+
+def eager_outputs(ep, cases) -> list:
+    import torch
+
+    module = ep.module()
+    results = []
+    with torch.no_grad():
+        for _label, tensors in cases:
+            out = module(*tensors)
+            flat = [out] if isinstance(out, torch.Tensor) else [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            results.append([t.detach().cpu() for t in flat])
+    return results
+
+
+def run_in_child(package_dir: Path, cases) -> list:
+    """Run the package on each case in a fresh process; a crash becomes a BuildError."""
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="aotc-verify-") as work:
+        inputs_path, outputs_path = Path(work) / "inputs.pt", Path(work) / "outputs.pt"
+        torch.save([[t.cpu() for t in tensors] for _label, tensors in cases], inputs_path)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "aotc.verify_child", str(package_dir), str(inputs_path), str(outputs_path)],
+                capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env,
+            )
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"the compiled package did not finish its check run within {CHILD_TIMEOUT_S}s; rerun with --verbose") from None
+        if proc.returncode != 0:
+            raise BuildError(_describe_child_failure(proc))
+        return torch.load(outputs_path, weights_only=True)
+
+
+def _describe_child_failure(proc) -> str:
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        return (f"the compiled package crashed when loaded and run in a child process ({name}); nothing was written. "
+                "If the crash is inside libstdc++ (std::regex), keep the default -Wl,-Bsymbolic link "
+                "(do not pass --no-bsymbolic); otherwise rerun with --verbose and report it")
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else f"exit status {proc.returncode}"
+    return f"the compiled package failed its check run in a child process: {last}"
+
+
+def compare(outputs: list, references: list, atol: float, rtol: float, names: list, labels: list) -> list:
+    """Worst difference per output over all cases: [{name, max_abs, max_rel, atol, rtol, ok, worst_case}]."""
+    import torch
+
+    report = []
+    for index, name in enumerate(names):
+        worst = {"name": name, "max_abs": 0.0, "max_rel": 0.0, "atol": atol, "rtol": rtol, "ok": True, "worst_case": labels[0]}
+        for label, got_all, want_all in zip(labels, outputs, references):
+            got, want = got_all[index], want_all[index]
+            if got.shape != want.shape:
+                worst.update(ok=False, max_abs=float("inf"), max_rel=float("inf"), worst_case=f"{label}: shape {list(got.shape)} vs eager {list(want.shape)}")
+                continue
+            got64, want64 = got.to(torch.float64), want.to(torch.float64)
+            diff = (got64 - want64).abs()
+            max_abs = float(diff.max()) if diff.numel() else 0.0
+            rel = diff / want64.abs()
+            rel = rel[torch.isfinite(rel)]
+            max_rel = float(rel.max()) if rel.numel() else 0.0
+            ok = bool(torch.all(diff <= atol + rtol * want64.abs())) if diff.numel() else True
+            if max_abs >= worst["max_abs"]:
+                worst.update(max_abs=max_abs, max_rel=max(max_rel, worst["max_rel"]), worst_case=label)
+            worst["ok"] = worst["ok"] and ok
+        report.append(worst)
+    return report
+
+
+def check_numerics(ep, signature, package_dir: Path, device: str, atol: float, rtol: float, allow_mismatch: bool, cast_inputs=None) -> dict:
+    """Run the check; return the manifest's numeric_check record or raise NumericMismatchError."""
+    cases = input_cases(ep, signature, device)
+    if cast_inputs is not None:
+        cases = [(label, cast_inputs(tensors)) for label, tensors in cases]
+    references = eager_outputs(ep, cases)
+    outputs = run_in_child(package_dir, cases)  # two calls per case: first call, then repeat call
+    references = [ref for ref in references for _call in range(2)]
+    labels = [f"{label}, {call} call" for label, _ in cases for call in ("first", "repeat")]
+    names = [o["name"] for o in signature["outputs"]] or [f"output_{i}" for i in range(len(references[0]))]
+    report = compare(outputs, references, atol, rtol, names, labels)
+    record = {"reference": "ExportedProgram run eagerly on " + device, "cases": [label for label, _ in cases],
+              "atol": atol, "rtol": rtol, "outputs": report, "passed": all(r["ok"] for r in report)}
+    if not record["passed"] and not allow_mismatch:
+        bad = max((r for r in report if not r["ok"]), key=lambda r: r["max_abs"])
+        raise NumericMismatchError(
+            f"package output '{bad['name']}' differs from eager by max abs {bad['max_abs']:.3g} (max rel {bad['max_rel']:.3g}) "
+            f"at {bad['worst_case']}, above atol={atol:g} rtol={rtol:g}; loosen --atol/--rtol, try another --mode, "
+            "or pass --allow-mismatch to keep the package anyway"
+        )
+    return record

@@ -1,0 +1,32 @@
+"""Child process of the build's numeric check: load the package through the runtime and run it.
+
+Runs in its own process so that a crash in native code (a segfault in the model .so) kills this
+child, not the CLI; the parent turns the exit status into a BuildError.
+usage: python -m aotc.verify_child PACKAGE INPUTS.pt OUTPUTS.pt
+"""
+
+import sys
+
+
+def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
+    import torch
+
+    import aotc_runtime
+
+    cases = torch.load(inputs_path, weights_only=True)
+    package = aotc_runtime.load(package_path)
+    results = []
+    with torch.inference_mode():
+        for tensors in cases:
+            # Two calls per case: a reduce-overhead package captures a CUDA graph on the first call
+            # and replays it from the second on, so both paths are checked.
+            for _call in range(2):
+                result = package(*tensors)
+                flat = [result] if isinstance(result, torch.Tensor) else list(torch.utils._pytree.tree_leaves(result))
+                results.append([t.detach().cpu() for t in flat])
+    torch.save(results, outputs_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))

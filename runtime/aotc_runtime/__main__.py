@@ -1,0 +1,39 @@
+"""`aotc-run PKG` / `python -m aotc_runtime PKG`: the runner for machines that have only the runtime.
+
+argparse, not click: the runtime depends on torch alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import AotcRuntimeError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="aotc-run", description="Run an aotc package (no compiler needed).")
+    parser.add_argument("package")
+    parser.add_argument("--input", action="append", default=[], help=".npy/.npz/.pt, in positional order")
+    parser.add_argument("--output", help="write outputs to .npz (output_0, ...) or .pt")
+    parser.add_argument("--iters", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    from .runner import format_report, run_package
+
+    try:
+        report = run_package(args.package, args.input, args.output, args.iters, args.seed)
+    except AotcRuntimeError as exc:
+        if args.verbose:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""What the package was built with versus what is running, and the refusal when they differ.
+
+An AOTInductor shared object is tied to the torch release whose C shim it was compiled against,
+and CUDA kernels (cubins) to the GPU architecture they were compiled for, so both are checked
+before anything native is loaded.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+from .errors import PackageError
+
+
+def torch_release(version: str) -> str:
+    """'2.13.0+cpu' -> '2.13.0': the local build tag does not change the C++ ABI of the shim."""
+    return version.split("+", 1)[0]
+
+
+def running_environment() -> dict:
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": f"{platform.system().lower()}-{platform.machine()}",
+        "cuda": torch.version.cuda,
+    }
+    return env
+
+
+def gpu_description(device_index: int = 0) -> dict:
+    props = torch.cuda.get_device_properties(device_index)
+    return {"gpu_name": props.name, "compute_capability": f"{props.major}.{props.minor}"}
+
+
+def check_compatible(manifest: dict, package_path) -> None:
+    """Raise PackageError naming what the package was built with and what is running."""
+    built = manifest["toolchain"]
+    running = running_environment()
+    where = f"package {package_path}"
+    if torch_release(built["torch"]) != torch_release(running["torch"]):
+        raise PackageError(
+            f"{where} was built with torch {built['torch']}, this process runs torch {running['torch']}; "
+            "rebuild it with `aotc build` on a machine with this torch, or run it where that torch is installed"
+        )
+    if built.get("platform") and built["platform"] != running["platform"]:
+        raise PackageError(
+            f"{where} was built for {built['platform']}, this machine is {running['platform']}; rebuild it here"
+        )
+    device = manifest["device"]
+    if device["type"] == "cuda":
+        _check_gpu(device, where)
+
+
+def _check_gpu(device: dict, where: str) -> None:
+    if not torch.cuda.is_available():
+        raise PackageError(f"{where} was built for CUDA ({device.get('gpu_name')}), but this machine has no usable GPU; "
+                           "build a CPU package with `aotc build --device cpu`")
+    here = gpu_description(torch.cuda.current_device())
+    if here["compute_capability"] != device.get("compute_capability"):
+        raise PackageError(
+            f"{where} was built for {device.get('gpu_name')} (compute capability {device.get('compute_capability')}), "
+            f"this GPU is {here['gpu_name']} ({here['compute_capability']}); rebuild it on this GPU's architecture"
+        )

@@ -1,0 +1,23 @@
+"""Errors the runtime raises. Each carries the process exit code the CLIs use for it.
+
+The compiler side (aotc.errors) re-uses these classes so both halves share one exit-code table
+without the runtime ever importing aotc.
+"""
+
+
+class AotcRuntimeError(Exception):
+    """Base of every error the runtime raises on purpose (never for our own bugs)."""
+
+    exit_code = 7
+
+
+class PackageError(AotcRuntimeError):
+    """The package folder is missing, incomplete, edited, or built for something else."""
+
+    exit_code = 7
+
+
+class InputMismatchError(AotcRuntimeError):
+    """Inputs given at run time do not match the package's signature."""
+
+    exit_code = 8

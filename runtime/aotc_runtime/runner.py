@@ -1,0 +1,64 @@
+"""`aotc run` / `aotc-run`: load a package, feed it inputs, report outputs and latency."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .package import load
+from .tensor_io import flatten_outputs, read_inputs, write_outputs
+from .timing import summarize, synchronize, time_calls
+
+
+def run_package(path, input_files=(), output=None, iters: int = 0, seed: int = 0, warmup: int = 3) -> dict:
+    """Run a package once (plus `iters` timed calls) and return a report dict (JSON-ready)."""
+    started = time.perf_counter()
+    package = load(path)
+    loaded = time.perf_counter()
+    if input_files:
+        inputs = read_inputs(input_files)
+    else:
+        inputs = package.signature.random_inputs(seed=seed, device=package.device)
+    package.signature.check_inputs(inputs)
+    inputs = [t.to(package.device) for t in inputs]
+    with torch.inference_mode():
+        first_start = time.perf_counter()
+        result = package(*inputs)
+        synchronize(package.device)
+        first_ms = (time.perf_counter() - first_start) * 1e3
+        latency = None
+        if iters > 0:
+            latency = summarize(time_calls(lambda: package(*inputs), iters, package.device, warmup=warmup))
+    if output:
+        write_outputs(result, output)
+    outputs = flatten_outputs(result)
+    return {
+        "package": str(path),
+        "device": str(package.device),
+        "mode": package.manifest["mode"],
+        "inputs": "random (seed %d)" % seed if not input_files else [str(f) for f in input_files],
+        "outputs": [
+            {"name": spec.name, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+            for spec, t in zip(package.signature.outputs, outputs)
+        ],
+        "load_ms": (loaded - started) * 1e3,
+        "first_call_ms": first_ms,
+        "iters": iters,
+        "latency": latency,
+        "output_file": str(output) if output else None,
+    }
+
+
+def format_report(report: dict) -> str:
+    lines = [f"package   {report['package']} ({report['mode']}, {report['device']})"]
+    for out in report["outputs"]:
+        lines.append(f"output    {out['name']}: {out['dtype']} {out['shape']}")
+    lines.append(f"load      {report['load_ms']:.1f} ms")
+    lines.append(f"first     {report['first_call_ms']:.2f} ms")
+    lat = report["latency"]
+    if lat:
+        lines.append(f"latency   median {lat['median_ms']:.3f} ms  p90 {lat['p90_ms']:.3f} ms  p99 {lat['p99_ms']:.3f} ms  ({lat['n']} calls)")
+    if report["output_file"]:
+        lines.append(f"wrote     {report['output_file']}")
+    return "\n".join(lines)

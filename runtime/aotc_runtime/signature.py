@@ -1,0 +1,138 @@
+"""The input/output signature a package records, and the checks made on inputs before running.
+
+Manifest form (JSON):
+    {"inputs":  [{"name": "x", "dtype": "float32", "shape": ["B", 128], "value_range": null}],
+     "outputs": [{"name": "output_0", "dtype": "float32", "shape": ["B", 10]}],
+     "dims":    {"B": {"min": 1, "max": 64, "example": 16}}}
+A shape entry is an int (static) or the name of a dynamic dim; output entries may be expressions
+of those names ("2*B"). `value_range` is [low, high] for integer inputs (indices must stay valid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import InputMismatchError
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple  # ints and dim names
+    value_range: tuple | None = None
+
+    def describe(self, dims: dict) -> str:
+        parts = []
+        for entry in self.shape:
+            if isinstance(entry, int):
+                parts.append(str(entry))
+            elif entry in dims:
+                parts.append(f"{entry}={dims[entry]['min']}..{dims[entry]['max']}")
+            else:
+                parts.append(str(entry))
+        return "[" + ", ".join(parts) + "]"
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple
+    outputs: tuple
+    dims: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Signature":
+        def spec(item):
+            value_range = item.get("value_range")
+            return TensorSpec(item["name"], item["dtype"], tuple(item["shape"]), tuple(value_range) if value_range else None)
+
+        return cls(tuple(spec(i) for i in data["inputs"]), tuple(spec(o) for o in data["outputs"]), dict(data.get("dims", {})))
+
+    def to_dict(self) -> dict:
+        def spec(s: TensorSpec, with_range: bool):
+            item = {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)}
+            if with_range:
+                item["value_range"] = list(s.value_range) if s.value_range else None
+            return item
+
+        return {
+            "inputs": [spec(s, True) for s in self.inputs],
+            "outputs": [spec(s, False) for s in self.outputs],
+            "dims": self.dims,
+        }
+
+    def check_inputs(self, tensors) -> None:
+        """Raise InputMismatchError naming the input, what was expected and what was given."""
+        if len(tensors) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise InputMismatchError(f"the package takes {len(self.inputs)} input(s) ({names}), {len(tensors)} given")
+        bound: dict[str, tuple[int, str]] = {}
+        for index, (spec, tensor) in enumerate(zip(self.inputs, tensors)):
+            self._check_one(index, spec, tensor, bound)
+
+    def _check_one(self, index: int, spec: TensorSpec, tensor, bound: dict) -> None:
+        label = f"input '{spec.name}' (#{index})"
+        if not isinstance(tensor, torch.Tensor):
+            raise InputMismatchError(f"{label} must be a tensor, got {type(tensor).__name__}")
+        given = list(tensor.shape)
+        expected = spec.describe(self.dims)
+        dtype = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
+        if dtype != spec.dtype:
+            raise InputMismatchError(f"{label} must be {spec.dtype}, got {dtype} (shape {given}); convert it or re-export with --dtype {dtype}")
+        if len(given) != len(spec.shape):
+            raise InputMismatchError(f"{label} must have {len(spec.shape)} dims {expected}, got {len(given)} dims {given}")
+        for axis, (want, have) in enumerate(zip(spec.shape, given)):
+            if isinstance(want, int):
+                if want != have:
+                    raise InputMismatchError(
+                        f"{label} must have shape {expected}, got {given}: dim {axis} is static {want}; "
+                        "re-export with a named dim (--dim) to make it dynamic")
+                continue
+            low, high = self.dims[want]["min"], self.dims[want]["max"]
+            if not low <= have <= high:
+                raise InputMismatchError(
+                    f"{label} must have shape {expected}, got {given}: dim {axis} ({want}) = {have} is outside {low}..{high}; "
+                    f"re-export with a wider --dim {want}=MIN:MAX")
+            if want in bound and bound[want][0] != have:
+                raise InputMismatchError(
+                    f"{label} has {want} = {have} but {bound[want][1]} has {want} = {bound[want][0]}; inputs sharing a dim name must agree")
+            bound.setdefault(want, (have, label))
+
+    def example_sizes(self) -> dict:
+        return {name: info["example"] for name, info in self.dims.items()}
+
+    def random_inputs(self, seed: int = 0, sizes: dict | None = None, device="cpu") -> list:
+        """Seeded random inputs that match the signature (dynamic dims at `sizes`, else their example)."""
+        sizes = {**self.example_sizes(), **(sizes or {})}
+        generator = torch.Generator().manual_seed(seed)
+        tensors = []
+        for spec in self.inputs:
+            shape = [entry if isinstance(entry, int) else sizes[entry] for entry in spec.shape]
+            tensors.append(random_tensor(shape, spec.dtype, spec.value_range, generator).to(device))
+        return tensors
+
+
+def random_tensor(shape, dtype_name: str, value_range, generator):
+    dtype = DTYPES[dtype_name]
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    low, high = value_range if value_range else (0, 9)
+    return torch.randint(int(low), int(high) + 1, shape, generator=generator, dtype=dtype)

@@ -1,0 +1,60 @@
+"""Latency measurement shared by `aotc run --iters` and `aotc bench`.
+
+GPU calls are timed with CUDA events around each call (what the GPU stream saw, launch gaps
+included), CPU calls with perf_counter. Summaries are medians and percentiles, never means alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def time_calls(fn, iters: int, device: torch.device, warmup: int = 0) -> list[float]:
+    """Call `fn()` `warmup` times untimed, then `iters` times; return each call's milliseconds."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        return _time_cuda(fn, iters)
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def _time_cuda(fn, iters: int) -> list[float]:
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    torch.cuda.synchronize()
+    for start, end in pairs:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]
+
+
+def percentile(sorted_samples: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of already sorted samples."""
+    index = min(len(sorted_samples) - 1, max(0, round(fraction * len(sorted_samples) + 0.5) - 1))
+    return sorted_samples[index]
+
+
+def summarize(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    return {
+        "n": len(ordered),
+        "median_ms": statistics.median(ordered),
+        "p90_ms": percentile(ordered, 0.90),
+        "p99_ms": percentile(ordered, 0.99),
+        "min_ms": ordered[0],
+        "stdev_ms": statistics.stdev(ordered) if len(ordered) > 1 else 0.0,
+    }
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
