@@ -56,7 +56,19 @@ def _exit_code_epilog() -> str:
     return "\b\nExit codes:\n" + rows
 
 
-@click.group(epilog=_exit_code_epilog(), context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class AotcGroup(click.Group):
+    """click.Group whose main() maps errors to the exit-code table (also under CliRunner)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        code = run_reporting_errors(
+            lambda: super(AotcGroup, self).main(args, prog_name, complete_var, standalone_mode=False, **extra),
+            verbose="--verbose" in args,
+        )
+        sys.exit(code)
+
+
+@click.group(cls=AotcGroup, epilog=_exit_code_epilog(), context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="aotc", prog_name="aotc")
 @click.option("--verbose", is_flag=True, help="Show torch's logs and full tracebacks.")
 def cli(verbose):
@@ -159,22 +171,17 @@ def run(package, inputs, output, iters, seed, as_json):
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 
-def main(argv=None) -> int:
-    """Console entry point: one-line errors with documented exit codes; tracebacks only with --verbose."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in args
+def run_reporting_errors(invoke, verbose: bool) -> int:
+    """Run a CLI invocation; turn every failure into a one-line error and a documented exit code."""
     try:
-        cli.main(args=args, prog_name="aotc", standalone_mode=False)
+        invoke()
         return 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return 2
-    except click.exceptions.Abort:
-        click.echo("interrupted; nothing was written", err=True)
-        return INTERRUPTED_EXIT_CODE
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted; nothing was written", err=True)
         return INTERRUPTED_EXIT_CODE
     except (AotcError, AotcRuntimeError) as exc:
@@ -189,5 +196,10 @@ def main(argv=None) -> int:
         return 1
 
 
+def main(argv=None) -> int:
+    """Console entry point (`aotc`, `python -m aotc`)."""
+    cli.main(args=argv, prog_name="aotc")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,0 +1,40 @@
+# The same commands CI runs. `make demo` and `make test` each create .venv if missing and install.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+AOTC := $(VENV)/bin/aotc
+DEMO := demo_out
+
+.PHONY: install demo test test-gpu bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml runtime/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e ./runtime -e .
+	touch $@
+
+demo: install
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	@echo "== 1/3 export: examples/mlp.py (the seeds' MLP 128->256->10) at batch 32"
+	$(AOTC) export examples/mlp.py --input-shape 32x128 -o $(DEMO)/mlp.pt2
+	@echo "== 2/3 build: AOTInductor package for CPU, mode default, checked against eager"
+	$(AOTC) build $(DEMO)/mlp.pt2 --mode default --device cpu -o $(DEMO)/mlp_pkg
+	@echo "== 3/3 run: the package through the thin runtime on a saved input, 100 timed calls"
+	$(PY) -c "import numpy; numpy.save('$(DEMO)/x.npy', numpy.random.default_rng(0).standard_normal((32, 128), dtype=numpy.float32))"
+	$(AOTC) run $(DEMO)/mlp_pkg --input $(DEMO)/x.npy --output $(DEMO)/y.npz --iters 100
+	$(PY) scripts/compare_with_eager.py examples/mlp.py $(DEMO)/x.npy $(DEMO)/y.npz
+	@echo "demo done: artifact $(DEMO)/mlp.pt2, package $(DEMO)/mlp_pkg/ (see its manifest.json), outputs $(DEMO)/y.npz"
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-gpu: install
+	$(PY) -m pytest -q -m gpu tests
+
+bench: install
+	$(PY) scripts/bench_cpu.py
+
+clean:
+	rm -rf $(DEMO) .pytest_cache

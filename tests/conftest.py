@@ -1,0 +1,68 @@
+"""Shared fixtures: each test package is exported and built once per test session, lazily."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aotc.cli import cli
+
+MODELS = Path(__file__).parent / "models"
+
+# name -> (model file, export flags). Built on first use, shared by every test that asks.
+CASES = {
+    "mlp": ("mlp.py", ["--input-shape", "32x128"]),
+    "feature_pyramid": ("feature_pyramid.py", ["--input-shape", "1x3x224x224"]),
+    "sincos": ("sincos.py", ["--entry", "foo", "--input-shape", "10x10", "--input-shape", "10x10"]),
+    "cnn_bn": ("cnn_bn.py", ["--input-shape", "16x3x128x128"]),
+    "two_input": ("two_input.py", []),
+    "dynamic_mlp": ("mlp.py", ["--input-shape", "Bx128", "--dim", "B=1:64"]),
+}
+
+
+def invoke(*args):
+    """Run the aotc CLI in-process; the result has exit_code, stdout, stderr."""
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+class Built:
+    def __init__(self, name: str, artifact: Path, package: Path, model_file: Path):
+        self.name, self.artifact, self.package, self.model_file = name, artifact, package, model_file
+
+
+class PackageCache:
+    def __init__(self, root: Path):
+        self.root = root
+        self.built: dict[str, Built] = {}
+
+    def get(self, name: str) -> Built:
+        if name not in self.built:
+            model, flags = CASES[name]
+            artifact = self.root / f"{name}.pt2"
+            package = self.root / f"{name}_pkg"
+            result = invoke("export", MODELS / model, *flags, "-o", artifact)
+            assert result.exit_code == 0, result.stderr
+            result = invoke("build", artifact, "--device", "cpu", "--mode", "default", "-o", package, "--quiet")
+            assert result.exit_code == 0, result.stderr
+            self.built[name] = Built(name, artifact, package, MODELS / model)
+        return self.built[name]
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory) -> PackageCache:
+    return PackageCache(tmp_path_factory.mktemp("packages"))
+
+
+def eager_model(name: str):
+    """The model of a case, built the way aotc loads it (same seed, eval mode)."""
+    from aotc.loading import load_model
+
+    model, flags = CASES[name]
+    entry = flags[flags.index("--entry") + 1] if "--entry" in flags else None
+    return load_model(str(MODELS / model), entry).module
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,0 +1,5 @@
+"""Defines no model at all."""
+
+
+def helper(x):
+    return x + 1
