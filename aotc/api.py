@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .bench import BenchConfig
 from .build import BuildResult, build_package
 from .config import BuildConfig, ExportConfig
 from .export import ExportResult, export_model
@@ -24,4 +25,28 @@ def run(package, input_files=(), output=None, iters: int = 0, seed: int = 0) -> 
     return run_package(package, input_files, output, iters, seed)
 
 
-__all__ = ["export", "build", "run", "ExportConfig", "BuildConfig"]
+def bench(cfg: BenchConfig, progress=None) -> dict:
+    """Time a package against eager and torch.compile of its artifact; write cfg.json_path / cfg.plot_path.
+
+    `cfg` is a BenchConfig; `progress` an aotc.bench_report.ProgressBar (stderr).
+    Returns the report (JSON-ready dict); aotc.bench_report.format_table(report) is the CLI's table.
+    """
+    from .bench import bench_package
+    from .bench_report import write_json, write_plot
+
+    report = bench_package(cfg, progress)
+    if cfg.json_path is not None and str(cfg.json_path) != "-":
+        write_json(report, cfg.json_path)
+    if cfg.plot_path is not None:
+        write_plot(report, cfg.plot_path)
+    return report
+
+
+__all__ = ["export", "build", "run", "bench", "ExportConfig", "BuildConfig", "BenchConfig"]
+
+
+def explain(cfg):
+    """Why a model does or does not export: an aotc.explain.ExplainReport (cfg: aotc.explain.ExplainConfig). Writes nothing."""
+    from .explain import explain_model
+
+    return explain_model(cfg)

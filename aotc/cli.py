@@ -171,6 +171,12 @@ def run(package, inputs, output, iters, seed, as_json):
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 
+from .cli_bench import bench as _bench; cli.add_command(_bench)  # noqa: E402,E702
+
+
+from .cli_explain import explain as _explain; cli.add_command(_explain)  # noqa: E402,E702
+
+
 def run_reporting_errors(invoke, verbose: bool) -> int:
     """Run a CLI invocation; turn every failure into a one-line error and a documented exit code."""
     try:

@@ -2,7 +2,9 @@
 
 Each Problem names the user's file:line and source line, the reason in plain words, and a
 concrete fix (with the exact `--dim`/`--input-shape` flags where torch suggests a Dim change).
-`aotc export` shows the first problems; `aotc explain` shows them all.
+`aotc export` shows the first problem on one line; `aotc explain` shows them all. The same rules
+classify an export exception, a TorchDynamo graph-break reason and a draft_export failure, so a
+problem reads the same whichever tool found it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from .user_frames import Location, first_line, innermost_user_frame, is_user_fil
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _SUGGESTED = re.compile(r"^\s*(\w+)\s*=\s*(.+?)\s*$")
+
+CONTROL_FLOW = "data-dependent control flow"
+DATA_SHAPE = "data-dependent shape"
+NON_TORCH = "non-PyTorch call"
+DIM_SPECIALIZED = "dynamic dim specialized"
 
 
 @dataclass
@@ -43,13 +50,44 @@ class Problem:
         }
 
 
-def locate(exc: BaseException, user_files) -> Location | None:
-    """The user's frame: from the text torch prints (`File "...", line N`) or else the traceback."""
-    found = None
-    for match in _FILE_LINE.finditer(str(exc)):
-        if is_user_file(match.group(1), user_files):
-            found = location(match.group(1), int(match.group(2)))
-    return found or innermost_user_frame(exc, user_files)
+_CONTROL_FLOW = (
+    CONTROL_FLOW,
+    "the code branches on a value inside a tensor, which cannot be captured in one graph",
+    "express both branches with torch.cond(pred, true_fn, false_fn, (x,)), make the branch branchless "
+    "(torch.where / clamp), or move the decision out of forward; if the condition is on a size read with "
+    ".item(), state its bounds with torch._check(...) before the if",
+)
+
+# What TorchDynamo / torch.export say (any marker, in the message or the user's source line)
+# -> (kind, reason in plain words, fix). First match wins, so specific rules come first.
+_RULES = (
+    (("torch.compiler.disable", "compiler.disable()"), (
+        "compiler-disabled call",
+        "the code calls a function wrapped in torch.compiler.disable, which TorchDynamo must not trace: "
+        "it runs eagerly between two graphs",
+        "remove @torch.compiler.disable from the helper if its body is plain PyTorch; otherwise keep it out of "
+        "forward (non-strict export, `aotc export`'s default, traces through it)",
+    )),
+    (("builtin operator `print`", "print("), (
+        "print in forward",
+        "print() has a side effect TorchDynamo cannot put in a graph, so it splits the graph around it",
+        "remove the print from forward (log outside the model), or for torch.compile add print to "
+        "torch._dynamo.config.reorderable_logging_functions",
+    )),
+    ((".numpy()", "numpy", "ndarray", "scipy", "Dynamo does not know how to trace the builtin", "non-Tensor"), (
+        NON_TORCH,
+        "the model hands a tensor to NumPy/SciPy or another non-PyTorch library, which no graph can contain",
+        "use the torch equivalent (torch.fft for scipy.fft, torch.linalg for numpy.linalg...) or wrap the call "
+        "as a custom op with torch.library.custom_op and register a fake (shape) kernel for it",
+    )),
+    (("Data-dependent branching", "generic_jump"), _CONTROL_FLOW),
+    (("Tensor.item()", ".item()", ".tolist()"), (
+        "scalar read from a tensor",
+        "the code reads a Python number out of a tensor (.item()), which TorchDynamo breaks the graph on by default",
+        "keep the value in a tensor if you can; for torch.compile set torch._dynamo.config.capture_scalar_outputs = "
+        "True; torch.export captures it (bound it with torch._check(n >= 0) if export then asks)",
+    )),
+)
 
 
 def diagnose(exc: BaseException, user_files=(), dims=None) -> Problem:
@@ -60,40 +98,61 @@ def diagnose(exc: BaseException, user_files=(), dims=None) -> Problem:
     if "Suggested fixes:" in text or "Constraints violated" in text:
         return _constraint_problem(text, where, dims or {})
     if _is_data_dependent(exc, text):
-        if re.match(r"^(if|elif|while|assert)\b", source) or "branching" in text:
-            return Problem(
-                "data-dependent control flow",
-                "the branch depends on the values inside a tensor, which torch.export cannot capture in one graph",
-                "express both branches with torch.cond(pred, true_fn, false_fn, (x,)), make the branch branchless "
-                "(torch.where / clamp), or move the decision out of forward so it does not depend on tensor values",
-                where,
-            )
+        return data_dependent_problem(text, where)
+    return classify(text, where, f"{type(exc).__name__}: {first_line(exc)}")
+
+
+def classify(text: str, where: Location | None, fallback: str) -> Problem:
+    """A TorchDynamo/torch.export message (plus the user's source line) -> a Problem."""
+    source = where.source if where else ""
+    for markers, (kind, reason, fix) in _RULES:
+        if any(marker in text or marker in source for marker in markers):
+            return Problem(kind, reason, fix, where)
+    hint = re.search(r"Hint: (.+)", text)
+    fix = hint.group(1).strip() if hint else "rerun with --verbose for torch's full message"
+    return Problem("unsupported code", fallback, fix, where)
+
+
+def data_dependent_problem(text: str, where: Location | None) -> Problem:
+    """A guard on a value only known at run time: a branch (control flow) or a size (shape)."""
+    source = where.source if where else ""
+    if re.match(r"^(if|elif|while|assert)\b", source) or "branching" in text:
+        return Problem(*_CONTROL_FLOW, where)
+    if "specialized integer" in text:
         return Problem(
-            "data-dependent shape",
-            "a size or index is computed from tensor values (e.g. .item() or nonzero), so export cannot know it",
-            "tell export its bounds with torch._check(n >= 1) / torch._check(n <= MAX) right after computing it, "
-            "or pass that size in as an input dim with a Dim range (--dim)",
+            DATA_SHAPE,
+            "a size read from tensor values is turned into a plain Python int (int(), range(), a list length), "
+            "so export would have to know it while tracing",
+            "keep it symbolic: use the .item() result directly (torch.ones(n) works) instead of int(...)/range(...), "
+            "bound it with torch._check(n >= 0) / torch._check(n <= MAX), or pass the size in as the shape of an "
+            "input with a Dim range (--dim)",
             where,
         )
-    if _is_non_torch_call(text, source):
-        return Problem(
-            "non-PyTorch call",
-            "the model converts a tensor to NumPy or calls a non-PyTorch library, which export cannot trace",
-            "use the torch equivalent (e.g. torch.fft for scipy.fft) or wrap the call as a custom op (torch.library.custom_op)",
-            where,
-        )
-    return Problem("export failed", f"{type(exc).__name__}: {first_line(exc)}", "see `aotc explain` for the full report; rerun with --verbose for torch's traceback", where)
+    return Problem(
+        DATA_SHAPE,
+        "a size or index is computed from tensor values (e.g. .item() or nonzero), so export cannot know it",
+        "tell export its bounds with torch._check(n >= 1) / torch._check(n <= MAX) right after computing it, "
+        "or pass that size in as an input dim with a Dim range (--dim)",
+        where,
+    )
+
+
+def locate(exc: BaseException, user_files) -> Location | None:
+    """The user's frame: from the text torch prints (`File "...", line N`) or else the traceback."""
+    found = None
+    for match in _FILE_LINE.finditer(str(exc)):
+        if is_user_file(match.group(1), user_files):
+            found = location(match.group(1), int(match.group(2)))
+    return found or innermost_user_frame(exc, user_files)
 
 
 def _is_data_dependent(exc, text: str) -> bool:
     names = {type(e).__name__ for e in _chain(exc)}
-    return bool(names & {"GuardOnDataDependentSymNode", "DataDependentOutputException"}) or any(
-        marker in text for marker in ("data-dependent", "Data-dependent", "data dependent")
-    )
-
-
-def _is_non_torch_call(text: str, source: str) -> bool:
-    return any(marker in text or marker in source for marker in (".numpy()", "numpy", "scipy", "non-Tensor", "FakeTensor"))
+    if names & {"GuardOnDataDependentSymNode", "DataDependentOutputException"}:
+        return True
+    if "Data-dependent branching" in text:
+        return False  # strict mode's graph-break message: classify() has a rule for it
+    return any(marker in text for marker in ("data-dependent", "Data-dependent", "data dependent"))
 
 
 def _chain(exc):
@@ -103,20 +162,15 @@ def _chain(exc):
 
 
 def _constraint_problem(text: str, where, dims: dict) -> Problem:
-    suggestions = _suggested_fixes(text)
+    suggestions = dict(_suggested_fixes(text))
     flags, plain = [], []
-    for name, value in suggestions:
-        if re.fullmatch(r"\d+", value):
-            plain.append(f"the model fixes {name} to {value}: write {value} instead of {name} in --input-shape (a static size)")
-            flags.append(f"(replace {name} by {value} in --input-shape, drop --dim {name})")
-            continue
-        low = re.search(r"min\s*=\s*(\d+)", value)
-        high = re.search(r"max\s*=\s*(\d+)", value)
-        current = dims.get(name)
-        new_low = int(low.group(1)) if low else (current.min if current else 1)
-        new_high = int(high.group(1)) if high else (current.max if current else new_low)
-        plain.append(f"the model only works for {name} in {new_low}..{new_high}: narrow the range")
-        flags.append(f"--dim {name}={new_low}:{new_high}")
+    for name, value in suggestions.items():
+        if name.startswith("_"):
+            continue  # a helper dim torch introduced for a derived one; explained with that dim below
+        flag, advice = _suggestion_flag(name, value, suggestions, dims)
+        plain.append(advice)
+        if flag:
+            flags.append(flag)
     reason = "the model constrains a dim declared dynamic"
     detail = re.search(r"-\s*(.+?)(?:\n|$)", text)
     if detail:
@@ -124,7 +178,26 @@ def _constraint_problem(text: str, where, dims: dict) -> Problem:
     fix = "; ".join(plain) if plain else "make the dim static, or rewrite the op that specializes it (e.g. view(x.shape[0], -1) instead of view(16, -1))"
     if plain and any("static" in p for p in plain):
         fix += "; or keep it dynamic by rewriting the op that fixes the size (e.g. x.view(x.shape[0], -1) instead of x.view(16, -1))"
-    return Problem("dynamic dim specialized", reason, fix, where, flags)
+    return Problem(DIM_SPECIALIZED, reason, fix, where, flags)
+
+
+def _suggestion_flag(name: str, value: str, suggestions: dict, dims: dict):
+    """One torch suggestion (`B = 16`, `B = Dim('B', max=32)`, `B = 2*_B`) -> (flag or None, advice)."""
+    if re.fullmatch(r"\d+", value):
+        return (f"(replace {name} by {value} in --input-shape, drop --dim {name})",
+                f"the model fixes {name} to {value}: write {value} instead of {name} in --input-shape (a static size)")
+    derived = re.fullmatch(r"(\d+)\s*\*\s*(_?\w+)", value)
+    if derived:
+        factor, helper = derived.groups()
+        return (None, f"the model needs {name} to be a multiple of {factor} ({name} = {value}, {helper} from "
+                      f"{suggestions.get(helper, 'a Dim')}): aotc's --dim cannot express that, so make {name} static "
+                      f"(a multiple of {factor} in --input-shape) or change the op that needs it")
+    current = dims.get(name)
+    low = re.search(r"min\s*=\s*(\d+)", value)
+    high = re.search(r"max\s*=\s*(\d+)", value)
+    new_low = int(low.group(1)) if low else (current.min if current else 1)
+    new_high = int(high.group(1)) if high else (current.max if current else new_low)
+    return f"--dim {name}={new_low}:{new_high}", f"the model only works for {name} in {new_low}..{new_high}: narrow the range"
 
 
 def _suggested_fixes(text: str) -> list:
@@ -137,4 +210,32 @@ def _suggested_fixes(text: str) -> list:
         match = _SUGGESTED.match(line)
         if match:
             found.append((match.group(1), match.group(2)))
+    return found
+
+
+def draft_failure_problem(failure, filenames: dict, user_files=()) -> Problem | None:
+    """One torch.export.draft_export FailureReport -> a Problem (None for kinds aotc cannot act on)."""
+    kind = getattr(failure.failure_type, "name", str(failure.failure_type))
+    data = failure.data
+    where = _draft_location(data.get("user_stack") or [], filenames, user_files)
+    if kind == "DATA_DEPENDENT_ERROR":
+        return data_dependent_problem(str(data.get("expr", "")), where)
+    if kind == "GUARD_ADDED":
+        problem = _constraint_problem("", where, {})
+        problem.reason = f"the model adds the guard {data.get('expr')} on a dim declared dynamic"
+        return problem
+    if kind in ("MISSING_FAKE_KERNEL", "MISMATCHED_FAKE_KERNEL"):
+        op = data.get("op", "a custom op")
+        return Problem("custom op without a fake kernel", f"torch.ops.{op} has no (or a wrong) fake kernel, so export "
+                       "cannot know its output shapes", f"register one with @torch.library.register_fake('{op}')", where)
+    return None
+
+
+def _draft_location(stack: list, filenames: dict, user_files) -> Location | None:
+    """draft_export keeps frames as {filename: interned id, line}; the innermost user one wins."""
+    found = None
+    for frame in stack:
+        name = filenames.get(frame.get("filename"))
+        if name and is_user_file(name, user_files):
+            found = location(name, int(frame["line"]))
     return found

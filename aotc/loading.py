@@ -142,6 +142,11 @@ def _required_params(fn) -> int:
 
 
 def _construct(factory, description: str, files):
+    import torch
+
+    # A fixed seed makes randomly initialised models (no --weights) the same in every export,
+    # so an artifact can be rebuilt and compared with a fresh eager copy of the model.
+    torch.manual_seed(0)
     try:
         return factory()
     except Exception as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import warnings
@@ -20,18 +21,13 @@ def quiet_torch():
     if verbose():
         yield
         return
-    logger = logging.getLogger("torch")
-    old_level, old_propagate = logger.level, logger.propagate
-    logger.setLevel(logging.CRITICAL + 1)
-    handlers = list(logger.handlers)
-    for handler in handlers:
-        logger.removeHandler(handler)
+    # torch configures handlers and levels on many child loggers, so switch logging off globally.
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
+        # Some torch paths print graphs straight to sys.stderr; those lines mean nothing to a user.
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
-        for handler in handlers:
-            logger.addHandler(handler)
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
+        logging.disable(previous)

@@ -45,6 +45,10 @@ def eager_outputs(ep, cases) -> list:
     return results
 
 
+def child_command(package_dir: Path, inputs_path: Path, outputs_path: Path) -> list:
+    return [sys.executable, "-m", "aotc.verify_child", str(package_dir), str(inputs_path), str(outputs_path)]
+
+
 def run_in_child(package_dir: Path, cases) -> list:
     """Run the package on each case in a fresh process; a crash becomes a BuildError."""
     import torch
@@ -55,7 +59,7 @@ def run_in_child(package_dir: Path, cases) -> list:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "aotc.verify_child", str(package_dir), str(inputs_path), str(outputs_path)],
+                child_command(package_dir, inputs_path, outputs_path),
                 capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env,
             )
         except subprocess.TimeoutExpired:

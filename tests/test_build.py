@@ -1,0 +1,97 @@
+"""aotc build: the manifest, the numeric check, atomic writes, crash and interrupt handling, config precedence."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+import aotc.build
+import aotc.verify
+from aotc_runtime.manifest import hash_package_files
+from conftest import invoke
+
+REQUIRED = ["format_version", "aotc_version", "created", "toolchain", "device", "mode", "precision", "inductor_options",
+            "runtime", "signature", "files", "build_seconds", "numeric_check", "source", "size_bytes"]
+
+
+def leftovers(folder):
+    return [p.name for p in folder.iterdir() if ".aotc-" in p.name]
+
+
+def test_manifest_records_the_build(packages):
+    built = packages.get("cnn_bn")
+    manifest = json.loads((built.package / "manifest.json").read_text())
+    for key in REQUIRED:
+        assert key in manifest, key
+    assert manifest["files"] == hash_package_files(built.package)
+    assert manifest["toolchain"]["torch"] == torch.__version__
+    assert manifest["toolchain"]["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert "g++" in manifest["toolchain"]["cxx_version"] or "gcc" in manifest["toolchain"]["cxx_version"]
+    assert manifest["device"] == {"type": "cpu"}
+    assert manifest["mode"] == "default" and manifest["inductor_options"] == {"freezing": True}
+    check = manifest["numeric_check"]
+    assert check["passed"] and check["outputs"][0]["name"] == "output_0"
+    assert {"max_abs", "max_rel", "atol", "rtol", "ok"} <= set(check["outputs"][0])
+    assert manifest["source"]["artifact"] == str(built.artifact.resolve())
+
+
+def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypatch):
+    real = aotc.verify.eager_outputs
+    monkeypatch.setattr(aotc.verify, "eager_outputs", lambda ep, cases: [[t + 0.5 for t in out] for out in real(ep, cases)])
+    artifact = packages.get("sincos").artifact
+    result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
+    assert result.exit_code == 6, result.stderr
+    assert "package output 'output_0' differs from eager by max abs 0.5" in result.stderr
+    assert "--allow-mismatch" in result.stderr
+    assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
+    result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet", "--allow-mismatch")
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["numeric_check"]["passed"] is False
+
+
+def test_crash_in_child_becomes_a_build_error(packages, tmp_path, monkeypatch):
+    crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+    monkeypatch.setattr(aotc.verify, "child_command", lambda *args: crash)
+    result = invoke("build", packages.get("sincos").artifact, "-o", tmp_path / "pkg", "--quiet")
+    assert result.exit_code == 5
+    assert "crashed when loaded and run in a child process (SIGSEGV)" in result.stderr
+    assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
+
+
+def test_interrupted_build_leaves_nothing(packages, tmp_path, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aotc.build, "compile_aoti", interrupt)
+    result = invoke("build", packages.get("sincos").artifact, "-o", tmp_path / "pkg", "--quiet")
+    assert result.exit_code == 130 and "interrupted" in result.stderr
+    assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
+
+
+def test_force_replaces_a_package_only_when_the_new_one_is_whole(packages, tmp_path, monkeypatch):
+    target = tmp_path / "pkg"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    monkeypatch.setattr(aotc.verify, "child_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"])
+    result = invoke("build", packages.get("sincos").artifact, "-o", target, "--force", "--quiet")
+    assert result.exit_code == 5
+    assert (target / "old.txt").read_text() == "old"  # the failed build did not touch it
+    monkeypatch.undo()
+    result = invoke("build", packages.get("sincos").artifact, "-o", target, "--force", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    assert not (target / "old.txt").exists() and (target / "manifest.json").is_file()
+
+
+def test_config_file_and_flags_precedence(packages, tmp_path):
+    config = tmp_path / "build.yaml"
+    config.write_text("mode: max-autotune\natol: 0.5\noptions:\n  freezing: false\n")
+    result = invoke("build", packages.get("sincos").artifact, "-o", tmp_path / "pkg", "--config", config,
+                    "--atol", "0.25", "--quiet", "--json")
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["mode"] == "max-autotune"  # from the file
+    assert manifest["numeric_check"]["atol"] == 0.25  # the flag wins over the file
+    assert manifest["inductor_options"]["freezing"] is False  # file overrides the preset
+    assert manifest["inductor_options"]["max_autotune"] is True  # preset

@@ -1,0 +1,122 @@
+"""Bad input: each case checks the exit code, the one-line message, and that no traceback is shown."""
+
+import os
+
+import pytest
+
+from conftest import MODELS, invoke
+
+
+def assert_error(result, code, *fragments):
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("shape, fragment", [
+    ("16x3xx128", "empty dim at position 3"),
+    ("16x-3", "sizes must be >= 1"),
+    ("0x3", "sizes must be >= 1"),
+])
+def test_malformed_shape_flags(tmp_path, shape, fragment):
+    result = invoke("export", MODELS / "mlp.py", "--input-shape", shape, "-o", tmp_path / "m.pt2")
+    assert_error(result, 2, "--input-shape", fragment)
+    assert not (tmp_path / "m.pt2").exists()
+
+
+def test_shape_name_without_range(tmp_path):
+    result = invoke("export", MODELS / "mlp.py", "--input-shape", "abc", "-o", tmp_path / "m.pt2")
+    assert_error(result, 2, "shape dim 'abc' has no range: pass --dim abc=MIN:MAX")
+
+
+def test_missing_model_file(tmp_path):
+    result = invoke("export", tmp_path / "nope.py", "--input-shape", "2x2", "-o", tmp_path / "m.pt2")
+    assert_error(result, 2, "model file", "does not exist")
+
+
+def test_file_without_model(tmp_path):
+    result = invoke("export", MODELS / "no_model.py", "--input-shape", "2x2", "-o", tmp_path / "m.pt2")
+    assert_error(result, 3, "defines no model", "--entry NAME", "helper")
+
+
+def test_ambiguous_entry_lists_candidates(tmp_path):
+    result = invoke("export", MODELS / "two_models.py", "--input-shape", "2x2", "-o", tmp_path / "m.pt2")
+    assert_error(result, 2, "First, Second", "--entry NAME")
+
+
+def test_constructor_raises(tmp_path):
+    result = invoke("export", MODELS / "ctor_raises.py", "--input-shape", "2x4", "-o", tmp_path / "m.pt2")
+    assert_error(result, 3, "ctor_raises.py:9", 'raise ValueError("weights file missing")', "weights file missing")
+
+
+def test_feature_pyramid_as_written_fails_in_the_model_itself(tmp_path):
+    result = invoke("export", MODELS / "feature_pyramid_broken.py", "--input-shape", "1x3x224x224", "-o", tmp_path / "m.pt2")
+    assert_error(result, 3, "the model itself fails", "feature_pyramid_broken.py:14", "return self.decoder(pooled)",
+                 "1x802816 and 64x10", "1x3x224x224 float32")
+    assert not (tmp_path / "m.pt2").exists()
+
+
+def test_data_dependent_control_flow(tmp_path):
+    result = invoke("export", MODELS / "data_dependent.py", "--input-shape", "4x4", "-o", tmp_path / "m.pt2")
+    assert_error(result, 4, "data_dependent.py:7", "if x.sum() < 0:", "torch.cond", "aotc explain")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "m.pt2").exists()
+
+
+def test_artifact_that_is_random_bytes(tmp_path):
+    bogus = tmp_path / "bogus.pt2"
+    bogus.write_bytes(os.urandom(4096))
+    result = invoke("build", bogus, "-o", tmp_path / "pkg")
+    assert_error(result, 2, "is not a torch.export artifact", "aotc export")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_truncated_artifact(packages, tmp_path):
+    data = packages.get("mlp").artifact.read_bytes()
+    cut = tmp_path / "cut.pt2"
+    cut.write_bytes(data[: len(data) // 2])
+    result = invoke("build", cut, "-o", tmp_path / "pkg")
+    assert_error(result, 2, "is not a torch.export artifact")
+    assert not (tmp_path / "pkg").exists()
+    assert not [p for p in tmp_path.iterdir() if "aotc-tmp" in p.name]
+
+
+def test_existing_outputs_are_not_overwritten(packages, tmp_path):
+    built = packages.get("mlp")
+    taken = tmp_path / "taken.pt2"
+    taken.write_text("keep me")
+    result = invoke("export", MODELS / "mlp.py", "--input-shape", "32x128", "-o", taken)
+    assert_error(result, 2, "exists; pass --force")
+    assert taken.read_text() == "keep me"
+    result = invoke("build", built.artifact, "-o", built.package)
+    assert_error(result, 2, "exists; pass --force")
+
+
+def test_unknown_inductor_option(packages, tmp_path):
+    result = invoke("build", packages.get("mlp").artifact, "-o", tmp_path / "pkg", "--option", "max_autotun=true")
+    assert_error(result, 2, "unknown Inductor option 'max_autotun'", "did you mean 'max_autotune'")
+
+
+def test_config_file_with_unknown_key(packages, tmp_path):
+    config = tmp_path / "build.yaml"
+    config.write_text("mode: default\nprecison: fp32\n")
+    result = invoke("build", packages.get("mlp").artifact, "-o", tmp_path / "pkg", "--config", config)
+    assert_error(result, 2, "unknown key 'precison'", "did you mean 'precision'")
+
+
+def test_help_documents_exit_codes():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for line in ("Exit codes:", "4  torch.export cannot capture", "7  package refused", "130  interrupted"):
+        assert line in result.stdout
+
+
+def test_verbose_raises_the_real_exception(tmp_path):
+    from click.testing import CliRunner
+
+    from aotc.cli import cli
+
+    result = CliRunner().invoke(cli, ["--verbose", "export", str(MODELS / "no_model.py"), "--input-shape", "2x2", "-o", str(tmp_path / "m.pt2")])
+    assert result.exit_code != 0
+    assert result.exception is not None and "defines no model" in str(result.exception)

@@ -1,0 +1,138 @@
+"""The thin runtime: refusals (damaged packages, version mismatch, wrong inputs) and its import boundary."""
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+import aotc_runtime
+from conftest import invoke
+
+
+def copy_package(packages, tmp_path, name="mlp"):
+    target = tmp_path / "pkg"
+    shutil.copytree(packages.get(name).package, target)
+    return target
+
+
+def test_missing_file_is_refused(packages, tmp_path):
+    pkg = copy_package(packages, tmp_path)
+    (pkg / "model.pt2").unlink()
+    result = invoke("run", pkg)
+    assert result.exit_code == 7
+    assert "model.pt2 is missing" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_edited_file_is_refused(packages, tmp_path):
+    pkg = copy_package(packages, tmp_path)
+    with open(pkg / "model.pt2", "r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\x00\x01\x02")
+    result = invoke("run", pkg)
+    assert result.exit_code == 7
+    assert "model.pt2 was modified" in result.stderr and "--force" in result.stderr
+
+
+def test_missing_manifest_is_refused(packages, tmp_path):
+    pkg = copy_package(packages, tmp_path)
+    (pkg / "manifest.json").unlink()
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "has no manifest.json" in result.stderr
+
+
+def test_other_torch_version_is_refused(packages, tmp_path):
+    pkg = copy_package(packages, tmp_path)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["toolchain"]["torch"] = "2.11.0+cu130"
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("run", pkg)
+    assert result.exit_code == 7
+    assert "built with torch 2.11.0+cu130" in result.stderr and f"runs torch {torch.__version__}" in result.stderr
+
+
+def test_cuda_package_refused_without_gpu(packages, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    pkg = copy_package(packages, tmp_path)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["device"] = {"type": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "no usable GPU" in result.stderr
+
+
+@pytest.mark.parametrize("make_inputs, fragment", [
+    (lambda: [torch.randn(32, 128), torch.randn(1)], "takes 1 input(s) (x), 2 given"),
+    (lambda: [torch.randn(32, 128, dtype=torch.float64)], "input 'x' (#0) must be float32, got float64"),
+    (lambda: [torch.randn(32, 128, 1)], "must have 2 dims [32, 128], got 3 dims [32, 128, 1]"),
+    (lambda: [torch.randn(31, 128)], "must have shape [32, 128], got [31, 128]: dim 0 is static 32"),
+])
+def test_wrong_inputs_are_refused(packages, make_inputs, fragment):
+    package = aotc_runtime.load(packages.get("mlp").package)
+    with pytest.raises(aotc_runtime.InputMismatchError) as info:
+        package(*make_inputs())
+    assert fragment in str(info.value)
+
+
+def test_wrong_input_file_through_cli(packages, tmp_path):
+    import numpy
+
+    numpy.save(tmp_path / "bad.npy", numpy.zeros((3, 3), dtype=numpy.float32))
+    result = invoke("run", packages.get("mlp").package, "--input", tmp_path / "bad.npy")
+    assert result.exit_code == 8
+    assert "input 'x' (#0) must have shape [32, 128], got [3, 3]" in result.stderr
+    result = invoke("run", packages.get("mlp").package, "--input", tmp_path / "missing.npy")
+    assert result.exit_code == 8 and "does not exist" in result.stderr
+
+
+def test_not_a_package(tmp_path):
+    result = invoke("run", tmp_path / "nothing")
+    assert result.exit_code == 7 and "does not exist" in result.stderr
+
+
+def test_runtime_imports_neither_aotc_nor_compiler_side(packages):
+    """Load and run in a fresh process: no aotc, click, yaml, onnx or torch._inductor gets imported."""
+    code = (
+        "import sys, torch, aotc_runtime\n"
+        f"p = aotc_runtime.load({str(packages.get('mlp').package)!r})\n"
+        "p(torch.randn(32, 128))\n"
+        "bad = [m for m in ('aotc', 'click', 'yaml', 'onnx', 'torch._inductor') if m in sys.modules]\n"
+        "print(','.join(bad) or 'clean')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "clean"
+
+
+def test_runtime_source_never_imports_aotc():
+    import pathlib
+    import re
+
+    root = pathlib.Path(aotc_runtime.__file__).parent
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import)\s+(aotc|click|yaml|onnx)\b", text, re.M), path
+
+
+def test_model_so_is_linked_bsymbolic(packages, tmp_path):
+    """The deliberate -Wl,-Bsymbolic link (aotc/toolchain.py) reaches the compiled model."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf not installed")
+    with zipfile.ZipFile(packages.get("mlp").package / "model.pt2") as archive:
+        names = [n for n in archive.namelist() if n.endswith(".so")]
+        assert names
+        archive.extract(names[0], tmp_path)
+    dynamic = subprocess.run([readelf, "-d", str(tmp_path / names[0])], capture_output=True, text=True, check=True).stdout
+    assert "SYMBOLIC" in dynamic
+    manifest = aotc_runtime.load(packages.get("mlp").package).manifest
+    assert manifest["toolchain"]["link_flags"] == ["-Wl,-Bsymbolic"]
+
+
+def test_python_module_runner(packages):
+    out = subprocess.run([sys.executable, "-m", "aotc_runtime", str(packages.get("sincos").package), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["outputs"][0]["shape"] == [10, 10]
