@@ -58,6 +58,10 @@ def load(path, verify: bool = True) -> Package:
     check_compatible(manifest, path)
     if verify:
         verify_files(path, manifest)
+    if manifest.get("runtime", {}).get("tf32"):
+        # A tf32 package was checked with TF32 matmuls/convs; aten kernels called from the package read these flags.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     device_index = 0 if manifest["device"]["type"] == "cuda" else -1
     single_threaded = bool(manifest.get("runtime", {}).get("cuda_graphs"))
     try:

@@ -1,0 +1,133 @@
+"""GPU round trips (marked gpu; skipped without CUDA). Packages are built once per session.
+
+Set AOTC_GPU_WORKDIR to keep the built packages (the GPU benchmark reuses them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import aotc_runtime
+from conftest import MODELS, eager_model, invoke
+
+pytestmark = pytest.mark.gpu
+MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+@pytest.fixture(scope="session")
+def gpu_workdir(tmp_path_factory) -> Path:
+    root = os.environ.get("AOTC_GPU_WORKDIR")
+    if root:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        return Path(root)
+    return tmp_path_factory.mktemp("gpu")
+
+
+def export_once(workdir: Path, name: str, *args) -> Path:
+    artifact = workdir / f"{name}.pt2"
+    if not artifact.exists():
+        result = invoke("export", *args, "-o", artifact)
+        assert result.exit_code == 0, result.stderr
+    return artifact
+
+
+def build_once(workdir: Path, artifact: Path, name: str, *flags) -> Path:
+    package = workdir / name
+    if not (package / "manifest.json").exists():
+        result = invoke("build", artifact, "--device", "cuda", "-o", package, "--quiet", "--force", *flags)
+        assert result.exit_code == 0, result.stderr
+    return package
+
+
+@pytest.fixture(scope="session")
+def densenet(gpu_workdir):
+    pytest.importorskip("torchvision")
+    artifact = export_once(gpu_workdir, "densenet121", "torchvision.models:densenet121", "--input-shape", "16x3x128x128")
+    return artifact
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_densenet121_round_trip(gpu_workdir, densenet, mode):
+    import torchvision
+
+    package_dir = build_once(gpu_workdir, densenet, f"densenet121_{mode}", "--mode", mode)
+    package = aotc_runtime.load(package_dir)
+    manifest = package.manifest
+    assert manifest["device"]["type"] == "cuda" and manifest["device"]["compute_capability"]
+    assert manifest["toolchain"]["cuda"] and manifest["toolchain"]["triton"]
+    assert manifest["numeric_check"]["passed"]
+    assert manifest["runtime"]["cuda_graphs"] == (mode != "default")
+    torch.manual_seed(0)
+    model = torchvision.models.densenet121().eval().cuda()
+    for seed in (1, 2):  # two different inputs: a CUDA-graph replay must see the new values
+        x = torch.randn(16, 3, 128, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        with torch.no_grad():
+            torch.testing.assert_close(package(x), model(x), atol=2e-3, rtol=2e-3)
+    if mode != "default":
+        assert package._call_flat.captured_signatures == 1
+
+
+def test_dynamic_batch_on_gpu(gpu_workdir):
+    artifact = export_once(gpu_workdir, "mlp_dyn", MODELS / "mlp.py", "--input-shape", "Bx128", "--dim", "B=1:64")
+    package = aotc_runtime.load(build_once(gpu_workdir, artifact, "mlp_dyn_ro", "--mode", "reduce-overhead"))
+    model = eager_model("dynamic_mlp").cuda()
+    for batch in (1, 33, 64):
+        x = torch.randn(batch, 128, device="cuda")
+        with torch.no_grad():
+            torch.testing.assert_close(package(x), model(x), atol=1e-4, rtol=1e-4)
+    assert package._call_flat.captured_signatures == 3  # one graph per static input shape
+    with pytest.raises(aotc_runtime.InputMismatchError, match="outside 1..64"):
+        package(torch.randn(65, 128, device="cuda"))
+
+
+def test_two_inputs_on_gpu(gpu_workdir):
+    artifact = export_once(gpu_workdir, "two_input", MODELS / "two_input.py")
+    package = aotc_runtime.load(build_once(gpu_workdir, artifact, "two_input_cuda"))
+    model = eager_model("two_input").cuda()
+    features, ids = torch.randn(8, 16, device="cuda"), torch.randint(0, 100, (8, 5), device="cuda")
+    with torch.no_grad():
+        for got, want in zip(package(features, ids), model(features, ids)):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_package(gpu_workdir):
+    artifact = export_once(gpu_workdir, "cnn_bn", MODELS / "cnn_bn.py", "--input-shape", "16x3x128x128")
+    package = aotc_runtime.load(build_once(gpu_workdir, artifact, "cnn_bf16", "--precision", "bf16"))
+    assert package.manifest["precision"] == "bf16"
+    assert package.manifest["numeric_check"]["atol"] == 5e-2
+    x = torch.randn(16, 3, 128, 128, device="cuda")
+    out = package(x)
+    assert out.dtype == torch.float32  # the signature the user exported is kept
+    with torch.no_grad():
+        torch.testing.assert_close(out, eager_model("cnn_bn").cuda()(x), atol=5e-2, rtol=5e-2)
+
+
+def test_other_gpu_architecture_is_refused(gpu_workdir, tmp_path):
+    artifact = export_once(gpu_workdir, "two_input", MODELS / "two_input.py")
+    source = build_once(gpu_workdir, artifact, "two_input_cuda")
+    copy = tmp_path / "pkg"
+    shutil.copytree(source, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["device"]["compute_capability"] = "8.0"
+    manifest["device"]["gpu_name"] = "NVIDIA A100"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("run", copy)
+    assert result.exit_code == 7
+    assert "built for NVIDIA A100 (compute capability 8.0)" in result.stderr
+
+
+def test_without_bsymbolic_a_crash_is_a_clear_error(gpu_workdir, tmp_path):
+    """On machines where the unpatched .so crashes on load, build says so (exit 5) instead of dying."""
+    artifact = export_once(gpu_workdir, "two_input", MODELS / "two_input.py")
+    result = invoke("build", artifact, "--device", "cuda", "--no-bsymbolic", "-o", tmp_path / "pkg", "--quiet")
+    if result.exit_code == 5:
+        assert "crashed when loaded" in result.stderr and "Bsymbolic" in result.stderr
+        assert not (tmp_path / "pkg").exists()
+    else:
+        assert result.exit_code == 0, result.stderr
