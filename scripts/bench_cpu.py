@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 import aotc_runtime
-from aotc_runtime.timing import summarize, time_calls
+from side_by_side import cold_starts, interleaved, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "tests" / "models" / "cnn_bn.py"
@@ -45,41 +44,20 @@ def ensure_packages(workdir: Path) -> dict:
     return packages
 
 
-def steady_state(packages: dict, iters: int, rounds: int = 10) -> dict:
+def steady_state(packages: dict, iters: int) -> dict:
     from aotc.loading import load_model
 
-    x = torch.randn(16, 3, 128, 128)
     model = load_model(str(MODEL)).module
-    compiled = torch.compile(model)
-    contenders = {"eager": model, "torch.compile default": compiled}
+    contenders = {"eager": model, "torch.compile default": torch.compile(model)}
     contenders.update({f"aotc package ({mode})": aotc_runtime.load(path) for mode, path in packages.items()})
-    samples = {name: [] for name in contenders}
-    first_call = {}
-    with torch.inference_mode():
-        for name, fn in contenders.items():
-            started = time.perf_counter()
-            fn(x)
-            first_call[name] = (time.perf_counter() - started) * 1e3
-            time_calls(lambda: fn(x), 0, torch.device("cpu"), warmup=10)
-        per_round = max(1, iters // rounds)
-        for _ in range(rounds):
-            for name, fn in contenders.items():
-                samples[name] += time_calls(lambda: fn(x), per_round, torch.device("cpu"))
-    return {name: {**summarize(s), "first_call_ms": first_call[name]} for name, s in samples.items()}
+    return interleaved(contenders, [torch.randn(16, 3, 128, 128)], torch.device("cpu"), iters)
 
 
 def cold_start(package: Path, runs: int) -> dict:
-    commands = {
+    return cold_starts({
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
         "aotc run PKG (to first output)": [str(Path(sys.executable).parent / "aotc"), "run", str(package)],
-    }
-    times = {name: [] for name in commands}
-    for _ in range(runs):
-        for name, command in commands.items():
-            started = time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True)
-            times[name].append(time.perf_counter() - started)
-    return {name: {"median_s": statistics.median(t), "min_s": min(t), "runs": len(t)} for name, t in times.items()}
+    }, runs)
 
 
 def main() -> int:
@@ -98,11 +76,7 @@ def main() -> int:
         "steady_state_ms": steady_state(packages, args.iters),
         "cold_start": cold_start(packages["default"], args.cold_runs),
     }
-    print(f"{'contender':32} {'median ms':>10} {'p90 ms':>8} {'p99 ms':>8}")
-    for name, stats in result["steady_state_ms"].items():
-        print(f"{name:32} {stats['median_ms']:10.3f} {stats['p90_ms']:8.3f} {stats['p99_ms']:8.3f}")
-    for name, stats in result["cold_start"].items():
-        print(f"cold start  {name:34} median {stats['median_s']:.2f} s (min {stats['min_s']:.2f} s, {stats['runs']} runs)")
+    print_table(result["steady_state_ms"], result["cold_start"])
     base = result["cold_start"]["python -c 'import torch'"]["median_s"]
     ratio = result["cold_start"]["aotc run PKG (to first output)"]["median_s"] / base
     print(f"cold start ratio aotc run / import torch: {ratio:.2f}x (target <= 1.3x)")

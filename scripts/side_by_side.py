@@ -1,0 +1,52 @@
+"""Shared by the benchmark scripts: interleaved steady-state timing and fresh-process cold starts.
+
+Interleaving (a slice of calls of each contender in turn, for several rounds) makes machine drift
+hit every contender alike; all figures are medians and percentiles.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+
+import torch
+
+from aotc_runtime.timing import summarize, synchronize, time_calls
+
+
+def interleaved(contenders: dict, inputs: list, device: torch.device, iters: int, warmup: int = 10, rounds: int = 10) -> dict:
+    """{name: latency summary + first_call_ms} for callables `fn(*inputs)`, measured in one process."""
+    samples = {name: [] for name in contenders}
+    first_call = {}
+    with torch.inference_mode():
+        for name, fn in contenders.items():
+            started = time.perf_counter()
+            fn(*inputs)
+            synchronize(device)
+            first_call[name] = (time.perf_counter() - started) * 1e3
+            time_calls(lambda: fn(*inputs), 0, device, warmup=warmup)
+        per_round = max(1, iters // rounds)
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                samples[name] += time_calls(lambda: fn(*inputs), per_round, device)
+    return {name: {**summarize(s), "first_call_ms": first_call[name]} for name, s in samples.items()}
+
+
+def cold_starts(commands: dict, runs: int, env=None) -> dict:
+    """Wall seconds of fresh processes (start to exit after the first output), alternated per run."""
+    times = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, command in commands.items():
+            started = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True, env=env)
+            times[name].append(time.perf_counter() - started)
+    return {name: {"median_s": statistics.median(t), "min_s": min(t), "runs": len(t)} for name, t in times.items()}
+
+
+def print_table(steady: dict, cold: dict) -> None:
+    print(f"{'contender':36} {'median ms':>10} {'p90 ms':>8} {'p99 ms':>8} {'first call ms':>14}")
+    for name, stats in steady.items():
+        print(f"{name:36} {stats['median_ms']:10.3f} {stats['p90_ms']:8.3f} {stats['p99_ms']:8.3f} {stats['first_call_ms']:14.1f}")
+    for name, stats in cold.items():
+        print(f"cold start  {name:44} median {stats['median_s']:.2f} s (min {stats['min_s']:.2f} s, {stats['runs']} runs)")
