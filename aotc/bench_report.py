@@ -193,11 +193,11 @@ def _latency_panel(ax, report, colors) -> None:
     medians = [r["latency"]["median_ms"] for r in rows]
     above = [r["latency"]["p90_ms"] - r["latency"]["median_ms"] for r in rows]
     names = [r["contender"] for r in rows]
-    bars = ax.bar(names, medians, yerr=[[0] * len(rows), above], capsize=5, color=[colors[n] for n in names])
-    ax.bar_label(bars, labels=[_ms(v) for v in medians], padding=2, fontsize=8)
+    labels = [f"{name}\n{_ms(median)} ms" for name, median in zip(names, medians)]
+    ax.bar(labels, medians, yerr=[[0] * len(rows), above], capsize=5, color=[colors[n] for n in names])
     ax.set_ylabel("ms per call (median; whisker: p90)")
     ax.set_title(f"steady-state latency, batch {batch}", fontsize=10)
-    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    ax.tick_params(axis="x", labelsize=8)
 
 
 def _cold_panel(ax, report, colors) -> None:
@@ -226,7 +226,10 @@ def _batch_panel(ax, report, colors) -> None:
         ax.plot(x, [r["latency"]["median_ms"] for r in rows], marker="o", color=colors[contender["name"]], label=contender["name"])
         ax.fill_between(x, [r["latency"]["median_ms"] for r in rows], [r["latency"]["p90_ms"] for r in rows],
                         color=colors[contender["name"]], alpha=0.15)
+    sizes = report["settings"]["batch_sizes"]
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(size) for size in sizes])
+    ax.minorticks_off()
     ax.set_xlabel("batch size")
     ax.set_ylabel("ms per call (median; band up to p90)")
     ax.set_title("latency against batch size", fontsize=10)

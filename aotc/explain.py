@@ -18,7 +18,7 @@ from pathlib import Path
 from .config import ExportConfig
 from .errors import ExportError
 from .explain_jit import JitView, jit_view, user_output_hidden
-from .export import check_eager, describe_inputs, example_inputs, export_program, load_weights
+from .export import check_eager, example_inputs, export_program, load_weights
 from .export_problems import Problem, diagnose, draft_failure_problem
 from .loading import LoadedModel, load_model
 from .quiet import quiet_torch
@@ -72,7 +72,7 @@ class Finding:
 @dataclass
 class ExplainReport:
     model: str
-    inputs: str
+    inputs: list  # per input: {"shape": as given (dim names kept), "example": traced sizes, "dtype"}
     mode: str  # the mode `aotc export` would use with the same flags
     jit: JitView
     attempts: dict  # mode -> ExportAttempt
@@ -121,7 +121,7 @@ def explain_model(cfg: ExplainConfig) -> ExplainReport:
         for problem in attempt.problems:
             _merge(findings, Finding(replace(problem), [mode]))
     mode = STRICT if cfg.strict else NON_STRICT
-    return ExplainReport(loaded.description, describe_inputs(inputs), mode, jit, attempts, findings,
+    return ExplainReport(loaded.description, _describe(inputs, shapes), mode, jit, attempts, findings,
                          time.perf_counter() - started)
 
 
@@ -134,7 +134,7 @@ def export_attempt(loaded: LoadedModel, inputs, shapes, dims, strict: bool) -> E
         return ExportAttempt(STRICT if strict else NON_STRICT, True, [], time.perf_counter() - started)
     except ExportError as err:  # export_program wraps torch's exception; the original is the cause
         exc = err.__cause__ or err
-    findings = [Finding(diagnose(exc, loaded.source_files, dims), [])]
+    findings = [Finding(diagnose(exc, loaded.source_files, dims, shapes), [])]
     for problem in draft_problems(loaded, inputs, shapes, dims, strict):
         _merge(findings, Finding(problem, []))
     problems = [f.problem for f in findings]
@@ -161,6 +161,13 @@ def draft_problems(loaded: LoadedModel, inputs, shapes, dims, strict: bool) -> l
     filenames.update(report.str_to_filename)
     problems = (draft_failure_problem(f, filenames, loaded.source_files) for f in report.failures if not f.xfail)
     return [p for p in problems if p is not None]
+
+
+def _describe(inputs, shapes) -> list:
+    from aotc_runtime.signature import DTYPE_NAMES
+
+    return [{"shape": list(shape), "example": list(t.shape), "dtype": DTYPE_NAMES.get(t.dtype, str(t.dtype))}
+            for t, shape in zip(inputs, shapes)]
 
 
 def _dynamic_shapes(shapes, dims):

@@ -6,6 +6,7 @@ import os
 import textwrap
 
 from .explain import NON_STRICT, STRICT, ExplainReport
+from .shapes import format_shape
 from .user_frames import Location
 
 WIDTH = 100
@@ -13,12 +14,13 @@ ARGS_WIDTH = 60  # a graph table cell longer than this is cut (the JSON has it w
 
 
 def render_report(report: ExplainReport, show_graphs: bool = False) -> str:
-    lines = [f"aotc explain {report.model} (inputs: {report.inputs})", ""]
+    inputs = ", ".join(f"{format_shape(i['example'])} {i['dtype']}" for i in report.inputs)
+    lines = [f"aotc explain {report.model} (inputs: {inputs})", ""]
     lines += _jit_lines(report, show_graphs)
     lines.append("")
     lines += _export_lines(report)
     lines.append("")
-    lines.append(_verdict(report))
+    lines += textwrap.wrap(_verdict(report), WIDTH, subsequent_indent="  ")
     return "\n".join(lines)
 
 
@@ -52,7 +54,9 @@ def _export_lines(report: ExplainReport) -> list:
         used = "  <- used" if mode == report.mode else ""
         lines.append(f"  {mode + ':':<12} {status:<22} ({flag}){used}")
     for number, finding in enumerate(report.findings, start=1):
-        only = "" if len(finding.modes) == len(report.attempts) else f" [{', '.join(finding.modes)} only]"
+        # "only" when the other mode accepts the model; a failing mode may just have stopped earlier.
+        accepted = [mode for mode, attempt in report.attempts.items() if attempt.ok]
+        only = f" [{', '.join(finding.modes)} only]" if accepted else ""
         problem = finding.problem
         lines.append(f"  problem {number}: {problem.kind}{only}")
         lines += _where_lines(problem.where, None)

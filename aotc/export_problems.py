@@ -90,13 +90,19 @@ _RULES = (
 )
 
 
-def diagnose(exc: BaseException, user_files=(), dims=None) -> Problem:
-    """Classify one export failure. `dims` maps dim names to DimSpec (for flag suggestions)."""
+def diagnose(exc: BaseException, user_files=(), dims=None, shapes=None) -> Problem:
+    """Classify one export failure.
+
+    `dims` maps dim names to DimSpec and `shapes` are the --input-shape tuples: with both, a Dim fix
+    is given as the complete shape flags to pass instead of the old ones.
+    """
     text = str(exc)
     where = locate(exc, user_files)
-    source = where.source if where else ""
     if "Suggested fixes:" in text or "Constraints violated" in text:
-        return _constraint_problem(text, where, dims or {})
+        problem = _constraint_problem(text, where, dims or {})
+        if shapes is not None and problem.flags:
+            problem.flags = fixed_shape_flags(text, shapes, dims or {})
+        return problem
     if _is_data_dependent(exc, text):
         return data_dependent_problem(text, where)
     return classify(text, where, f"{type(exc).__name__}: {first_line(exc)}")
@@ -176,7 +182,7 @@ def _constraint_problem(text: str, where, dims: dict) -> Problem:
     if detail:
         reason += f" ({detail.group(1).split('. If you')[0].strip()})"
     fix = "; ".join(plain) if plain else "make the dim static, or rewrite the op that specializes it (e.g. view(x.shape[0], -1) instead of view(16, -1))"
-    if plain and any("static" in p for p in plain):
+    if any(re.fullmatch(r"\d+", value) for value in suggestions.values()):
         fix += "; or keep it dynamic by rewriting the op that fixes the size (e.g. x.view(x.shape[0], -1) instead of x.view(16, -1))"
     return Problem(DIM_SPECIALIZED, reason, fix, where, flags)
 
@@ -239,3 +245,18 @@ def _draft_location(stack: list, filenames: dict, user_files) -> Location | None
         if name and is_user_file(name, user_files):
             found = location(name, int(frame["line"]))
     return found
+
+
+def fixed_shape_flags(text: str, shapes, dims: dict) -> list:
+    """torch's suggested fixes applied to the user's shape flags: every --input-shape and --dim to pass."""
+    from .shapes import format_shape
+
+    suggestions = dict(_suggested_fixes(text))
+    static = {name: int(value) for name, value in suggestions.items() if re.fullmatch(r"\d+", value)}
+    flags = [f"--input-shape {format_shape(tuple(static.get(e, e) for e in shape))}" for shape in shapes]
+    for name, dim in dims.items():
+        if name in static:
+            continue
+        flag, _ = _suggestion_flag(name, suggestions[name], suggestions, dims) if name in suggestions else (None, "")
+        flags.append(flag if flag and flag.startswith("--dim") else f"--dim {name}={dim.min}:{dim.max}")
+    return flags
