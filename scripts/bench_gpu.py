@@ -26,12 +26,12 @@ MODES = ("default", "reduce-overhead", "max-autotune")
 AOTC = [sys.executable, "-m", "aotc"]
 
 
-def ensure_packages(workdir: Path) -> dict:
+def ensure_packages(workdir: Path, modes) -> dict:
     artifact = workdir / "densenet121.pt2"
     if not artifact.exists():
         subprocess.run(AOTC + ["export", "torchvision.models:densenet121", "--input-shape", "16x3x128x128", "-o", str(artifact)], check=True)
     packages = {}
-    for mode in MODES:
+    for mode in modes:
         package = workdir / f"densenet121_{mode}"
         if not (package / "manifest.json").exists():
             subprocess.run(AOTC + ["build", str(artifact), "--device", "cuda", "--mode", mode, "-o", str(package), "--force"], check=True)
@@ -62,10 +62,11 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--cold-runs", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(MODES), help="package modes to build and compare")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    packages = ensure_packages(args.workdir)
+    packages = ensure_packages(args.workdir, [m for m in args.modes.split(",") if m])
 
     import torchvision
 
