@@ -89,9 +89,9 @@ class ExplainReport:
         if self.exportable:
             return None
         if self.mode == NON_STRICT and self.attempts[STRICT].ok:
-            return "`aotc export --strict` (TorchDynamo tracing) accepts the model as it is"
+            return "`aotc export --strict` accepts the model as it is"
         if self.mode == STRICT and self.attempts[NON_STRICT].ok:
-            return "`aotc export` without --strict (non-strict tracing) accepts the model as it is"
+            return "`aotc export` without --strict accepts the model as it is"
         return None
 
     def to_dict(self) -> dict:

@@ -20,7 +20,7 @@ def render_report(report: ExplainReport, show_graphs: bool = False) -> str:
     lines.append("")
     lines += _export_lines(report)
     lines.append("")
-    lines += textwrap.wrap(_verdict(report), WIDTH, subsequent_indent="  ")
+    lines.append(_verdict(report))  # one line, never wrapped: scripts and people look for it last
     return "\n".join(lines)
 
 
@@ -63,7 +63,7 @@ def _export_lines(report: ExplainReport) -> list:
         lines += _wrapped("why", problem.reason)
         lines += _wrapped("fix", problem.fix)
         if problem.flags:
-            lines += _wrapped("flags", " ".join(problem.flags))
+            lines += _wrapped("flags", " ".join(problem.flags) + "  (in place of your --input-shape and --dim flags)")
     return lines
 
 
@@ -72,7 +72,7 @@ def _verdict(report: ExplainReport) -> str:
         return f"exportable: `aotc export` ({report.mode}) accepts the model"
     text = f"not exportable ({report.mode}): fix the problems above"
     if report.hint:
-        text += f", or use {report.hint.replace(' accepts the model as it is', '')}, which accepts the model as it is"
+        text += f"; {report.hint}"
     return text
 
 
