@@ -8,6 +8,8 @@ inputs down and floating outputs back up, so the package keeps the signature use
 
 from __future__ import annotations
 
+import copy
+
 from .config import Precision
 
 REDUCED = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
@@ -20,7 +22,9 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
     if precision not in REDUCED:
         return move_to_device_pass(ep, device) if device != "cpu" else ep
     low = getattr(torch, REDUCED[precision])
-    inner = ep.module().to(device=device, dtype=low)
+    # ep.module() shares its parameters with `ep`; casting them in place would change the fp32
+    # program the numeric check uses as its reference, so cast a copy.
+    inner = copy.deepcopy(ep.module()).to(device=device, dtype=low)
 
     class CastWrapper(torch.nn.Module):
         """Computes in reduced precision, keeps the exported float dtypes at the boundary."""

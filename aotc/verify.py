@@ -73,8 +73,9 @@ def _describe_child_failure(proc) -> str:
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
         return (f"the compiled package crashed when loaded and run in a child process ({name}); nothing was written. "
-                "If the crash is inside libstdc++ (std::regex), keep the default -Wl,-Bsymbolic link "
-                "(do not pass --no-bsymbolic); otherwise rerun with --verbose and report it")
+                "A crash inside libstdc++ (std::regex) means the model .so and the process disagree on the C++ "
+                "library: keep the default -Wl,-Bsymbolic link and build with a g++ whose libstdc++ torch loads "
+                "(set AOTC_CXX=/usr/bin/g++); otherwise rerun with --verbose and report it")
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else f"exit status {proc.returncode}"
     return f"the compiled package failed its check run in a child process: {last}"

@@ -95,3 +95,39 @@ def test_config_file_and_flags_precedence(packages, tmp_path):
     assert manifest["numeric_check"]["atol"] == 0.25  # the flag wins over the file
     assert manifest["inductor_options"]["freezing"] is False  # file overrides the preset
     assert manifest["inductor_options"]["max_autotune"] is True  # preset
+
+
+def test_compiler_choice_skips_a_gxx_whose_libstdcxx_differs(tmp_path, monkeypatch):
+    """$CXX naming a g++ from another GCC (other libstdc++) is passed over for one that matches torch's."""
+    from aotc import toolchain
+
+    loaded = toolchain.loaded_libstdcxx()
+    if loaded is None or toolchain.compiler_libstdcxx("g++") != loaded:
+        pytest.skip("needs Linux and a g++ whose libstdc++ is the one torch loads")
+    other = tmp_path / "lib" / "libstdc++.so.6"
+    other.parent.mkdir()
+    other.write_text("not the loaded library")
+    fake = tmp_path / "other-g++"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = "-print-file-name=libstdc++.so.6" ] && echo {other} && exit 0\nexec g++ "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    path, record = toolchain.choose_compiler()
+    assert path != str(fake) and toolchain.compiler_libstdcxx(path) == loaded
+    assert record["cxx_choice"] == "libstdc++ matches the one torch loads"
+    monkeypatch.setenv("AOTC_CXX", str(fake))
+    assert toolchain.choose_compiler()[0] == str(fake)
+
+
+def test_bf16_package_keeps_the_exported_signature(packages, tmp_path):
+    result = invoke("build", packages.get("cnn_bn").artifact, "--precision", "bf16", "-o", tmp_path / "pkg", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    import aotc_runtime
+    from conftest import eager_model
+
+    package = aotc_runtime.load(tmp_path / "pkg")
+    assert package.manifest["precision"] == "bf16" and package.manifest["numeric_check"]["atol"] == 5e-2
+    x = torch.randn(16, 3, 128, 128)
+    out = package(x)
+    assert out.dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(out, eager_model("cnn_bn")(x), atol=5e-2, rtol=5e-2)
