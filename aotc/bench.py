@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from aotc_runtime.manifest import read_manifest, sha256_file
 
 from .config import Mode
-from .errors import BuildError, ModelError, UserInputError
+from .errors import AotcError, AotcRuntimeError, BuildError, ModelError, UserInputError
 from .quiet import quiet_torch
 from .user_frames import first_line
 
 COMPILE_MODES = tuple(mode.value for mode in Mode)
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 REPORT_VERSION = 1
+COMPILE_WEIGHT = 20  # a torch.compile first call weighs ~20 timed slices on the progress bar
 
 
 def parse_against(text: str) -> tuple:
@@ -60,7 +60,7 @@ def parse_batch_sizes(text: str) -> tuple:
 @dataclass(frozen=True)
 class BenchConfig:
     package: Path
-    against: tuple | None = None  # None: eager, compile:default and compile at the package's mode
+    against: tuple | str | None = None  # None: eager, compile:default and compile at the package's mode
     artifact: Path | None = None  # None: the artifact the manifest names
     iters: int = 100  # timed calls per contender and batch size
     warmup: int = 10  # untimed calls per contender and batch size, after the first call
@@ -71,6 +71,10 @@ class BenchConfig:
     json_path: Path | None = None
     plot_path: Path | None = None
     seed: int = 0
+
+    def against_text(self) -> str:
+        """--against as text; Python callers may give a tuple of names or one comma-separated string."""
+        return self.against if isinstance(self.against, str) else ",".join(self.against or ())
 
     def validate(self) -> None:
         problems = []
@@ -83,7 +87,7 @@ class BenchConfig:
         if self.cold_runs < 1:
             problems.append(f"--cold-runs must be >= 1, got {self.cold_runs}")
         try:
-            parse_against(",".join(self.against or ()))
+            parse_against(self.against_text())
         except ValueError as exc:
             problems.append(f"--against: {exc}")
         if any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
@@ -106,12 +110,11 @@ class Contender:
     mode: str | None
     call: object = None
     setup_ms: float = 0.0
-    rows: list = field(default_factory=list)
 
 
 def contender_names(cfg: BenchConfig, manifest: dict) -> tuple:
     """The package first, then the baselines (default: eager, compile:default, compile at the package's mode)."""
-    against = ",".join(cfg.against) if cfg.against is not None else f"eager,compile:default,compile:{manifest['mode']}"
+    against = cfg.against_text() if cfg.against is not None else f"eager,compile:default,compile:{manifest['mode']}"
     return ("package",) + parse_against(against)
 
 
@@ -120,7 +123,7 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     cfg.validate()
     import torch
 
-    from .bench_cold import cold_start_plan, measure_cold_starts
+    from .bench_cold import cold_start_plan, fresh_compile_cache, measure_cold_starts
     from .bench_report import ProgressBar, machine_description
 
     manifest = read_manifest(Path(cfg.package))
@@ -134,7 +137,9 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     rounds = min(cfg.rounds, cfg.iters)
     cold_plan = cold_start_plan(names, cfg.cold_runs) if cfg.cold_start else []
     bar = bar or ProgressBar(enabled=False)
-    bar.begin(len(names) + len(batch_sizes) * len(names) * (1 + rounds) + len(cold_plan))
+    compiles = sum(name.startswith("compile:") for name in names)
+    bar.begin(len(names) + len(batch_sizes) * (len(names) * (1 + rounds) + compiles * COMPILE_WEIGHT)
+              + sum(case.weight for _run, case in cold_plan))
     with fresh_compile_cache(), precision_flags(manifest):
         ep = None
         if artifact is not None:
@@ -144,7 +149,7 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
             contenders = []
             for name in names:
                 bar.step(f"loading {name}")
-                contenders.append(setup_contender(name, ep, manifest, device, Path(cfg.package)))
+                contenders.append(setup_contender(name, ep, Path(cfg.package)))
             rows = [row for batch in batch_sizes for row in measure_batch(contenders, signature, batch, cfg, device, bar)]
     cold = measure_cold_starts(cold_plan, Path(cfg.package), artifact, manifest, bar) if cold_plan else None
     bar.finish()
@@ -155,7 +160,8 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
                     "precision": manifest.get("precision"), "build_seconds": manifest.get("build_seconds"), "size_bytes": manifest.get("size_bytes")},
         "artifact": str(artifact) if artifact else None,
         "machine": machine_description(device),
-        "settings": {"iters": cfg.iters, "warmup": cfg.warmup, "rounds": rounds, "batch_sizes": list(batch_sizes), "seed": cfg.seed,
+        "settings": {"iters": cfg.iters, "warmup": cfg.warmup, "rounds": rounds, "batch_sizes": list(batch_sizes),
+                     "example_batch_size": batch_axis(signature)[1], "seed": cfg.seed,
                      "timer": "cuda-events" if device.type == "cuda" else "perf_counter",
                      "memory": "cuda-allocator-peak" if device.type == "cuda" else "rss-growth",
                      "cold_start": cfg.cold_start, "cold_runs": cfg.cold_runs if cfg.cold_start else 0},
@@ -176,7 +182,7 @@ def measure_batch(contenders: list, signature: dict, batch: int, cfg: BenchConfi
     firsts = {}
     for contender in contenders:
         compiles = " (compiling)" if contender.kind == "compile" else ""
-        bar.step(f"batch {batch}: first call and warm-up of {contender.name}{compiles}")
+        bar.step(f"batch {batch}: first call and warm-up of {contender.name}{compiles}", 1 + COMPILE_WEIGHT * bool(compiles))
         firsts[contender.name] = first_call_and_warmup(contender, inputs, cfg.warmup, device)
     samples = interleaved(contenders, inputs, cfg.iters, cfg.rounds, device, bar, f"batch {batch}")
     latency = {name: summarize(times) for name, times in samples.items()}
@@ -235,7 +241,7 @@ def resolve_batch_sizes(signature: dict, requested: tuple) -> tuple:
     return tuple(requested)
 
 
-def setup_contender(name: str, ep, manifest: dict, device, package_path: Path) -> Contender:
+def setup_contender(name: str, ep, package_path: Path) -> Contender:
     """Load one contender and time it (the artifact is loaded once for all baselines)."""
     import torch
 
@@ -276,6 +282,8 @@ def first_call_and_warmup(contender: Contender, inputs, warmup: int, device) -> 
             with quiet_torch():
                 contender.call(*inputs)
                 synchronize(device)
+        except (AotcError, AotcRuntimeError):
+            raise
         except Exception as exc:
             raise _contender_error(contender, exc) from exc
         first_ms = (time.perf_counter() - started) * 1e3
@@ -308,15 +316,6 @@ def interleaved(contenders: list, inputs, iters: int, rounds: int, device, bar, 
             # One untimed call per slice: the switch between contenders costs each of them alike.
             samples[contender.name] += time_calls(functools.partial(contender.call, *inputs), count, device, warmup=1)
     return samples
-
-
-@contextlib.contextmanager
-def fresh_compile_cache():
-    """torch.compile in this process compiles from scratch, whatever the user's Inductor cache holds."""
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-    with tempfile.TemporaryDirectory(prefix="aotc-bench-cache-") as folder, temporary_cache_dir(folder):
-        yield folder
 
 
 @contextlib.contextmanager

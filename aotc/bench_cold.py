@@ -1,4 +1,4 @@
-"""Cold start in fresh processes, and the memory a contender needs.
+"""Cold start in fresh processes, compile caches, and the memory a contender needs.
 
 Each cold run is `python -c CHILD SPEC`: import torch, load the contender, make inputs, call once,
 synchronize, print one JSON line. The parent's clock runs from just before the spawn to the moment
@@ -10,6 +10,7 @@ child then reports its own peak memory: a fresh process holding only that conten
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -80,6 +81,11 @@ class ColdCase:
     cache: str | None = None  # torch.compile only: "cold" or "warm"
 
     @property
+    def weight(self) -> int:
+        """Rough cost on the progress bar, in timed slices: a process start ~10, a compile from scratch ~50."""
+        return {None: 10, "warm": 20, "cold": 50}[self.cache]
+
+    @property
     def label(self) -> str:
         return f"{self.name} ({self.cache} cache)" if self.cache else self.name
 
@@ -98,7 +104,7 @@ def measure_cold_starts(plan, package: Path, artifact: Path | None, manifest: di
     with tempfile.TemporaryDirectory(prefix="aotc-bench-cold-") as work:
         warm_dirs: dict = {}
         for run, case in plan:
-            bar.step(f"cold start {run + 1}: {case.label}")
+            bar.step(f"cold start {run + 1}: {case.label}", case.weight)
             cache = Path(work) / f"{case.name.replace(':', '_')}-{run}-{case.cache or 'none'}"
             if case.cache == "warm":
                 cache = warm_dirs[case.name]
@@ -166,6 +172,31 @@ def _child_error(case: ColdCase, returncode: int, stderr: str) -> Exception:
     if case.name == "eager":
         return ModelError(f"{where}; re-export the artifact with `aotc export`")
     return BuildError(f"{where}; leave {case.name} out of --against or pass --no-cold-start")
+
+
+@contextlib.contextmanager
+def fresh_compile_cache():
+    """torch.compile in this process compiles from scratch, whatever the user's Inductor cache holds."""
+    with tempfile.TemporaryDirectory(prefix="aotc-bench-cache-") as folder:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+        except ImportError:  # older torch: the variable alone (read when Inductor first needs its cache)
+            temporary_cache_dir = _cache_dir_variable
+        with temporary_cache_dir(folder):
+            yield folder
+
+
+@contextlib.contextmanager
+def _cache_dir_variable(folder: str):
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
 
 
 class MemoryWatch:

@@ -21,13 +21,14 @@ class ProgressBar:
         self.total, self.done, self.started, self.last_line = 1, 0, time.perf_counter(), 0.0
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
 
-    def begin(self, total: int) -> None:
+    def begin(self, total: float) -> None:
+        """`total`: the plan's weight, the sum of its steps' weights (rough relative costs)."""
         self.total, self.done, self.started = max(1, total), 0, time.perf_counter()
 
-    def step(self, label: str) -> None:
+    def step(self, label: str, weight: float = 1) -> None:
         """Announce the next step of the plan (the previous one is done)."""
         self._draw(label, final=False)
-        self.done = min(self.done + 1, self.total)
+        self.done = min(self.done + weight, self.total)
 
     def note(self, text: str) -> None:
         self._draw(text, final=False, counted=False)
@@ -40,7 +41,7 @@ class ProgressBar:
         if not self.enabled:
             return
         filled = round(self.width * self.done / self.total)
-        line = (f"[aotc bench] {'#' * filled}{'.' * (self.width - filled)} {self.done}/{self.total} "
+        line = (f"[aotc bench] {'#' * filled}{'.' * (self.width - filled)} {100 * self.done / self.total:3.0f}% "
                 f"{time.perf_counter() - self.started:6.1f}s  {label}")
         if self.tty:
             columns = 120
@@ -186,9 +187,15 @@ def write_plot(report: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _latency_panel(ax, report, colors) -> None:
+def headline_batch(report: dict) -> int:
+    """The batch size a one-number summary uses: the exported example size if measured, else the first."""
     sizes = report["settings"]["batch_sizes"]
-    batch = sizes[0]
+    example = report["settings"].get("example_batch_size")
+    return example if example in sizes else sizes[0]
+
+
+def _latency_panel(ax, report, colors) -> None:
+    batch = headline_batch(report)
     rows = [r for r in report["results"] if r["batch_size"] == batch]
     medians = [r["latency"]["median_ms"] for r in rows]
     above = [r["latency"]["p90_ms"] - r["latency"]["median_ms"] for r in rows]
@@ -209,13 +216,15 @@ def _cold_panel(ax, report, colors) -> None:
     for name, value, alpha in phases:
         heights = [value(c) / 1e3 for c in cold]
         ax.bar(labels, heights, bottom=bottom, color=[colors.get(c["contender"], "#7f7f7f") for c in cold], alpha=alpha,
-               edgecolor="black", linewidth=0.4, label=name)
+               edgecolor="black", linewidth=0.4)
         bottom = [b + h for b, h in zip(bottom, heights)]
     for x, c in enumerate(cold):
         ax.text(x, bottom[x], f"{c['median_ms'] / 1e3:.2f}s", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("seconds from process start to first output")
     ax.set_title(f"cold start (median of {report['settings']['cold_runs']})", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(facecolor="#555555", alpha=alpha, label=name) for name, _value, alpha in phases], fontsize=7, loc="upper left")
     ax.tick_params(axis="x", labelsize=7)
 
 
