@@ -23,7 +23,7 @@ from .precision import place_program
 from .progress import Progress
 from .quiet import quiet_torch
 from .tolerances import tolerance
-from .toolchain import compiler_options
+from .toolchain import compiler_options, use_compiler
 from .user_frames import first_line
 from .verify import check_numerics
 
@@ -47,8 +47,15 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserInputError("--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine")
-    options = resolve_options(cfg)
     compiler, compiler_record = compiler_options(cfg.bsymbolic)
+    # Inductor's worker processes read $CXX when they start: name the compiler before anything
+    # imports torch._inductor (see toolchain.use_compiler).
+    with use_compiler(compiler["cpp.cxx"][1]):
+        return _build(cfg, progress, started, compiler, compiler_record)
+
+
+def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict) -> BuildResult:
+    options = resolve_options(cfg)
     with progress.stage(f"loading {cfg.artifact}"):
         ep, meta = load_artifact(cfg.artifact)
     signature = meta["signature"]

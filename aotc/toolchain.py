@@ -21,6 +21,7 @@ shared object (`-shared`): adding it to every command breaks Inductor's precompi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -125,6 +126,32 @@ def compiler_options(bsymbolic: bool) -> tuple[dict, dict]:
     """(Inductor options that select the compiler, what the manifest records about it)."""
     real, choice = choose_compiler()
     record = {"cxx": real, "cxx_version": compiler_version(real), "link_flags": [LINK_FLAG] if bsymbolic else [], **choice}
-    if not bsymbolic:
-        return {"cpp.cxx": (None, real)}, record
-    return {"cpp.cxx": (None, str(bsymbolic_wrapper(real)))}, record
+    cxx = str(bsymbolic_wrapper(real)) if bsymbolic else real
+    return {"cpp.cxx": (None, cxx)}, record
+
+
+@contextlib.contextmanager
+def use_compiler(cxx: str):
+    """Name the compiler in $CXX (and Inductor's config) for this build and every process it starts.
+
+    Inductor compiles some C++ in worker processes that read their compiler from $CXX when they
+    import torch._inductor.config; a config patch in this process does not reach them, and a mix
+    of compilers in one .so is exactly what must not happen. Both are restored afterwards.
+    """
+    import sys
+
+    old_env = os.environ.get("CXX")
+    config = sys.modules.get("torch._inductor.config")
+    old_config = config.cpp.cxx if config is not None else None
+    os.environ["CXX"] = cxx
+    if config is not None:
+        config.cpp.cxx = (None, cxx)
+    try:
+        yield
+    finally:
+        if old_env is None:
+            os.environ.pop("CXX", None)
+        else:
+            os.environ["CXX"] = old_env
+        if config is not None:
+            config.cpp.cxx = old_config

@@ -37,9 +37,9 @@ def test_manifest_records_the_build(packages):
 
 
 def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypatch):
+    artifact = packages.get("sincos").artifact  # built before the check is sabotaged
     real = aotc.verify.eager_outputs
     monkeypatch.setattr(aotc.verify, "eager_outputs", lambda ep, cases: [[t + 0.5 for t in out] for out in real(ep, cases)])
-    artifact = packages.get("sincos").artifact
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 6, result.stderr
     assert "package output 'output_0' differs from eager by max abs 0.5" in result.stderr
@@ -52,34 +52,38 @@ def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypat
 
 
 def test_crash_in_child_becomes_a_build_error(packages, tmp_path, monkeypatch):
+    artifact = packages.get("sincos").artifact
     crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
     monkeypatch.setattr(aotc.verify, "child_command", lambda *args: crash)
-    result = invoke("build", packages.get("sincos").artifact, "-o", tmp_path / "pkg", "--quiet")
+    result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 5
     assert "crashed when loaded and run in a child process (SIGSEGV)" in result.stderr
     assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
 
 
 def test_interrupted_build_leaves_nothing(packages, tmp_path, monkeypatch):
+    artifact = packages.get("sincos").artifact
+
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(aotc.build, "compile_aoti", interrupt)
-    result = invoke("build", packages.get("sincos").artifact, "-o", tmp_path / "pkg", "--quiet")
+    result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 130 and "interrupted" in result.stderr
     assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
 
 
 def test_force_replaces_a_package_only_when_the_new_one_is_whole(packages, tmp_path, monkeypatch):
+    artifact = packages.get("sincos").artifact
     target = tmp_path / "pkg"
     target.mkdir()
     (target / "old.txt").write_text("old")
     monkeypatch.setattr(aotc.verify, "child_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"])
-    result = invoke("build", packages.get("sincos").artifact, "-o", target, "--force", "--quiet")
+    result = invoke("build", artifact, "-o", target, "--force", "--quiet")
     assert result.exit_code == 5
     assert (target / "old.txt").read_text() == "old"  # the failed build did not touch it
     monkeypatch.undo()
-    result = invoke("build", packages.get("sincos").artifact, "-o", target, "--force", "--quiet")
+    result = invoke("build", artifact, "-o", target, "--force", "--quiet")
     assert result.exit_code == 0, result.stderr
     assert not (target / "old.txt").exists() and (target / "manifest.json").is_file()
 
