@@ -1,18 +1,18 @@
 """The C++ compiler Inductor uses for the model .so, and the link flag aotc adds to it.
 
-Why -Wl,-Bsymbolic: the model .so carries its own copies of C++ standard-library template code
+Why -Wl,-Bsymbolic (kept on by default as a second guard): the model .so carries its own copies of C++ standard-library template code
 (std::regex and friends, from the system g++ headers). Without -Bsymbolic the dynamic linker binds
 those names to copies already exported by the torch libraries in the process, which may come from
 another toolchain; on the GPU machine (torch 2.11 + g++ 13.3) that mix crashes inside
 `parse_device_str`'s std::regex on load (shared/GPU-NOTES.md). With -Bsymbolic the .so binds to its
-own copies. On machines where the copies already agree it changes nothing observable.
+own copies. Where the copies already agree it changes nothing observable.
 
-Which g++: the one whose libstdc++ is the libstdc++ this process (and so a serving process)
-has loaded. A g++ from another GCC release compiles the .so against headers whose inline code and
-symbol versions do not match the libstdc++ present at load time; on the GPU machine $CXX points to
-such a compiler (/opt/gcc) and its packages crash on load even with -Bsymbolic, while the system
-g++ (whose libstdc++ torch loads) gives packages that load and run. $CXX and g++ on PATH are asked
-in that order, the first match wins; AOTC_CXX forces a compiler without the check.
+Which g++: one whose C++ headers are not newer than the libstdc++ this process (and so a serving
+process) loads. Headers from a newer GCC inline code and reference symbols that an older
+libstdc++ lacks. Measured on the GPU machine (torch 2.11, system libstdc++ of GCC 14): $CXX points
+to /opt/gcc/bin/g++, whose packages crash on load even with -Bsymbolic, while /usr/bin/g++ (GCC 13)
+gives packages that load and run, with or without -Bsymbolic. $CXX, g++ on PATH and /usr/bin/g++
+are asked in that order and the first that fits wins; AOTC_CXX forces a compiler without the check.
 
 How: Inductor takes the compiler from `torch._inductor.config.cpp.cxx` (its name must contain g++
 or gcc). aotc points it at a tiny wrapper that appends the flag only to the command that links the
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -57,13 +58,33 @@ def loaded_libstdcxx() -> str | None:
     return None
 
 
-def compiler_libstdcxx(cxx: str) -> str | None:
-    """Real path of the libstdc++ that `cxx` links against, or None if it cannot say."""
+# Newest symbol version a libstdc++ exports -> the GCC release that shipped it
+# (https://gcc.gnu.org/onlinedocs/libstdc++/manual/abi.html).
+_GLIBCXX_TO_GCC = {26: 9, 27: 9, 28: 10, 29: 11, 30: 12, 31: 13, 32: 13, 33: 14, 34: 15}
+
+
+def library_gcc_release(library: str) -> int | None:
+    """GCC release of a libstdc++.so, from the newest GLIBCXX_3.4.N version it defines."""
     try:
-        out = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True, timeout=30).stdout.strip()
+        data = Path(library).read_bytes()
+    except OSError:
+        return None
+    versions = [int(n) for n in re.findall(rb"GLIBCXX_3\.4\.(\d+)", data)]
+    if not versions:
+        return None
+    newest = max(versions)
+    return _GLIBCXX_TO_GCC.get(newest, 99 if newest > max(_GLIBCXX_TO_GCC) else None)
+
+
+def compiler_gcc_release(cxx: str) -> int | None:
+    """_GLIBCXX_RELEASE of the C++ headers `cxx` compiles against (its GCC major version)."""
+    try:
+        out = subprocess.run([cxx, "-x", "c++", "-dM", "-E", "-include", "bits/c++config.h", "/dev/null"],
+                             capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return os.path.realpath(out) if os.path.isabs(out) and os.path.exists(out) else None
+    match = re.search(r"#define _GLIBCXX_RELEASE (\d+)", out)
+    return int(match.group(1)) if match else None
 
 
 def candidate_compilers() -> list[str]:
@@ -88,11 +109,18 @@ def choose_compiler() -> tuple[str, dict]:
     candidates = candidate_compilers()
     if not candidates:
         raise BuildError("no C++ compiler found: install g++ (or set CXX / AOTC_CXX to a g++ binary)")
-    loaded = loaded_libstdcxx()
+    library = loaded_libstdcxx()
+    available = library_gcc_release(library) if library else None
+    record = {"libstdcxx": library, "libstdcxx_gcc_release": available}
+    if available is None:
+        return candidates[0], {**record, "cxx_choice": "first available (libstdc++ release unknown)"}
     for path in candidates:
-        if loaded and compiler_libstdcxx(path) == loaded:
-            return path, {"cxx_choice": "libstdc++ matches the one torch loads", "libstdcxx": loaded}
-    return candidates[0], {"cxx_choice": "first available (no g++ matches the libstdc++ torch loads)", "libstdcxx": loaded}
+        headers = compiler_gcc_release(path)
+        if headers is not None and headers <= available:
+            return path, {**record, "cxx_headers_gcc_release": headers, "cxx_choice": "headers not newer than the libstdc++ torch loads"}
+    releases = ", ".join(f"{p} (GCC {compiler_gcc_release(p)})" for p in candidates)
+    raise BuildError(f"every g++ found ({releases}) has C++ headers newer than the libstdc++ torch loads (GCC {available}, {library}); "
+                     "its packages would crash on load: install a g++ of that release or older, or set AOTC_CXX")
 
 
 def compiler_version(path: str) -> str:
