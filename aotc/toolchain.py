@@ -7,12 +7,13 @@ another toolchain; on the GPU machine (torch 2.11 + g++ 13.3) that mix crashes i
 `parse_device_str`'s std::regex on load (shared/GPU-NOTES.md). With -Bsymbolic the .so binds to its
 own copies. Where the copies already agree it changes nothing observable.
 
-Which g++: one whose C++ headers are not newer than the libstdc++ this process (and so a serving
-process) loads. Headers from a newer GCC inline code and reference symbols that an older
-libstdc++ lacks. Measured on the GPU machine (torch 2.11, system libstdc++ of GCC 14): $CXX points
-to /opt/gcc/bin/g++, whose packages crash on load even with -Bsymbolic, while /usr/bin/g++ (GCC 13)
-gives packages that load and run, with or without -Bsymbolic. $CXX, g++ on PATH and /usr/bin/g++
-are asked in that order and the first that fits wins; AOTC_CXX forces a compiler without the check.
+Which g++: the one installed beside the libstdc++ this process (and so a serving process) loads,
+i.e. the compiler that library was built for. Measured on the GPU machine (torch 2.11, system
+libstdc++ in /usr/lib): $CXX points to /opt/gcc/bin/g++ (also GCC 13 headers, but its own build of
+the runtime pieces) and every package it builds crashes on load, even with -Bsymbolic; /usr/bin/g++
+builds packages that load and run, with or without -Bsymbolic. So: first the g++ in the same
+installation prefix as the loaded libstdc++ (/usr/lib/... -> /usr/bin/g++), then $CXX and g++ on
+PATH whose headers are not newer than that libstdc++. AOTC_CXX forces a compiler without checks.
 
 How: Inductor takes the compiler from `torch._inductor.config.cpp.cxx` (its name must contain g++
 or gcc). aotc points it at a tiny wrapper that appends the flag only to the command that links the
@@ -87,10 +88,21 @@ def compiler_gcc_release(cxx: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def candidate_compilers() -> list[str]:
-    """$CXX, then g++ on PATH, then /usr/bin/g++: existing ones, each real binary once."""
+def compiler_beside(library: str | None) -> str | None:
+    """The g++ of the installation that holds `library` (/usr/lib/x86_64-linux-gnu/... -> /usr/bin/g++)."""
+    if not library:
+        return None
+    for prefix in Path(library).parents:
+        candidate = prefix / "bin" / "g++"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def candidate_compilers(preferred: str | None = None) -> list[str]:
+    """`preferred`, $CXX, g++ on PATH, /usr/bin/g++: the existing ones, each real binary once."""
     found, seen = [], set()
-    for name in (os.environ.get("CXX"), "g++", "/usr/bin/g++"):
+    for name in (preferred, os.environ.get("CXX"), "g++", "/usr/bin/g++"):
         path = shutil.which(name) if name else None
         if path and os.path.realpath(path) not in seen:
             seen.add(os.path.realpath(path))
@@ -106,12 +118,16 @@ def choose_compiler() -> tuple[str, dict]:
         if path is None:
             raise BuildError(f"AOTC_CXX={forced} is not an executable; point it at a g++ binary or unset it")
         return path, {"cxx_choice": "AOTC_CXX"}
-    candidates = candidate_compilers()
+    library = loaded_libstdcxx()
+    beside = compiler_beside(library)
+    candidates = candidate_compilers(beside)
     if not candidates:
         raise BuildError("no C++ compiler found: install g++ (or set CXX / AOTC_CXX to a g++ binary)")
-    library = loaded_libstdcxx()
     available = library_gcc_release(library) if library else None
     record = {"libstdcxx": library, "libstdcxx_gcc_release": available}
+    if beside is not None:
+        return beside, {**record, "cxx_headers_gcc_release": compiler_gcc_release(beside),
+                        "cxx_choice": "installed beside the libstdc++ torch loads"}
     if available is None:
         return candidates[0], {**record, "cxx_choice": "first available (libstdc++ release unknown)"}
     for path in candidates:

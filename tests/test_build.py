@@ -112,9 +112,22 @@ def test_compiler_choice_skips_a_gxx_with_newer_headers(tmp_path, monkeypatch):
     fake.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = "-dM" ] && echo "#define _GLIBCXX_RELEASE 99" && exit 0; done\nexec g++ "$@"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setattr(toolchain, "compiler_beside", lambda library: None)  # exercise the header check
     path, record = toolchain.choose_compiler()
     assert path != str(fake)
     assert record["cxx_headers_gcc_release"] <= record["libstdcxx_gcc_release"]
+
+
+def test_compiler_beside_the_loaded_libstdcxx_comes_first(tmp_path, monkeypatch):
+    from aotc import toolchain
+
+    library = toolchain.loaded_libstdcxx()
+    beside = toolchain.compiler_beside(library)
+    if beside is None:
+        pytest.skip("no g++ installed beside the loaded libstdc++")
+    monkeypatch.setenv("CXX", "/bin/false-g++-that-does-not-exist")
+    path, record = toolchain.choose_compiler()
+    assert path == beside and record["cxx_choice"] == "installed beside the libstdc++ torch loads"
     monkeypatch.setenv("AOTC_CXX", str(fake))
     assert toolchain.choose_compiler()[0] == str(fake)
 
