@@ -68,7 +68,7 @@ def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict,
         manifest = base_manifest(cfg, meta, options, compiler_record, signature)
         manifest.update(build_seconds=round(compile_seconds, 2), numeric_check={"status": "pending"})
         write_manifest(staging, manifest)
-        atol, rtol = tolerance(cfg.precision.value, cfg.atol, cfg.rtol)
+        atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol)
         with progress.stage("checking the package against eager in a child process"), quiet_torch():
             reference = place_program(ep, cfg.device, Precision.FP32, signature)
             manifest["numeric_check"] = check_numerics(reference, signature, staging, cfg.device, atol, rtol, cfg.allow_mismatch)
