@@ -12,48 +12,9 @@ from pathlib import Path
 
 import click
 
-from .errors import EXIT_CODES, INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
+from .errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
 from .quiet import VERBOSE_ENV
-from .shapes import parse_dim, parse_shape
-
-
-class ShapeType(click.ParamType):
-    name = "SHAPE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            return parse_shape(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class DimType(click.ParamType):
-    name = "NAME=MIN:MAX[:EXAMPLE]"
-
-    def convert(self, value, param, ctx):
-        try:
-            return parse_dim(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class OptionType(click.ParamType):
-    name = "KEY=VALUE"
-
-    def convert(self, value, param, ctx):
-        from .inductor_options import parse_option
-
-        try:
-            return parse_option(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-def _exit_code_epilog() -> str:
-    rows = "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES)
-    return "\b\nExit codes:\n" + rows
+from .cli_types import dim_type, exit_codes_epilog, option_type, shape_type
 
 
 class AotcGroup(click.Group):
@@ -68,7 +29,7 @@ class AotcGroup(click.Group):
         sys.exit(code)
 
 
-@click.group(cls=AotcGroup, epilog=_exit_code_epilog(), context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=AotcGroup, epilog=exit_codes_epilog(), context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="aotc", prog_name="aotc")
 @click.option("--verbose", is_flag=True, help="Show torch's logs and full tracebacks.")
 def cli(verbose):
@@ -83,11 +44,11 @@ def cli(verbose):
         os.environ[VERBOSE_ENV] = "1"
 
 
-@cli.command(epilog=_exit_code_epilog())
+@cli.command(epilog=exit_codes_epilog())
 @click.argument("model")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Artifact path [default: <model>.pt2].")
-@click.option("--input-shape", "input_shapes", type=ShapeType(), multiple=True, help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input.")
-@click.option("--dim", "dims", type=DimType(), multiple=True, help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range).")
+@click.option("--input-shape", "input_shapes", type=shape_type(), multiple=True, help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input.")
+@click.option("--dim", "dims", type=dim_type(), multiple=True, help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range).")
 @click.option("--dtype", "dtypes", multiple=True, help="Input dtype: one for all or one per input (float32, float16, bfloat16, int64, int32, bool...).")
 @click.option("--entry", help="Name of the model class, factory, instance or function in the file.")
 @click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first (torch.save file or .safetensors).")
@@ -116,14 +77,14 @@ def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, fo
         click.echo(f"  dim    {name}: {info['min']}..{info['max']} (example {info['example']})")
 
 
-@cli.command(epilog=_exit_code_epilog())
+@cli.command(epilog=exit_codes_epilog())
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Package folder to write.")
 @click.option("--mode", type=click.Choice(["default", "reduce-overhead", "max-autotune"]), default=None, help="Mode preset (configs/modes/) [default: default].")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Target device [default: cpu].")
 @click.option("--precision", type=click.Choice(["fp32", "tf32", "bf16", "fp16"]), default=None, help="Compute precision [default: fp32].")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML with build settings (flags override it).")
-@click.option("--option", "options", type=OptionType(), multiple=True, help="Inductor option over the preset, e.g. freezing=false; repeatable.")
+@click.option("--option", "options", type=option_type(), multiple=True, help="Inductor option over the preset, e.g. freezing=false; repeatable.")
 @click.option("--atol", type=float, help="Absolute tolerance of the numeric check [default per precision].")
 @click.option("--rtol", type=float, help="Relative tolerance of the numeric check [default per precision].")
 @click.option("--allow-mismatch", is_flag=True, default=None, help="Keep the package even if the numeric check fails.")
@@ -156,7 +117,7 @@ def build(artifact, output, mode, device, precision, config_file, options, atol,
         click.echo(f"  check {out['name']}: max abs {out['max_abs']:.3g}, max rel {out['max_rel']:.3g} (atol {out['atol']:g}, rtol {out['rtol']:g}) {status}")
 
 
-@cli.command(epilog=_exit_code_epilog())
+@cli.command(epilog=exit_codes_epilog())
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option("--input", "inputs", multiple=True, type=click.Path(path_type=Path), help=".npy, .npz or .pt in positional order; default: seeded random inputs.")
 @click.option("--output", type=click.Path(path_type=Path), help="Write outputs to .npz (output_0, ...) or .pt.")

@@ -11,46 +11,19 @@ from pathlib import Path
 import click
 
 from .bench import parse_against, parse_batch_sizes
-from .errors import EXIT_CODES
+from .cli_types import ParsedType, exit_codes_epilog
 
 
-class AgainstType(click.ParamType):
-    name = "LIST"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            return parse_against(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class BatchSizesType(click.ParamType):
-    name = "N,N,..."
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            return parse_batch_sizes(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES)
-
-
-@click.command(epilog=EPILOG)
+@click.command(epilog=exit_codes_epilog())
 @click.argument("package", type=click.Path(path_type=Path))
-@click.option("--against", type=AgainstType(), default=None,
+@click.option("--against", type=ParsedType("LIST", parse_against), default=None,
               help="Baselines, comma-separated: eager, compile:default, compile:reduce-overhead, compile:max-autotune, or none "
                    "[default: eager, compile:default and compile at the package's mode].")
 @click.option("--artifact", type=click.Path(path_type=Path), help="The .pt2 the package was built from [default: the one its manifest names].")
 @click.option("--iters", type=click.IntRange(min=1), default=100, show_default=True, help="Timed calls per contender and batch size.")
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="Untimed calls after the first, per contender and batch size.")
 @click.option("--rounds", type=click.IntRange(min=1), default=10, show_default=True, help="Interleaved rounds the timed calls are split into.")
-@click.option("--batch-sizes", type=BatchSizesType(), default=None, help="Batch sizes to measure, e.g. 1,8,16 (needs a dynamic first dim) [default: the exported one].")
+@click.option("--batch-sizes", type=ParsedType("N,N,...", parse_batch_sizes), default=None, help="Batch sizes to measure, e.g. 1,8,16 (needs a dynamic first dim) [default: the exported one].")
 @click.option("--cold-start/--no-cold-start", default=True, show_default=True, help="Also time fresh processes from start to first output.")
 @click.option("--cold-runs", type=click.IntRange(min=1), default=3, show_default=True, help="Fresh processes per cold-start case.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the report as JSON to this file ('-': print it instead of the table).")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import click
 
-from .cli import DimType, ShapeType, _exit_code_epilog
+from .cli_types import dim_type, exit_codes_epilog, shape_type
 from .errors import ExportError
 
 
-@click.command(epilog=_exit_code_epilog())
+@click.command(epilog=exit_codes_epilog())
 @click.argument("model")
-@click.option("--input-shape", "input_shapes", type=ShapeType(), multiple=True, help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input.")
-@click.option("--dim", "dims", type=DimType(), multiple=True, help="Range of a named dim: B=1:64 or B=1:64:16 (as for `aotc export`).")
+@click.option("--input-shape", "input_shapes", type=shape_type(), multiple=True, help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input.")
+@click.option("--dim", "dims", type=dim_type(), multiple=True, help="Range of a named dim: B=1:64 or B=1:64:16 (as for `aotc export`).")
 @click.option("--dtype", "dtypes", multiple=True, help="Input dtype: one for all or one per input.")
 @click.option("--entry", help="Name of the model class, factory, instance or function in the file.")
 @click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first.")

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import UserInputError
-from .shapes import DimSpec
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")

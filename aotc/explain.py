@@ -18,9 +18,9 @@ from pathlib import Path
 from .config import ExportConfig
 from .errors import ExportError
 from .explain_jit import JitView, jit_view, user_output_hidden
-from .export import check_eager, example_inputs, export_program, load_weights
+from .export import check_eager, export_program, prepare_model
 from .export_problems import Problem, diagnose, draft_failure_problem
-from .loading import LoadedModel, load_model
+from .loading import LoadedModel
 from .quiet import quiet_torch
 
 NON_STRICT, STRICT = "non-strict", "strict"
@@ -108,10 +108,7 @@ def explain_model(cfg: ExplainConfig) -> ExplainReport:
     started = time.perf_counter()
     import torch
 
-    loaded = load_model(cfg.model, cfg.entry)
-    if cfg.weights:
-        load_weights(loaded.module, cfg.weights)
-    inputs, shapes, dims = example_inputs(cfg.export_config(), loaded)
+    loaded, inputs, shapes, dims = prepare_model(cfg.export_config())
     with torch.no_grad(), user_output_hidden():
         check_eager(loaded, inputs)  # a model that fails by itself is a ModelError, not an export problem
     jit = jit_view(loaded.module, inputs, loaded.source_files)

@@ -41,10 +41,7 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     started = time.perf_counter()
     import torch
 
-    loaded = load_model(cfg.model, cfg.entry)
-    if cfg.weights:
-        load_weights(loaded.module, cfg.weights)
-    inputs, shapes, dims = example_inputs(cfg, loaded)
+    loaded, inputs, shapes, dims = prepare_model(cfg)
     with torch.no_grad():
         check_eager(loaded, inputs)
     ep = export_program(loaded, inputs, shapes, dims, cfg.strict)
@@ -59,6 +56,15 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     }
     save_artifact(ep, meta, cfg.output)
     return ExportResult(cfg.output, loaded.description, signature, time.perf_counter() - started)
+
+
+def prepare_model(cfg: ExportConfig):
+    """(loaded model with its weights, example inputs, shapes with dim names, {name: DimSpec})."""
+    loaded = load_model(cfg.model, cfg.entry)
+    if cfg.weights:
+        load_weights(loaded.module, cfg.weights)
+    inputs, shapes, dims = example_inputs(cfg, loaded)
+    return loaded, inputs, shapes, dims
 
 
 def load_weights(module, path: Path) -> None:
@@ -142,7 +148,7 @@ def export_program(loaded: LoadedModel, inputs, shapes, dims, strict: bool):
         with quiet_torch():
             return torch.export.export(loaded.module, tuple(inputs), dynamic_shapes=dynamic, strict=strict)
     except Exception as exc:
-        problem = diagnose(exc, loaded.source_files, dims)
+        problem = diagnose(exc, loaded.source_files, dims, shapes)
         raise ExportError(
             f"torch.export cannot capture {loaded.description}: {problem.one_line()}; "
             f"`aotc explain` with the same arguments lists every problem"

@@ -1,0 +1,50 @@
+"""Command-line value types: syntax is checked at the edge, by the same parsers the library uses."""
+
+from __future__ import annotations
+
+import click
+
+
+def exit_codes_epilog() -> str:
+    """The exit-code table under every command's --help (the same rows as README's table)."""
+    from .errors import EXIT_CODES
+
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES)
+
+
+class ParsedType(click.ParamType):
+    """A click type that runs `parse(text)` and turns its ValueError into a usage error (exit 2)."""
+
+    def __init__(self, name: str, parse):
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value  # already converted (defaults, repeated conversion)
+        try:
+            return self._parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _inductor_option(text: str):
+    from .inductor_options import parse_option
+
+    return parse_option(text)
+
+
+def shape_type() -> ParsedType:
+    from .shapes import parse_shape
+
+    return ParsedType("SHAPE", parse_shape)
+
+
+def dim_type() -> ParsedType:
+    from .shapes import parse_dim
+
+    return ParsedType("NAME=MIN:MAX[:EXAMPLE]", parse_dim)
+
+
+def option_type() -> ParsedType:
+    return ParsedType("KEY=VALUE", _inductor_option)
