@@ -40,8 +40,11 @@ def cli(verbose):
       aotc build model.pt2 --mode default --device cpu -o pkg/
       aotc run pkg/ --iters 100
     """
+    # Set or cleared on every invocation: one --verbose must not leak into the next in-process call.
     if verbose:
         os.environ[VERBOSE_ENV] = "1"
+    else:
+        os.environ.pop(VERBOSE_ENV, None)
 
 
 @cli.command(epilog=exit_codes_epilog())
