@@ -14,7 +14,7 @@ import click
 
 from .errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
 from .quiet import VERBOSE_ENV
-from .cli_types import dim_type, exit_codes_epilog, option_type, shape_type
+from .cli_types import exit_codes_epilog, model_options, option_type
 
 
 class AotcGroup(click.Group):
@@ -48,13 +48,8 @@ def cli(verbose):
 
 
 @cli.command(epilog=exit_codes_epilog())
-@click.argument("model")
+@model_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Artifact path [default: <model>.pt2].")
-@click.option("--input-shape", "input_shapes", type=shape_type(), multiple=True, help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input.")
-@click.option("--dim", "dims", type=dim_type(), multiple=True, help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range).")
-@click.option("--dtype", "dtypes", multiple=True, help="Input dtype: one for all or one per input (float32, float16, bfloat16, int64, int32, bool...).")
-@click.option("--entry", help="Name of the model class, factory, instance or function in the file.")
-@click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first (torch.save file or .safetensors).")
 @click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

@@ -6,21 +6,15 @@ Registered on the `aotc` group from cli.py; parses flags, calls aotc.api.explain
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from .cli_types import dim_type, exit_codes_epilog, shape_type
+from .cli_types import exit_codes_epilog, model_options
 from .errors import ExportError
 
 
 @click.command(epilog=exit_codes_epilog())
-@click.argument("model")
-@click.option("--input-shape", "input_shapes", type=shape_type(), multiple=True, help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input.")
-@click.option("--dim", "dims", type=dim_type(), multiple=True, help="Range of a named dim: B=1:64 or B=1:64:16 (as for `aotc export`).")
-@click.option("--dtype", "dtypes", multiple=True, help="Input dtype: one for all or one per input.")
-@click.option("--entry", help="Name of the model class, factory, instance or function in the file.")
-@click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first.")
+@model_options
 @click.option("--strict", is_flag=True, help="Judge the mode `aotc export --strict` uses (default: non-strict).")
 @click.option("--graph", "show_graphs", is_flag=True, help="Print each captured FX graph as a table (opcode, name, target, args).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")

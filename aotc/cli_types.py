@@ -48,3 +48,23 @@ def dim_type() -> ParsedType:
 
 def option_type() -> ParsedType:
     return ParsedType("KEY=VALUE", _inductor_option)
+
+
+def model_options(command):
+    """The flags that say which model and which inputs: shared by `aotc export` and `aotc explain`."""
+    from pathlib import Path
+
+    options = [
+        click.argument("model"),
+        click.option("--input-shape", "input_shapes", type=shape_type(), multiple=True,
+                     help="Shape of one positional input, e.g. 16x3x128x128 or Bx128; repeat per input."),
+        click.option("--dim", "dims", type=dim_type(), multiple=True,
+                     help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range)."),
+        click.option("--dtype", "dtypes", multiple=True,
+                     help="Input dtype: one for all or one per input (float32, float16, bfloat16, int64, int32, bool...)."),
+        click.option("--entry", help="Name of the model class, factory, instance or function in the file."),
+        click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first (torch.save file or .safetensors)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
