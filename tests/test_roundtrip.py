@@ -109,7 +109,8 @@ def test_import_path_target(tmp_path, monkeypatch):
     assert (tmp_path / "fp.pt2").is_file()
 
 
-def test_weights_are_loaded_before_export(tmp_path):
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_weights_are_loaded_before_export(tmp_path, suffix):
     torch.manual_seed(99)
     from importlib import util
 
@@ -117,10 +118,23 @@ def test_weights_are_loaded_before_export(tmp_path):
     module = util.module_from_spec(spec)
     spec.loader.exec_module(module)
     trained = module.SimpleModel()
-    torch.save(trained.state_dict(), tmp_path / "w.pt")
-    result = invoke("export", MODELS / "mlp.py", "--input-shape", "4x128", "--weights", tmp_path / "w.pt", "-o", tmp_path / "w.pt2")
+    weights = tmp_path / f"w{suffix}"
+    if suffix == ".pt":
+        torch.save(trained.state_dict(), weights)
+    else:
+        from safetensors.torch import save_file
+
+        save_file(trained.state_dict(), str(weights))
+    result = invoke("export", MODELS / "mlp.py", "--input-shape", "4x128", "--weights", weights, "-o", tmp_path / "w.pt2")
     assert result.exit_code == 0, result.stderr
     ep = torch.export.load(str(tmp_path / "w.pt2"))
     x = torch.randn(4, 128)
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(x), trained.eval()(x))
+
+
+def test_weights_that_do_not_fit_are_refused(tmp_path):
+    torch.save({"fc1.weight": torch.zeros(3, 3)}, tmp_path / "bad.pt")
+    result = invoke("export", MODELS / "mlp.py", "--input-shape", "4x128", "--weights", tmp_path / "bad.pt", "-o", tmp_path / "w.pt2")
+    assert result.exit_code == 2 and "does not fit the model" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "w.pt2").exists()
