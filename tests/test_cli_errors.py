@@ -120,3 +120,18 @@ def test_verbose_raises_the_real_exception(tmp_path):
     result = CliRunner().invoke(cli, ["--verbose", "export", str(MODELS / "no_model.py"), "--input-shape", "2x2", "-o", str(tmp_path / "m.pt2")])
     assert result.exit_code != 0
     assert result.exception is not None and "defines no model" in str(result.exception)
+
+
+def test_meaning_errors_are_gathered(packages, tmp_path):
+    result = invoke("build", packages.get("mlp").artifact, "-o", tmp_path / "pkg", "--precision", "tf32", "--atol", "-1")
+    assert_error(result, 2, "--precision tf32 needs --device cuda", "--atol must be >= 0")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_cuda_build_without_gpu(packages, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = invoke("build", packages.get("mlp").artifact, "-o", tmp_path / "pkg", "--device", "cuda")
+    assert_error(result, 2, "--device cuda but this machine has no usable CUDA GPU")
