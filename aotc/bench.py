@@ -9,7 +9,6 @@ the table and the plot are aotc/bench_report.py.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from aotc_runtime.manifest import read_manifest, sha256_file
 
 from .config import Mode
 from .errors import AotcError, AotcRuntimeError, BuildError, ModelError, UserInputError
+from .precision import tf32_matmuls
 from .quiet import quiet_torch
 from .user_frames import first_line
 
@@ -140,7 +140,7 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     compiles = sum(name.startswith("compile:") for name in names)
     bar.begin(len(names) + len(batch_sizes) * (len(names) * (1 + rounds) + compiles * COMPILE_WEIGHT)
               + sum(case.weight for _run, case in cold_plan))
-    with fresh_compile_cache(), precision_flags(manifest):
+    with fresh_compile_cache(), tf32_matmuls(manifest.get("precision") == "tf32"):  # baselines of a tf32 package use TF32 too
         ep = None
         if artifact is not None:
             bar.note(f"loading {artifact}")
@@ -316,17 +316,3 @@ def interleaved(contenders: list, inputs, iters: int, rounds: int, device, bar, 
             # One untimed call per slice: the switch between contenders costs each of them alike.
             samples[contender.name] += time_calls(functools.partial(contender.call, *inputs), count, device, warmup=1)
     return samples
-
-
-@contextlib.contextmanager
-def precision_flags(manifest: dict):
-    """A tf32 package is compared with baselines that may use TF32 too."""
-    import torch
-
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    if manifest.get("precision") == "tf32":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old

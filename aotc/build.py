@@ -19,7 +19,7 @@ from .errors import BuildError, UserInputError
 from .export import load_artifact
 from .inductor_options import resolve_options
 from .package_writer import commit, staging_folder, write_manifest
-from .precision import place_program
+from .precision import place_program, tf32_matmuls
 from .progress import Progress
 from .quiet import quiet_torch
 from .tolerances import tolerance
@@ -83,18 +83,13 @@ def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict,
 def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) -> None:
     import torch
 
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    if precision == Precision.TF32:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:
-        with quiet_torch():
+        with quiet_torch(), tf32_matmuls(precision == Precision.TF32):
             torch._inductor.aoti_compile_and_package(ep, package_path=str(package_path), inductor_configs=options)
     except (KeyboardInterrupt, BuildError):
         raise
     except Exception as exc:
         raise BuildError(f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; rerun with --verbose for details") from exc
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old_tf32
 
 
 def base_manifest(cfg: BuildConfig, meta: dict, options: dict, compiler_record: dict, signature: dict) -> dict:

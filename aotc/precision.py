@@ -8,6 +8,7 @@ inputs down and floating outputs back up, so the package keeps the signature use
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 from .config import Precision
@@ -53,3 +54,17 @@ def dynamic_shapes(signature: dict):
         {axis: export_dims[e] for axis, e in enumerate(spec["shape"]) if isinstance(e, str)} or None
         for spec in signature["inputs"]
     )
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """TF32 for CUDA matmuls and cuDNN convolutions while inside (a tf32 build, or baselines of one)."""
+    import torch
+
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    if enabled:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old

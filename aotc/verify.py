@@ -34,14 +34,14 @@ def input_cases(ep, signature, device) -> list:
 
 def eager_outputs(ep, cases) -> list:
     import torch
+    from aotc_runtime.tensor_io import flatten_outputs
 
     module = ep.module()
     results = []
     with torch.no_grad():
         for _label, tensors in cases:
             out = module(*tensors)
-            flat = [out] if isinstance(out, torch.Tensor) else [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-            results.append([t.detach().cpu() for t in flat])
+            results.append([t.detach().cpu() for t in flatten_outputs(out)])
     return results
 
 

@@ -12,6 +12,7 @@ def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
     import torch
 
     import aotc_runtime
+    from aotc_runtime.tensor_io import flatten_outputs
 
     cases = torch.load(inputs_path, weights_only=True)
     package = aotc_runtime.load(package_path)
@@ -21,9 +22,7 @@ def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
             # Two calls per case: a reduce-overhead package captures a CUDA graph on the first call
             # and replays it from the second on, so both paths are checked.
             for _call in range(2):
-                result = package(*tensors)
-                flat = [result] if isinstance(result, torch.Tensor) else list(torch.utils._pytree.tree_leaves(result))
-                results.append([t.detach().cpu() for t in flat])
+                results.append([t.detach().cpu() for t in flatten_outputs(package(*tensors))])
     torch.save(results, outputs_path)
     return 0
 
