@@ -39,7 +39,7 @@ class SuiteModel:
 
 
 CPU_MODELS = (
-    SuiteModel("mlp", str(MODELS / "mlp.py"), ("Bx128",), ("B=1:64:32",), ("32x128",), (1, 32, 64)),
+    SuiteModel("mlp", str(ROOT / "examples" / "mlp.py"), ("Bx128",), ("B=1:64:32",), ("32x128",), (1, 32, 64)),
     SuiteModel("cnn_bn", str(MODELS / "cnn_bn.py"), ("Bx3x128x128",), ("B=1:16:16",), ("16x3x128x128",), (1, 16)),
     SuiteModel("feature_pyramid", str(MODELS / "feature_pyramid.py"), ("1x3x224x224",)),
     SuiteModel("two_input", str(MODELS / "two_input.py"), ()),

@@ -11,15 +11,17 @@ from click.testing import CliRunner
 from aotc.cli import cli
 
 MODELS = Path(__file__).parent / "models"
+# The seeds' MLP is the demo model; the tests use the same file rather than a copy.
+MLP = Path(__file__).parent.parent / "examples" / "mlp.py"
 
 # name -> (model file, export flags). Built on first use, shared by every test that asks.
 CASES = {
-    "mlp": ("mlp.py", ["--input-shape", "32x128"]),
+    "mlp": (MLP, ["--input-shape", "32x128"]),
     "feature_pyramid": ("feature_pyramid.py", ["--input-shape", "1x3x224x224"]),
     "sincos": ("sincos.py", ["--entry", "foo", "--input-shape", "10x10", "--input-shape", "10x10"]),
     "cnn_bn": ("cnn_bn.py", ["--input-shape", "16x3x128x128"]),
     "two_input": ("two_input.py", []),
-    "dynamic_mlp": ("mlp.py", ["--input-shape", "Bx128", "--dim", "B=1:64"]),
+    "dynamic_mlp": (MLP, ["--input-shape", "Bx128", "--dim", "B=1:64"]),
 }
 
 

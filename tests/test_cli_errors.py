@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import MODELS, invoke
+from conftest import MLP, MODELS, invoke
 
 
 def assert_error(result, code, *fragments):
@@ -20,13 +20,13 @@ def assert_error(result, code, *fragments):
     ("0x3", "sizes must be >= 1"),
 ])
 def test_malformed_shape_flags(tmp_path, shape, fragment):
-    result = invoke("export", MODELS / "mlp.py", "--input-shape", shape, "-o", tmp_path / "m.pt2")
+    result = invoke("export", MLP, "--input-shape", shape, "-o", tmp_path / "m.pt2")
     assert_error(result, 2, "--input-shape", fragment)
     assert not (tmp_path / "m.pt2").exists()
 
 
 def test_shape_name_without_range(tmp_path):
-    result = invoke("export", MODELS / "mlp.py", "--input-shape", "abc", "-o", tmp_path / "m.pt2")
+    result = invoke("export", MLP, "--input-shape", "abc", "-o", tmp_path / "m.pt2")
     assert_error(result, 2, "shape dim 'abc' has no range: pass --dim abc=MIN:MAX")
 
 
@@ -86,7 +86,7 @@ def test_existing_outputs_are_not_overwritten(packages, tmp_path):
     built = packages.get("mlp")
     taken = tmp_path / "taken.pt2"
     taken.write_text("keep me")
-    result = invoke("export", MODELS / "mlp.py", "--input-shape", "32x128", "-o", taken)
+    result = invoke("export", MLP, "--input-shape", "32x128", "-o", taken)
     assert_error(result, 2, "exists; pass --force")
     assert taken.read_text() == "keep me"
     result = invoke("build", built.artifact, "-o", built.package)

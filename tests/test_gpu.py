@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import aotc_runtime
-from conftest import MODELS, eager_model, invoke
+from conftest import MLP, MODELS, eager_model, invoke
 
 pytestmark = pytest.mark.gpu
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -74,7 +74,7 @@ def test_densenet121_round_trip(gpu_workdir, densenet, mode):
 
 
 def test_dynamic_batch_on_gpu(gpu_workdir):
-    artifact = export_once(gpu_workdir, "mlp_dyn", MODELS / "mlp.py", "--input-shape", "Bx128", "--dim", "B=1:64")
+    artifact = export_once(gpu_workdir, "mlp_dyn", MLP, "--input-shape", "Bx128", "--dim", "B=1:64")
     package = aotc_runtime.load(build_once(gpu_workdir, artifact, "mlp_dyn_ro", "--mode", "reduce-overhead"))
     model = eager_model("dynamic_mlp").cuda()
     for batch in (1, 33, 64):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import aotc_runtime
-from conftest import MODELS, eager_model, invoke
+from conftest import MLP, MODELS, eager_model, invoke
 
 INPUTS = {
     "mlp": lambda g: [torch.randn(32, 128, generator=g)],
@@ -114,7 +114,7 @@ def test_weights_are_loaded_before_export(tmp_path, suffix):
     torch.manual_seed(99)
     from importlib import util
 
-    spec = util.spec_from_file_location("mlp_for_weights", MODELS / "mlp.py")
+    spec = util.spec_from_file_location("mlp_for_weights", MLP)
     module = util.module_from_spec(spec)
     spec.loader.exec_module(module)
     trained = module.SimpleModel()
@@ -125,7 +125,7 @@ def test_weights_are_loaded_before_export(tmp_path, suffix):
         from safetensors.torch import save_file
 
         save_file(trained.state_dict(), str(weights))
-    result = invoke("export", MODELS / "mlp.py", "--input-shape", "4x128", "--weights", weights, "-o", tmp_path / "w.pt2")
+    result = invoke("export", MLP, "--input-shape", "4x128", "--weights", weights, "-o", tmp_path / "w.pt2")
     assert result.exit_code == 0, result.stderr
     ep = torch.export.load(str(tmp_path / "w.pt2"))
     x = torch.randn(4, 128)
@@ -135,6 +135,6 @@ def test_weights_are_loaded_before_export(tmp_path, suffix):
 
 def test_weights_that_do_not_fit_are_refused(tmp_path):
     torch.save({"fc1.weight": torch.zeros(3, 3)}, tmp_path / "bad.pt")
-    result = invoke("export", MODELS / "mlp.py", "--input-shape", "4x128", "--weights", tmp_path / "bad.pt", "-o", tmp_path / "w.pt2")
+    result = invoke("export", MLP, "--input-shape", "4x128", "--weights", tmp_path / "bad.pt", "-o", tmp_path / "w.pt2")
     assert result.exit_code == 2 and "does not fit the model" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "w.pt2").exists()
