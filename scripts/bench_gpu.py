@@ -78,6 +78,8 @@ def main() -> int:
         torch._dynamo.reset()
         contenders[f"torch.compile {mode}"] = torch.compile(model, mode=mode)
     contenders.update({f"aotc {mode}": package for mode, package in loaded.items()})
+    if "reduce-overhead" in packages:  # the opt-in that returns graph buffers, as torch.compile does
+        contenders["aotc reduce-overhead, reuse_outputs"] = aotc_runtime.load(packages["reduce-overhead"], reuse_outputs=True)
     x = torch.randn(16, 3, 128, 128, device="cuda")
     steady = interleaved(contenders, [x], torch.device("cuda"), args.iters)
 

@@ -71,6 +71,25 @@ def test_densenet121_round_trip(gpu_workdir, densenet, mode):
             torch.testing.assert_close(package(x), model(x), atol=2e-3, rtol=2e-3)
     if mode != "default":
         assert package._call_flat.captured_signatures == 1
+        first, second = package(x), package(x)
+        assert first.data_ptr() != second.data_ptr()  # fresh outputs by default: a caller may keep them
+
+
+def test_reuse_outputs_returns_the_graph_buffers(gpu_workdir, densenet):
+    import torchvision
+
+    package = aotc_runtime.load(build_once(gpu_workdir, densenet, "densenet121_reduce-overhead", "--mode", "reduce-overhead"),
+                                reuse_outputs=True)
+    torch.manual_seed(0)
+    model = torchvision.models.densenet121().eval().cuda()
+    x1, x2 = torch.randn(16, 3, 128, 128, device="cuda"), torch.randn(16, 3, 128, 128, device="cuda")
+    out1 = package(x1)
+    kept = out1.clone()
+    out2 = package(x2)
+    assert out1.data_ptr() == out2.data_ptr()  # the same static buffer, overwritten by the second call
+    with torch.no_grad():
+        torch.testing.assert_close(kept, model(x1), atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(out2, model(x2), atol=2e-3, rtol=2e-3)
 
 
 def test_dynamic_batch_on_gpu(gpu_workdir):
@@ -96,16 +115,20 @@ def test_two_inputs_on_gpu(gpu_workdir):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_bf16_package(gpu_workdir):
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"])
+def test_reduced_precision_package(gpu_workdir, precision):
+    from aotc.tolerances import DEFAULTS
+
     artifact = export_once(gpu_workdir, "cnn_bn", MODELS / "cnn_bn.py", "--input-shape", "16x3x128x128")
-    package = aotc_runtime.load(build_once(gpu_workdir, artifact, "cnn_bf16", "--precision", "bf16"))
-    assert package.manifest["precision"] == "bf16"
-    assert package.manifest["numeric_check"]["atol"] == 5e-2
+    package = aotc_runtime.load(build_once(gpu_workdir, artifact, f"cnn_{precision}", "--precision", precision))
+    tol = DEFAULTS[precision][0]
+    assert package.manifest["precision"] == precision
+    assert package.manifest["numeric_check"]["atol"] == tol and package.manifest["numeric_check"]["passed"]
     x = torch.randn(16, 3, 128, 128, device="cuda")
     out = package(x)
     assert out.dtype == torch.float32  # the signature the user exported is kept
     with torch.no_grad():
-        torch.testing.assert_close(out, eager_model("cnn_bn").cuda()(x), atol=5e-2, rtol=5e-2)
+        torch.testing.assert_close(out, eager_model("cnn_bn").cuda()(x), atol=tol, rtol=tol)
 
 
 def test_other_gpu_architecture_is_refused(gpu_workdir, tmp_path):

@@ -73,6 +73,7 @@ def test_cuda_package_refused_without_gpu(packages, tmp_path):
 ])
 def test_wrong_inputs_are_refused(packages, make_inputs, fragment):
     package = aotc_runtime.load(packages.get("mlp").package)
+    package(torch.randn(32, 128))  # a good call first: remembered signatures must not let bad ones through
     with pytest.raises(aotc_runtime.InputMismatchError) as info:
         package(*make_inputs())
     assert fragment in str(info.value)

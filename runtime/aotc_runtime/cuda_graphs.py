@@ -7,8 +7,10 @@ CUDA graph with static input buffers, and from then on copies the inputs into th
 replays the graph: one launch instead of one per kernel.
 
 Outputs are returned as fresh tensors (cloned from the graph's static outputs), so a caller may
-keep them across calls; the clone is one small device copy per output. If capture fails (an op
-that cannot be captured), that signature falls back to plain calls, with one warning.
+keep them across calls; the clone is one small device copy per output. With `reuse_outputs` the
+graph's own output buffers are returned instead, as torch.compile's reduce-overhead does: the next
+call for the same input shapes overwrites them. If capture fails (an op that cannot be captured),
+that signature falls back to plain calls, with one warning.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ class _Graph:
 
 
 class CudaGraphRunner:
-    def __init__(self, run_flat, device: torch.device):
+    def __init__(self, run_flat, device: torch.device, reuse_outputs: bool = False):
         self._run_flat = run_flat
         self._device = device
+        self._reuse_outputs = reuse_outputs
         self._graphs: dict = {}
         self._uncapturable: set = set()
         self._pool = None
 
-    def __call__(self, flat):
-        key = tuple((tuple(t.shape), t.dtype) for t in flat)
+    def __call__(self, flat, key=None):
+        if key is None:
+            key = tuple((t.shape, t.dtype) for t in flat)
         entry = self._graphs.get(key)
         if entry is None:
             if key in self._uncapturable or torch.cuda.is_current_stream_capturing():
@@ -47,6 +51,8 @@ class CudaGraphRunner:
         for static, given in zip(entry.static_inputs, flat):
             static.copy_(given, non_blocking=True)
         entry.graph.replay()
+        if self._reuse_outputs:
+            return entry.static_outputs
         return [out.clone() for out in entry.static_outputs]
 
     @property

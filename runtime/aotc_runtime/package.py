@@ -17,41 +17,62 @@ from .manifest import MODEL_FILE, read_manifest, verify_files
 from .signature import Signature
 
 
+MAX_ACCEPTED_SIGNATURES = 256  # input (shape, dtype) combinations remembered as already checked
+
+
 class Package:
     """A loaded package: `Package(*tensors)` runs it; `.manifest` and `.signature` describe it."""
 
-    def __init__(self, path: Path, manifest: dict, loader):
+    def __init__(self, path: Path, manifest: dict, loader, reuse_outputs: bool = False):
         self.path = Path(path)
         self.manifest = manifest
         self.signature = Signature.from_dict(manifest["signature"])
         self.device = torch.device(manifest["device"]["type"], 0) if manifest["device"]["type"] == "cuda" else torch.device("cpu")
         self._loader = loader
         self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
+        self._single_output = self._out_spec.is_leaf()
+        # Every call pays for the checks below, and with CUDA graphs a call is ~2 ms of GPU work, so
+        # a signature that passed once is remembered instead of re-checked dim by dim.
+        self._accepted: set = set()
         self._call_flat = self._run_loader
-        if manifest.get("runtime", {}).get("cuda_graphs") and self.device.type == "cuda":
+        self.cuda_graphs = bool(manifest.get("runtime", {}).get("cuda_graphs")) and self.device.type == "cuda"
+        if self.cuda_graphs:
             from .cuda_graphs import CudaGraphRunner  # only CUDA packages built with reduce-overhead need it
 
-            self._call_flat = CudaGraphRunner(self._run_loader, self.device)
+            self._call_flat = CudaGraphRunner(self._run_loader, self.device, reuse_outputs=reuse_outputs)
 
     def __call__(self, *tensors):
-        self.signature.check_inputs(tensors)
-        flat = [t if t.device == self.device else t.to(self.device) for t in tensors]
-        outputs = self._call_flat(flat)
+        try:
+            key = tuple((t.shape, t.dtype) for t in tensors)
+        except AttributeError:  # not all tensors: the full check names the culprit
+            key = None
+        if key is None or key not in self._accepted:
+            self.signature.check_inputs(tensors)
+            if len(self._accepted) < MAX_ACCEPTED_SIGNATURES:
+                self._accepted.add(key)
+        device = self.device
+        flat = [t if t.device == device else t.to(device) for t in tensors]
+        outputs = self._call_flat(flat, key)
+        if self._single_output:
+            return outputs[0]
         return pytree.tree_unflatten(list(outputs), self._out_spec)
 
-    def _run_loader(self, flat):
+    def _run_loader(self, flat, key=None):
         return self._loader.run(flat)
 
     def __repr__(self) -> str:
         return f"Package({str(self.path)!r}, device={self.device}, mode={self.manifest['mode']!r})"
 
 
-def load(path, verify: bool = True) -> Package:
+def load(path, verify: bool = True, reuse_outputs: bool = False) -> Package:
     """Open a package folder written by `aotc build`.
 
     Refuses (PackageError) a folder that is not a package, whose files differ from the manifest's
     hashes, or that was built for another torch release, platform or GPU architecture.
     `verify=False` skips only the hash check (for callers that just verified it).
+    `reuse_outputs=True` (CUDA-graph packages only) returns the graph's own output buffers instead
+    of copies, as torch.compile's reduce-overhead does: faster, but the next call overwrites them,
+    so clone what you keep.
     """
     path = Path(path)
     manifest = read_manifest(path)
@@ -69,4 +90,4 @@ def load(path, verify: bool = True) -> Package:
     except Exception as exc:  # the C++ loader raises RuntimeError with its own text
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PackageError(f"package {path} could not be loaded: {first_line}; rebuild it with `aotc build --force`") from exc
-    return Package(path, manifest, loader)
+    return Package(path, manifest, loader, reuse_outputs=reuse_outputs)
