@@ -5,6 +5,7 @@
 # steps, run in the order given:
 #   tests_a   GPU tests except max-autotune     bench_a  densenet121 bench, default + reduce-overhead
 #   tests_b   max-autotune round trip           bench_b  densenet121 bench, all three modes
+#   ro_freeze densenet121 reduce-overhead built with and without freezing, side by side
 #   suite=M1,M2  bench_suite.py on those torchvision models (reduce-overhead packages), page in docs/
 set -u
 RESULTS=${1:-/tmp/gpu_out}
@@ -28,6 +29,12 @@ for step in "$@"; do
     tests_b) python3 -m pytest -q -m gpu tests/test_gpu.py -k "max-autotune" -p no:cacheprovider > "$RESULTS/tests_b.log" 2>&1 ;;
     bench_a) python3 scripts/bench_gpu.py --workdir "$WORK" --modes default,reduce-overhead --json "$RESULTS/bench_a.json" > "$RESULTS/bench_a.txt" 2>&1 ;;
     bench_b) python3 scripts/bench_gpu.py --workdir "$WORK" --json "$RESULTS/bench_b.json" > "$RESULTS/bench_b.txt" 2>&1 ;;
+    ro_freeze)
+      [ -f "$WORK/densenet121.pt2" ] || python3 -m aotc export torchvision.models:densenet121 --input-shape 16x3x128x128 -o "$WORK/densenet121.pt2" > "$RESULTS/ro_freeze.txt" 2>&1
+      python3 -m aotc build "$WORK/densenet121.pt2" --device cuda --mode reduce-overhead --option freezing=true -o "$WORK/densenet121_ro_frozen" --force --quiet >> "$RESULTS/ro_freeze.txt" 2>&1
+      python3 scripts/bench_gpu.py --workdir "$WORK" --modes reduce-overhead --extra "reduce-overhead frozen=$WORK/densenet121_ro_frozen" \
+        --cold-runs 1 --json "$RESULTS/ro_freeze.json" >> "$RESULTS/ro_freeze.txt" 2>&1
+      cp "$WORK/densenet121_ro_frozen/manifest.json" "$RESULTS/manifest_ro_frozen.json" ;;
     suite=*) python3 scripts/bench_suite.py --device cuda --out docs --work "$WORK/suite" --models "${step#suite=}" \
                --mode reduce-overhead --against eager,compile:default,compile:reduce-overhead --cold-runs 1 >> "$RESULTS/suite.log" 2>&1
              mkdir -p "$RESULTS/docs" && cp -r docs/bench docs/bench_suite_cuda.md "$RESULTS/docs/" ;;
