@@ -6,6 +6,7 @@ Per output: max abs and max rel difference and the tolerance used; one place dec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from .errors import BuildError, NumericMismatchError
 
 CHILD_TIMEOUT_S = 1800
+STRICT_FP32_ENV = "AOTC_CHECK_STRICT_FP32"  # tells the child to run with TF32 off, as the reference did
 
 
 def input_cases(ep, signature, device) -> list:
@@ -49,14 +51,14 @@ def child_command(package_dir: Path, inputs_path: Path, outputs_path: Path) -> l
     return [sys.executable, "-m", "aotc.verify_child", str(package_dir), str(inputs_path), str(outputs_path)]
 
 
-def run_in_child(package_dir: Path, cases) -> list:
+def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
     """Run the package on each case in a fresh process; a crash becomes a BuildError."""
     import torch
 
     with tempfile.TemporaryDirectory(prefix="aotc-verify-") as work:
         inputs_path, outputs_path = Path(work) / "inputs.pt", Path(work) / "outputs.pt"
         torch.save([[t.cpu() for t in tensors] for _label, tensors in cases], inputs_path)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), STRICT_FP32_ENV: "1" if strict else "0"}
         try:
             proc = subprocess.run(
                 child_command(package_dir, inputs_path, outputs_path),
@@ -107,18 +109,25 @@ def compare(outputs: list, references: list, atol: float, rtol: float, names: li
     return report
 
 
-def check_numerics(ep, signature, package_dir: Path, device: str, atol: float, rtol: float, allow_mismatch: bool, cast_inputs=None) -> dict:
-    """Run the check; return the manifest's numeric_check record or raise NumericMismatchError."""
+def check_numerics(ep, signature, package_dir: Path, device: str, atol: float, rtol: float, allow_mismatch: bool,
+                   cast_inputs=None, strict: bool = False) -> dict:
+    """Run the check; return the manifest's numeric_check record or raise NumericMismatchError.
+
+    `strict`: both sides run with TF32 off (an fp32 package on CUDA; see precision.strict_fp32).
+    """
+    from .precision import strict_fp32
+
     cases = input_cases(ep, signature, device)
     if cast_inputs is not None:
         cases = [(label, cast_inputs(tensors)) for label, tensors in cases]
-    references = eager_outputs(ep, cases)
-    outputs = run_in_child(package_dir, cases)  # two calls per case: first call, then repeat call
+    with strict_fp32() if strict else contextlib.nullcontext():
+        references = eager_outputs(ep, cases)
+    outputs = run_in_child(package_dir, cases, strict)  # two calls per case: first call, then repeat call
     references = [ref for ref in references for _call in range(2)]
     labels = [f"{label}, {call} call" for label, _ in cases for call in ("first", "repeat")]
     names = [o["name"] for o in signature["outputs"]] or [f"output_{i}" for i in range(len(references[0]))]
     report = compare(outputs, references, atol, rtol, names, labels)
-    record = {"reference": "ExportedProgram run eagerly on " + device, "cases": [label for label, _ in cases],
+    record = {"reference": "ExportedProgram run eagerly on " + device + (", TF32 off on both sides" if strict else ""), "cases": [label for label, _ in cases],
               "atol": atol, "rtol": rtol, "outputs": report, "passed": all(r["ok"] for r in report)}
     if not record["passed"] and not allow_mismatch:
         bad = max((r for r in report if not r["ok"]), key=lambda r: r["max_abs"])

@@ -4,7 +4,7 @@
     python scripts/bench_suite.py --device cuda --out docs/   # torchvision models -> docs/bench_suite_cuda.md
 
 Each model is exported (dynamic batch where the suite asks for several sizes, falling back to a
-static batch if torch.export refuses), built with `aotc build --mode MODE`, and benched against
+static batch if torch.export or the build refuses it), built with `aotc build --mode MODE`, and benched against
 eager and torch.compile. Each model's result (its bench report, or why it failed) goes to
 OUT/bench/DEVICE-MODEL.json with its plot beside it, and the page is rebuilt from all the JSON
 there: models can be run one command each (`--models resnet50`) and the page keeps them all.
@@ -54,24 +54,29 @@ AGAINST = {"cpu": ("eager", "compile:default"),
 PAGE = {"cpu": "bench_suite_cpu.md", "cuda": "bench_suite_cuda.md"}  # docs/benchmarks.md (hand-written) links both
 
 
-def export_model(model: SuiteModel, work: Path, notes: list) -> tuple:
-    """(artifact, whether its batch is dynamic)."""
-    from aotc.api import ExportConfig, export
-    from aotc.errors import ExportError
+def export_and_build(model: SuiteModel, args, work: Path, notes: list) -> tuple:
+    """(package, whether its batch is dynamic): the dynamic batch first, a static batch if export or build refuses it."""
+    from aotc.api import BuildConfig, ExportConfig, build, export
+    from aotc.config import Mode
+    from aotc.errors import BuildError, ExportError
+    from aotc.progress import Progress
     from aotc.shapes import parse_dim, parse_shape
 
-    artifact = work / f"{model.name}.pt2"
+    artifact, package = work / f"{model.name}.pt2", work / f"{model.name}_pkg"
     attempts = [(model.shapes, model.dims)] + ([(model.static_shapes, ())] if model.static_shapes else [])
     for index, (shapes, dims) in enumerate(attempts):
         cfg = ExportConfig(model=display_target(model), output=artifact, input_shapes=tuple(parse_shape(s) for s in shapes),
                            dims=tuple(parse_dim(d) for d in dims), entry=model.entry, force=True)
+        stage = "export"
         try:
             export(cfg)
-            return artifact, bool(dims)
-        except ExportError as exc:
+            stage = "build"
+            build(BuildConfig(artifact=artifact, output=package, mode=Mode(args.mode), device=args.device, force=True), Progress())
+            return package, bool(dims)
+        except (ExportError, BuildError) as exc:
             if index == len(attempts) - 1:
                 raise
-            notes.append(f"dynamic batch export failed ({str(exc)[:160]}); measured at static {' '.join(model.static_shapes)}")
+            notes.append(f"dynamic batch {stage} failed ({str(exc)[:200]}); measured at static {' '.join(model.static_shapes)}")
     raise AssertionError("unreachable")
 
 
@@ -82,20 +87,16 @@ def display_target(model: SuiteModel) -> str:
 
 def run_model(model: SuiteModel, args, work: Path, results: Path, command: str) -> dict:
     """Export, build and bench one model; write and return {'suite': ..., 'report': ... or None}."""
-    from aotc.api import BenchConfig, BuildConfig, bench, build
+    from aotc.api import BenchConfig, bench
     from aotc.bench_report import ProgressBar, write_json
-    from aotc.config import Mode
     from aotc.errors import AotcError, AotcRuntimeError
-    from aotc.progress import Progress
 
     stem = f"{args.device}-{model.name}"
     suite = {"model": model.name, "target": display_target(model), "input": " ".join(model.shapes) or "example_inputs()",
              "build_mode": args.mode, "command": command, "notes": [], "error": None, "plot": None}
     report = None
     try:
-        artifact, dynamic = export_model(model, work, suite["notes"])
-        package = work / f"{model.name}_pkg"
-        build(BuildConfig(artifact=artifact, output=package, mode=Mode(args.mode), device=args.device, force=True), Progress())
+        package, dynamic = export_and_build(model, args, work, suite["notes"])
         cfg = BenchConfig(package=package, against=args.against, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
                           batch_sizes=model.batch_sizes if dynamic else (), cold_start=args.cold_runs > 0,
                           cold_runs=max(1, args.cold_runs), plot_path=results / f"{stem}.png")
