@@ -145,3 +145,25 @@ def test_bf16_package_keeps_the_exported_signature(packages, tmp_path):
     assert out.dtype == torch.float32
     with torch.no_grad():
         torch.testing.assert_close(out, eager_model("cnn_bn")(x), atol=5e-2, rtol=5e-2)
+
+
+def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypatch):
+    """The fp32 check on CUDA compares without TF32: in this process, and (by env) in the child."""
+    from aotc.precision import strict_fp32
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    with strict_fp32():
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cudnn.allow_tf32  # the user's setting comes back
+
+    seen = {}
+
+    def fake_run(command, **kwargs):
+        seen["env"] = kwargs["env"]
+        raise aotc.verify.subprocess.TimeoutExpired(command, 1)
+
+    monkeypatch.setattr(aotc.verify.subprocess, "run", fake_run)
+    for strict, flag in ((True, "1"), (False, "0")):
+        with pytest.raises(aotc.build.BuildError):
+            aotc.verify.run_in_child("unused", [("example", [torch.zeros(1)])], strict)
+        assert seen["env"][aotc.verify.STRICT_FP32_ENV] == flag
