@@ -20,6 +20,8 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
     import torch
     from torch.export.passes import move_to_device_pass
 
+    if device != "cpu":
+        reshape_instead_of_view(ep)
     if precision not in REDUCED:
         return move_to_device_pass(ep, device) if device != "cpu" else ep
     low = getattr(torch, REDUCED[precision])
@@ -41,6 +43,27 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
 
     example = [t.to(device) for t in ep.example_inputs[0]]
     return torch.export.export(CastWrapper(inner), tuple(example), dynamic_shapes=dynamic_shapes(signature), strict=False)
+
+
+def reshape_instead_of_view(ep) -> None:
+    """Turn the graph's aten.view calls into aten.reshape, in place, before it moves to another device.
+
+    An artifact is exported on the CPU, and the strides of an op's output can differ by device. When
+    the CPU output was already contiguous, `.contiguous()` traced to nothing, and the graph holds a
+    bare `view` that the CUDA strides do not allow: torchvision's vit_b_16 (nn.MultiheadAttention
+    after efficient attention) fails in AOTInductor with "Cannot view a tensor with shape ...".
+    `reshape` is a view wherever a view is possible and copies only where `view` would raise, so
+    the graph means the same everywhere it worked before, and lowering on the device decides.
+    """
+    import torch
+
+    changed = False
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
 
 
 def dynamic_shapes(signature: dict):

@@ -167,3 +167,20 @@ def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypa
         with pytest.raises(aotc.build.BuildError):
             aotc.verify.run_in_child("unused", [("example", [torch.zeros(1)])], strict)
         assert seen["env"][aotc.verify.STRICT_FP32_ENV] == flag
+
+
+def test_views_become_reshapes_before_a_move_to_another_device():
+    """A CPU-traced `view` may not fit CUDA strides (vit_b_16); `reshape` means the same where it fits."""
+    from aotc.precision import reshape_instead_of_view
+
+    class Flatten(torch.nn.Module):
+        def forward(self, x):
+            return (x.permute(1, 0, 2).contiguous().view(-1, 8) * 2).sum(0)
+
+    x = torch.randn(5, 3, 8)
+    ep = torch.export.export(Flatten(), (x,), strict=False)
+    assert torch.ops.aten.view.default in [n.target for n in ep.graph.nodes]
+    reshape_instead_of_view(ep)
+    targets = [n.target for n in ep.graph.nodes]
+    assert torch.ops.aten.view.default not in targets and torch.ops.aten.reshape.default in targets
+    torch.testing.assert_close(ep.module()(x), Flatten()(x))
