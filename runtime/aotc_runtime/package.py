@@ -31,12 +31,11 @@ class Package:
         self._loader = loader
         self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
         self._single_output = self._out_spec.is_leaf()
-        # Every call pays for the checks below, and with CUDA graphs a call is ~2 ms of GPU work, so
-        # a signature that passed once is remembered instead of re-checked dim by dim.
+        # The input check runs before every call, and with CUDA-graph replay the rest of a call is a
+        # few µs of CPU work: a signature that passed once is remembered, not re-checked dim by dim.
         self._accepted: set = set()
         self._call_flat = self._run_loader
-        self.cuda_graphs = bool(manifest.get("runtime", {}).get("cuda_graphs")) and self.device.type == "cuda"
-        if self.cuda_graphs:
+        if manifest.get("runtime", {}).get("cuda_graphs") and self.device.type == "cuda":
             from .cuda_graphs import CudaGraphRunner  # only CUDA packages built with reduce-overhead need it
 
             self._call_flat = CudaGraphRunner(self._run_loader, self.device, reuse_outputs=reuse_outputs)
