@@ -1,7 +1,7 @@
 """Shared by the benchmark scripts: interleaved steady-state timing and fresh-process cold starts.
 
-Interleaving (a slice of calls of each contender in turn, for several rounds) makes machine drift
-hit every contender alike; all figures are medians and percentiles.
+Interleaving (a slice of calls of each contender in turn, for several rounds, the order rotated
+each round) makes machine drift hit every contender alike; all figures are medians and percentiles.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -16,8 +17,13 @@ from aotc_runtime.timing import summarize, synchronize, time_calls
 
 
 def interleaved(contenders: dict, inputs: list, device: torch.device, iters: int, warmup: int = 10, rounds: int = 10) -> dict:
-    """{name: latency summary + first_call_ms} for callables `fn(*inputs)`, measured in one process."""
-    samples = {name: [] for name in contenders}
+    """{name: latency summary + first_call_ms} for callables `fn(*inputs)`, measured in one process.
+
+    The timed rounds are `aotc bench`'s own (aotc.bench.interleaved); this adds the first call and
+    the warm-up of each callable before them.
+    """
+    from aotc.bench import interleaved as timed_rounds
+
     first_call = {}
     with torch.inference_mode():
         for name, fn in contenders.items():
@@ -26,11 +32,14 @@ def interleaved(contenders: dict, inputs: list, device: torch.device, iters: int
             synchronize(device)
             first_call[name] = (time.perf_counter() - started) * 1e3
             time_calls(lambda: fn(*inputs), 0, device, warmup=warmup)
-        per_round = max(1, iters // rounds)
-        for _ in range(rounds):
-            for name, fn in contenders.items():
-                samples[name] += time_calls(lambda: fn(*inputs), per_round, device)
+        timed = [SimpleNamespace(name=name, call=fn) for name, fn in contenders.items()]
+        samples = timed_rounds(timed, inputs, iters, rounds, device, _NoBar(), "")
     return {name: {**summarize(s), "first_call_ms": first_call[name]} for name, s in samples.items()}
+
+
+class _NoBar:
+    def step(self, _text: str) -> None:
+        pass
 
 
 def cold_starts(commands: dict, runs: int, env=None) -> dict:
