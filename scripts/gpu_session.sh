@@ -7,13 +7,20 @@
 #   tests_b   max-autotune round trip           bench_b  densenet121 bench, all three modes
 #   ro_freeze densenet121 reduce-overhead built with and without freezing, side by side
 #   suite=M1,M2  bench_suite.py on those torchvision models (reduce-overhead packages), page in docs/
+#   ma_build  densenet121 max-autotune build alone, timed, with a progress log every 30 s
+#             ($RESULTS/ma_progress.txt: kernels tuned so far); nothing else runs beside it
+# Inductor's cache lives in $WORK/inductor_cache; a tarball of tuning results from an earlier
+# machine at .gpu/tuning.tgz (carried) is unpacked into it first, so a build cut off by the
+# machine's 30-minute hold can go on where it stopped on the next one.
 set -u
 RESULTS=${1:-/tmp/gpu_out}
 WORK=${2:-/tmp/gpuw}
 shift 2
 mkdir -p "$RESULTS" "$WORK"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 AOTC_GPU_WORKDIR=$WORK
+export PYTHONUNBUFFERED=1 AOTC_GPU_WORKDIR=$WORK TORCHINDUCTOR_CACHE_DIR=$WORK/inductor_cache
+mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
+[ -f .gpu/tuning.tgz ] && tar xzf .gpu/tuning.tgz -C "$TORCHINDUCTOR_CACHE_DIR"
 log() { echo "[$(date +%T)] $*" | tee -a "$RESULTS/session.log"; }
 
 log "install"
@@ -35,6 +42,15 @@ for step in "$@"; do
       python3 scripts/bench_gpu.py --workdir "$WORK" --modes reduce-overhead --extra "reduce-overhead frozen=$WORK/densenet121_ro_frozen" \
         --cold-runs 1 --json "$RESULTS/ro_freeze.json" >> "$RESULTS/ro_freeze.txt" 2>&1
       cp "$WORK/densenet121_ro_frozen/manifest.json" "$RESULTS/manifest_ro_frozen.json" ;;
+    ma_build)
+      [ -f "$WORK/densenet121.pt2" ] || python3 -m aotc export torchvision.models:densenet121 --input-shape 16x3x128x128 -o "$WORK/densenet121.pt2" > "$RESULTS/ma_build.txt" 2>&1
+      ( start=$(date +%s); while sleep 30; do
+          echo "$(( $(date +%s) - start )) s: $(find "$TORCHINDUCTOR_CACHE_DIR" -name '*.best_config' | wc -l) kernels tuned," \
+               "$(find "$TORCHINDUCTOR_CACHE_DIR" -name 'c*.py' -path '*/triton*' -o -name '*.py' -newer "$WORK/densenet121.pt2" | wc -l) kernel sources," \
+               "load $(cut -d' ' -f1 /proc/loadavg)" >> "$RESULTS/ma_progress.txt"; done ) &
+      monitor=$!
+      python3 -m aotc --verbose build "$WORK/densenet121.pt2" --device cuda --mode max-autotune -o "$WORK/densenet121_max-autotune" --force >> "$RESULTS/ma_build.txt" 2>&1
+      kill $monitor ;;
     suite=*) python3 scripts/bench_suite.py --device cuda --out docs --work "$WORK/suite" --models "${step#suite=}" \
                --mode reduce-overhead --against eager,compile:default,compile:reduce-overhead --cold-runs 1 >> "$RESULTS/suite.log" 2>&1
              mkdir -p "$RESULTS/docs" && cp -r docs/bench docs/bench_suite_cuda.md "$RESULTS/docs/" ;;
