@@ -43,13 +43,12 @@ if spec["kind"] == "package":
     model = aotc_runtime.load(spec["package"])
 else:
     program = torch.export.load(spec["artifact"])
-    if spec["precision"] in ("bf16", "fp16"):
+    if spec["precision"] in ("bf16", "fp16") or device.type != "cpu":
+        # The same placement the build's eager reference gets: reduced precision, and on a GPU the
+        # CPU-traced views made reshapes (vit_b_16's attention strides differ there).
         from aotc.config import Precision
         from aotc.precision import place_program
         program = place_program(program, device.type, Precision(spec["precision"]), spec["signature"])
-    elif device.type == "cuda":
-        from torch.export.passes import move_to_device_pass
-        program = move_to_device_pass(program, device.type)
     model = program.module()
     if spec["kind"] == "compile":
         model = torch.compile(model, mode=spec["mode"])

@@ -36,6 +36,18 @@ def test_manifest_records_the_build(packages):
     assert manifest["source"]["artifact"] == str(built.artifact.resolve())
 
 
+def test_manifest_says_where_the_build_time_went(packages):
+    manifest = json.loads((packages.get("cnn_bn").package / "manifest.json").read_text())
+    phases = manifest["build_phases"]
+    # A CPU build compiles C++: some Inductor phase takes over the 0.5 s the record starts at.
+    assert phases, "no Inductor phase recorded"
+    for name, phase in phases.items():
+        assert 0.5 <= phase["seconds"] <= manifest["build_seconds"], name
+        assert phase["calls"] >= 1
+    seconds = [phase["seconds"] for phase in phases.values()]
+    assert seconds == sorted(seconds, reverse=True)
+
+
 def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypatch):
     artifact = packages.get("sincos").artifact  # built before the check is sabotaged
     real = aotc.verify.eager_outputs
