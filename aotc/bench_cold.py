@@ -98,22 +98,35 @@ def cold_start_plan(names, runs: int) -> list:
 
 
 def measure_cold_starts(plan, package: Path, artifact: Path | None, manifest: dict, bar) -> list:
-    """Run the plan; return one summary per case (times in ms, medians over runs)."""
+    """Run the plan; return one summary per case (times in ms, medians over runs).
+
+    A baseline that cannot start in a fresh process (eager or torch.compile failing on this model)
+    costs only its own row: it is reported as {"contender", "label", "error"} and the other cases,
+    with everything measured before them, are kept. The package failing stays fatal: it is what
+    the benchmark is about.
+    """
     runs: dict = {}
+    failed: dict = {}
     with tempfile.TemporaryDirectory(prefix="aotc-bench-cold-") as work:
         warm_dirs: dict = {}
         for run, case in plan:
             bar.step(f"cold start {run + 1}: {case.label}", case.weight)
+            if case.name in failed:
+                continue
             cache = Path(work) / f"{case.name.replace(':', '_')}-{run}-{case.cache or 'none'}"
             if case.cache == "warm":
                 cache = warm_dirs[case.name]
             cache.mkdir(exist_ok=True)
             if case.cache == "cold":
                 warm_dirs.setdefault(case.name, cache)
-            runs.setdefault(case, []).append(run_child(case, package, artifact, manifest, cache))
+            try:
+                runs.setdefault(case, []).append(run_child(case, package, artifact, manifest, cache))
+            except (ModelError, BuildError) as exc:  # a baseline's failure (the package's is a PackageError)
+                failed[case.name] = str(exc)
             if case.cache is None:
                 shutil.rmtree(cache, ignore_errors=True)
-    return [summarize_cold(case, results) for case, results in runs.items()]
+    summaries = [summarize_cold(case, results) for case, results in runs.items() if case.name not in failed]
+    return summaries + [{"contender": name, "cache": None, "label": name, "error": error} for name, error in failed.items()]
 
 
 def summarize_cold(case: ColdCase, results: list) -> dict:

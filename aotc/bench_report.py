@@ -138,10 +138,14 @@ def format_table(report: dict) -> str:
                   "GPU MB" if cuda else "peak RSS MB"]
         rows = []
         for c in report["cold_start"]:
+            if "error" in c:
+                rows.append([c["label"], "failed", "-", "-", "-", "-", "-"])
+                continue
             mem = c.get("cuda_device_used_mb") if cuda else c.get("peak_rss_mb")
             rows.append([c["label"], _ms(c["median_ms"]), f"{_ms(c['min_ms'])}..{_ms(c['max_ms'])}", _ms(c["startup_ms"] + c["import_ms"]),
                          _ms(c["load_ms"]), _ms(c["first_call_ms"]), "-" if mem is None else f"{mem:.0f}"])
         lines += ["", f"cold start: process start -> first output, median of {s['cold_runs']} run(s)"] + _grid(header, rows)
+        lines += [f"{c['label']}: {c['error']}" for c in report["cold_start"] if "error" in c]
     return "\n".join(lines)
 
 
@@ -166,7 +170,7 @@ def write_plot(report: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
     sizes = report["settings"]["batch_sizes"]
-    panels = ["latency"] + (["cold"] if report.get("cold_start") else []) + (["batch"] if len(sizes) > 1 else [])
+    panels = ["latency"] + (["cold"] if measured_cold_starts(report) else []) + (["batch"] if len(sizes) > 1 else [])
     fig = Figure(figsize=(6.2 * len(panels), 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     names = [c["name"] for c in report["contenders"]]
@@ -207,8 +211,13 @@ def _latency_panel(ax, report, colors) -> None:
     ax.tick_params(axis="x", labelsize=8)
 
 
+def measured_cold_starts(report: dict) -> list:
+    """The cold-start entries that have figures (a baseline that failed to start has an error instead)."""
+    return [c for c in report.get("cold_start") or [] if "error" not in c]
+
+
 def _cold_panel(ax, report, colors) -> None:
-    cold = report["cold_start"]
+    cold = measured_cold_starts(report)
     labels = [c["label"].replace(" (", "\n(") for c in cold]
     phases = (("start + import torch", lambda c: c["startup_ms"] + c["import_ms"], 0.35),
               ("load", lambda c: c["load_ms"], 0.6), ("first call", lambda c: c["first_call_ms"], 1.0))

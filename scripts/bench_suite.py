@@ -127,7 +127,8 @@ def summary_row(entry: dict, against: tuple) -> list:
         speed = "" if name == "package" or row is None else f" ({row['package_speedup']:.2f}x)"
         cells.append("-" if row is None else f"{_ms(row['latency']['median_ms'])}{speed}")
     cold = report.get("cold_start") or []
-    cells.append(", ".join(f"{c['label'].replace(' cache', '')} {c['median_ms'] / 1e3:.1f}" for c in cold) or "-")
+    cells.append(", ".join(f"{c['label'].replace(' cache', '')} " + ("failed" if "error" in c else f"{c['median_ms'] / 1e3:.1f}")
+                           for c in cold) or "-")
     return cells
 
 

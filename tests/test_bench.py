@@ -65,6 +65,37 @@ def test_bench_cli_against_eager_and_compile(packages, tmp_path):
     assert_png(out_png)
 
 
+def test_a_baseline_that_cannot_start_costs_only_its_row(packages, tmp_path, monkeypatch):
+    import aotc.bench_cold as bench_cold
+    from aotc.errors import ModelError, PackageError
+
+    real_run_child = bench_cold.run_child
+
+    def eager_cannot_start(case, *args):
+        if case.name == "eager":
+            raise ModelError("the cold-start process of eager failed: RuntimeError: view size is not compatible")
+        return real_run_child(case, *args)
+
+    monkeypatch.setattr(bench_cold, "run_child", eager_cannot_start)
+    plot = tmp_path / "cold.png"
+    cfg = BenchConfig(package=packages.get("mlp").package, against=("eager",), iters=3, warmup=0, rounds=1, cold_runs=2,
+                      plot_path=plot)
+    report = bench(cfg)
+    cold = {entry["label"]: entry for entry in report["cold_start"]}
+    assert len(cold["package"]["runs_ms"]) == 2 and cold["package"]["median_ms"] > 0
+    assert "view size is not compatible" in cold["eager"]["error"] and "median_ms" not in cold["eager"]
+    assert {r["contender"] for r in report["results"]} == {"package", "eager"}  # steady state kept
+    assert "eager: the cold-start process of eager failed" in format_table(report)
+    assert_png(plot)
+
+    def package_cannot_start(case, *args):
+        raise PackageError("the cold-start process of package failed: Segmentation fault")
+
+    monkeypatch.setattr(bench_cold, "run_child", package_cannot_start)
+    with pytest.raises(PackageError):
+        bench(BenchConfig(package=packages.get("mlp").package, against=(), iters=2, warmup=0, rounds=1, cold_runs=1))
+
+
 def test_bench_api_with_cold_start(packages, tmp_path):
     built = packages.get("mlp")
     plot = tmp_path / "cold.png"
