@@ -14,7 +14,7 @@ from aotc_runtime.environment import gpu_description, running_environment
 from aotc_runtime.manifest import FORMAT_VERSION, MODEL_FILE, sha256_file
 
 from . import __version__
-from .build_profile import inductor_phase_times
+from .build_profile import TuningProgress, inductor_phase_times
 from .config import BuildConfig, Mode, Precision, preset_runtime
 from .errors import BuildError, UserInputError
 from .export import load_artifact
@@ -64,7 +64,7 @@ def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict,
         with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}
-        with progress.stage(f"compiling with AOTInductor, mode {cfg.mode.value}"), inductor_phase_times(phases):
+        with progress.stage(f"compiling with AOTInductor, mode {cfg.mode.value}", detail=TuningProgress()), inductor_phase_times(phases):
             compile_aoti(placed, staging / MODEL_FILE, {**options, **compiler}, cfg.precision)
         compile_seconds = time.perf_counter() - started
         manifest = base_manifest(cfg, meta, options, compiler_record, signature)

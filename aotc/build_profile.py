@@ -40,3 +40,33 @@ def _new_entries(metrics: dict, before: dict) -> dict:
             phases[key] = {"seconds": round(total, 2), "calls": len(new)}
     ranked = sorted(phases.items(), key=lambda item: -item[1]["seconds"])[:MOST_SHOWN]
     return dict(ranked)
+
+
+class TuningProgress:
+    """How far Inductor's tuning got since this object was made, in words, from its own counters.
+
+    For the build's heartbeat: a max-autotune build spends most of its time benchmarking GEMM and
+    convolution choices and coordinate-descent configs, and these counters are what moves.
+    Returns "" while nothing was tuned (every default-mode build).
+    """
+
+    PHASES = (("select_algorithm_autotune", "GEMM/conv ops autotuned"),
+              ("select_algorithm_num_precompiles", "template choices compiled"),
+              ("coordesc_tuning_bench", "coordinate-descent trials"))
+
+    def __init__(self):
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> dict:
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:
+            return {}
+        inductor = counters.get("inductor", {})
+        return {key: inductor.get(key, 0) for key, _words in TuningProgress.PHASES}
+
+    def __call__(self) -> str:
+        now = self._read()
+        parts = [f"{now[key] - self.start.get(key, 0)} {words}" for key, words in self.PHASES if now.get(key, 0) > self.start.get(key, 0)]
+        return ", ".join(parts)

@@ -6,6 +6,7 @@ import contextlib
 import sys
 import threading
 import time
+from typing import Callable
 
 
 class Progress:
@@ -23,12 +24,16 @@ class Progress:
         self._say(text)
 
     @contextlib.contextmanager
-    def stage(self, name: str):
-        """Announce a stage, keep saying it is alive, and report how long it took."""
+    def stage(self, name: str, detail: Callable[[], str] | None = None):
+        """Announce a stage, keep saying it is alive, and report how long it took.
+
+        `detail`, when given, is asked at each heartbeat for a few words on how far the stage got
+        (a max-autotune build runs for an hour; "still working" alone says nothing).
+        """
         self._say(f"{name} ...")
         began = time.perf_counter()
         stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(name, began, stop), daemon=True)
+        beat = threading.Thread(target=self._heartbeat, args=(name, began, stop, detail), daemon=True)
         if self.enabled:
             beat.start()
         try:
@@ -37,6 +42,7 @@ class Progress:
             stop.set()
         self._say(f"{name}: done in {time.perf_counter() - began:.1f}s")
 
-    def _heartbeat(self, name: str, began: float, stop: threading.Event) -> None:
+    def _heartbeat(self, name: str, began: float, stop: threading.Event, detail) -> None:
         while not stop.wait(self.heartbeat_s):
-            self._say(f"{name}: still working ({time.perf_counter() - began:.0f}s)")
+            extra = detail() if detail else ""
+            self._say(f"{name}: still working ({time.perf_counter() - began:.0f}s{', ' + extra if extra else ''})")

@@ -1,0 +1,38 @@
+"""The build's progress lines: the heartbeat with a stage's detail, and Inductor's tuning counters in words."""
+
+import io
+import time
+
+from aotc.build_profile import TuningProgress
+from aotc.progress import Progress
+
+
+def heartbeat_lines(detail) -> list:
+    stream = io.StringIO()
+    progress = Progress(stream=stream, heartbeat_s=0.02)
+    with progress.stage("compiling", detail=detail):
+        time.sleep(0.15)
+    return [line for line in stream.getvalue().splitlines() if "still working" in line]
+
+
+def test_heartbeat_says_how_far_the_stage_got():
+    lines = heartbeat_lines(lambda: "3 GEMM/conv ops autotuned")
+    assert lines and all(line.endswith("compiling: still working (0s, 3 GEMM/conv ops autotuned)") for line in lines)
+    assert all(line.endswith("compiling: still working (0s)") for line in heartbeat_lines(lambda: ""))
+    assert all(line.endswith("compiling: still working (0s)") for line in heartbeat_lines(None))
+
+
+def test_tuning_progress_counts_from_its_own_start():
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    inductor["select_algorithm_autotune"] += 7  # tuning done before this build must not count
+    tuning = TuningProgress()
+    assert tuning() == ""
+    try:
+        inductor["select_algorithm_autotune"] += 2
+        inductor["coordesc_tuning_bench"] += 15
+        assert tuning() == "2 GEMM/conv ops autotuned, 15 coordinate-descent trials"
+    finally:
+        inductor["select_algorithm_autotune"] -= 9
+        inductor["coordesc_tuning_bench"] -= 15
