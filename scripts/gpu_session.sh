@@ -11,7 +11,7 @@
 #             ($RESULTS/ma_progress.txt: kernels tuned so far); nothing else runs beside it
 # Inductor's cache lives in $WORK/inductor_cache; a tarball of tuning results from an earlier
 # machine at .gpu/tuning.tgz (carried) is unpacked into it first, so a build cut off by the
-# machine's 30-minute hold can go on where it stopped on the next one.
+# machine's 30-minute hold can go on where it stopped on the next one (scripts/gpu_save_tuning.sh makes it).
 set -u
 RESULTS=${1:-/tmp/gpu_out}
 WORK=${2:-/tmp/gpuw}
