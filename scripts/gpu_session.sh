@@ -7,6 +7,7 @@
 #   tests_b   max-autotune round trip           bench_b  densenet121 bench, all three modes
 #   ro_freeze densenet121 reduce-overhead built with and without freezing, side by side
 #   suite=M1,M2  bench_suite.py on those torchvision models (reduce-overhead packages), page in docs/
+#   ma_probe  scripts/probe_max_autotune.py, every variant (which Inductor setting makes max-autotune slow)
 #   ma_build  densenet121 max-autotune build alone, timed, with a progress log every 30 s
 #             ($RESULTS/ma_progress.txt: kernels tuned so far); nothing else runs beside it
 # Inductor's cache lives in $WORK/inductor_cache; a tarball of tuning results from an earlier
@@ -42,6 +43,10 @@ for step in "$@"; do
       python3 scripts/bench_gpu.py --workdir "$WORK" --modes reduce-overhead --extra "reduce-overhead frozen=$WORK/densenet121_ro_frozen" \
         --cold-runs 1 --json "$RESULTS/ro_freeze.json" >> "$RESULTS/ro_freeze.txt" 2>&1
       cp "$WORK/densenet121_ro_frozen/manifest.json" "$RESULTS/manifest_ro_frozen.json" ;;
+    ma_probe)
+      for v in base no_coordesc no_prologue no_epilogue_bench; do
+        timeout 300 python3 scripts/probe_max_autotune.py $v >> "$RESULTS/ma_probe.jsonl" 2>> "$RESULTS/ma_probe.err"; done
+      timeout 300 python3 scripts/probe_max_autotune.py base --post >> "$RESULTS/ma_probe.jsonl" 2>> "$RESULTS/ma_probe.err" ;;
     ma_build)
       [ -f "$WORK/densenet121.pt2" ] || python3 -m aotc export torchvision.models:densenet121 --input-shape 16x3x128x128 -o "$WORK/densenet121.pt2" > "$RESULTS/ma_build.txt" 2>&1
       ( start=$(date +%s); while sleep 30; do
