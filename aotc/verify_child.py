@@ -5,6 +5,7 @@ child, not the CLI; the parent turns the exit status into a BuildError.
 usage: python -m aotc.verify_child PACKAGE INPUTS.pt OUTPUTS.pt
 """
 
+import contextlib
 import os
 import sys
 
@@ -14,14 +15,14 @@ def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
 
     import aotc_runtime
     from aotc_runtime.tensor_io import flatten_outputs
+    from aotc.precision import strict_fp32
     from aotc.verify import STRICT_FP32_ENV
 
     cases = torch.load(inputs_path, weights_only=True)
     package = aotc_runtime.load(package_path)
-    if os.environ.get(STRICT_FP32_ENV) == "1":  # as the eager reference ran (aotc.precision.strict_fp32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    strict = os.environ.get(STRICT_FP32_ENV) == "1"  # TF32 off, as the eager reference ran
     results = []
-    with torch.inference_mode():
+    with strict_fp32() if strict else contextlib.nullcontext(), torch.inference_mode():
         for tensors in cases:
             # Two calls per case: a reduce-overhead package captures a CUDA graph on the first call
             # and replays it from the second on, so both paths are checked.
