@@ -22,6 +22,7 @@ from .inductor_options import resolve_options
 from .package_writer import commit, staging_folder, write_manifest
 from .precision import place_program, tf32_matmuls
 from .progress import Progress
+from .ptxas import same_ptxas_as_workers
 from .quiet import quiet_torch
 from .tolerances import tolerance
 from .toolchain import compiler_options, use_compiler
@@ -50,8 +51,11 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
         raise UserInputError("--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine")
     compiler, compiler_record = compiler_options(cfg.bsymbolic)
     # Inductor's worker processes read $CXX when they start: name the compiler before anything
-    # imports torch._inductor (see toolchain.use_compiler).
-    with use_compiler(compiler["cpp.cxx"][1]):
+    # imports torch._inductor (see toolchain.use_compiler); on CUDA, give this process the ptxas
+    # they give Triton, or max-autotune compiles every template twice (aotc/ptxas.py).
+    with use_compiler(compiler["cpp.cxx"][1]), same_ptxas_as_workers(cfg.device == "cuda") as ptxas:
+        if cfg.device == "cuda":
+            compiler_record = {**compiler_record, "ptxas": ptxas or "triton's bundled ptxas"}
         return _build(cfg, progress, started, compiler, compiler_record)
 
 

@@ -55,7 +55,9 @@ for step in "$@"; do
                "load $(cut -d' ' -f1 /proc/loadavg)" >> "$RESULTS/ma_progress.txt"; done ) &
       monitor=$!
       python3 -m aotc --verbose build "$WORK/densenet121.pt2" --device cuda --mode max-autotune -o "$WORK/densenet121_max-autotune" --force >> "$RESULTS/ma_build.txt" 2>&1
-      kill $monitor ;;
+      kill $monitor
+      # one PTX version in Triton's cache = build process and compile workers used one ptxas (aotc/ptxas.py)
+      grep -h '^\.version' "$TORCHINDUCTOR_CACHE_DIR"/triton/*/*/*.ptx | sort | uniq -c > "$RESULTS/ptx_versions.txt" ;;
     suite=*) python3 scripts/bench_suite.py --device cuda --out docs --work "$WORK/suite" --models "${step#suite=}" \
                --mode reduce-overhead --against eager,compile:default,compile:reduce-overhead --cold-runs 1 >> "$RESULTS/suite.log" 2>&1
              mkdir -p "$RESULTS/docs" && cp -r docs/bench docs/bench_suite_cuda.md "$RESULTS/docs/" ;;

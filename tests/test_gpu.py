@@ -60,7 +60,7 @@ def test_densenet121_round_trip(gpu_workdir, densenet, mode):
     package = aotc_runtime.load(package_dir)
     manifest = package.manifest
     assert manifest["device"]["type"] == "cuda" and manifest["device"]["compute_capability"]
-    assert manifest["toolchain"]["cuda"] and manifest["toolchain"]["triton"]
+    assert manifest["toolchain"]["cuda"] and manifest["toolchain"]["triton"] and manifest["toolchain"]["ptxas"]
     assert manifest["numeric_check"]["passed"]
     assert manifest["runtime"]["cuda_graphs"] == (mode != "default")
     torch.manual_seed(0)
