@@ -142,7 +142,14 @@ def write_page(entries: list, args, out: Path) -> Path:
              f"`{out.name}/bench/{args.device}-*.json`; each model's section gives its date and command.", ""]
     if done:
         against = tuple(dict.fromkeys(c["name"] for e in done for c in e["report"]["contenders"] if c["name"] != "package"))
-        lines += [f"Machine: {describe_machine(done[0]['report'])}.", "",
+        machines: dict = {}  # models are measured one command at a time, possibly on different machines
+        for e in done:
+            machines.setdefault(describe_machine(e["report"]), []).append(e["suite"]["model"])
+        if len(machines) == 1:
+            lines += [f"Machine: {next(iter(machines))}.", ""]
+        else:
+            lines += ["Machines:", *(f"- {', '.join(models)}: {machine}." for machine, models in machines.items()), ""]
+        lines += [
                   "Each package is benched against eager and torch.compile of the exported artifact it was built from, on "
                   "the same inputs, interleaved in one process (iterations, timer and date in each section). Latency: median "
                   "ms at the exported batch size; `(Nx)`: how many times faster the package is. Cold start: a fresh process "
@@ -189,6 +196,7 @@ def parse_args(argv):
     parser.add_argument("--cold-runs", type=int, help="fresh processes per cold-start case; 0: no cold start "
                         "[default: 3 on cpu, 1 on cuda, where a cold max-autotune compile takes minutes]")
     parser.add_argument("--work", type=Path, help="keep artifacts and packages here [default: a temporary folder]")
+    parser.add_argument("--page-only", action="store_true", help="measure nothing: rewrite the page from the saved results in OUT/bench/")
     args = parser.parse_args(argv)
     from aotc.bench import parse_against
 
@@ -211,6 +219,9 @@ def main(argv=None) -> int:
             print(f"error: unknown model(s) {', '.join(unknown)}; choose from {', '.join(m.name for m in every)}", file=sys.stderr)
             return 2
         models = tuple(m for m in every if m.name in wanted)
+    if args.page_only:  # e.g. on a machine without the GPU the results came from
+        print(f"wrote {write_page(saved_entries(every, args, args.out.resolve() / 'bench'), args, args.out.resolve())}")
+        return 0
     if args.device == "cuda":
         import torch
 

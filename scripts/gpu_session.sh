@@ -8,6 +8,7 @@
 #   ro_freeze densenet121 reduce-overhead built with and without freezing, side by side
 #   suite=M1,M2  bench_suite.py on those torchvision models (reduce-overhead packages), page in docs/
 #   ma_probe  scripts/probe_max_autotune.py, every variant (which Inductor setting makes max-autotune slow)
+#   kernels   GPU time per kernel of the densenet121 packages built so far, side by side
 #   ma_build  densenet121 max-autotune build alone, timed, with a progress log every 30 s
 #             ($RESULTS/ma_progress.txt: kernels tuned so far); nothing else runs beside it
 # Inductor's cache lives in $WORK/inductor_cache; a tarball of tuning results from an earlier
@@ -58,6 +59,7 @@ for step in "$@"; do
       kill $monitor
       # one PTX version in Triton's cache = build process and compile workers used one ptxas (aotc/ptxas.py)
       grep -h '^\.version' "$TORCHINDUCTOR_CACHE_DIR"/triton/*/*/*.ptx | sort | uniq -c > "$RESULTS/ptx_versions.txt" ;;
+    kernels) python3 scripts/kernels_by_package.py $(ls -d "$WORK"/densenet121_*/ 2>/dev/null) --json "$RESULTS/kernels.json" > "$RESULTS/kernels.txt" 2>&1 ;;
     suite=*) python3 scripts/bench_suite.py --device cuda --out docs --work "$WORK/suite" --models "${step#suite=}" \
                --mode reduce-overhead --against eager,compile:default,compile:reduce-overhead --cold-runs 1 >> "$RESULTS/suite.log" 2>&1
              mkdir -p "$RESULTS/docs" && cp -r docs/bench docs/bench_suite_cuda.md "$RESULTS/docs/" ;;

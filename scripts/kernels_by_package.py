@@ -1,0 +1,75 @@
+"""GPU time per kernel of several packages of one model, in one process (what makes one mode's kernels slower).
+
+Each package is called with the same random input, warmed up, then profiled over `--calls` calls;
+kernels are summed per call and grouped by family (Triton templates / pointwise / reductions, cuDNN,
+cuBLAS and CUTLASS GEMMs, copies), so two packages' kernel time can be put side by side.
+
+usage: python scripts/kernels_by_package.py PKG_DIR... [--calls 10] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+FAMILIES = ("triton_tem", "triton_poi", "triton_per", "triton_red", "cudnn", "sm90_xmma", "sm80_xmma", "cutlass",
+            "cublasLt", "gemm", "Memcpy", "Memset")
+
+
+def family(kernel: str) -> str:
+    return next((f for f in FAMILIES if f.lower() in kernel.lower()), "other")
+
+
+def kernel_ms_per_call(package, inputs, calls: int) -> dict[str, float]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):  # warm-up; for a CUDA-graph package, the capture
+        package(*inputs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            package(*inputs)
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[event.name] += event.device_time_total / calls / 1000
+    return per_kernel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("packages", nargs="+", type=Path)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    import aotc_runtime
+
+    result = {}
+    for folder in args.packages:
+        package = aotc_runtime.load(folder)
+        if package.device.type != "cuda":
+            parser.error(f"{folder} is a {package.device.type} package; this profiles CUDA kernels: pass packages built with --device cuda")
+        inputs = package.signature.random_inputs(seed=0, device=package.device)  # the same input for every package
+        per_kernel = kernel_ms_per_call(package, inputs, args.calls)
+        families: dict[str, float] = collections.defaultdict(float)
+        for name, ms in per_kernel.items():
+            families[family(name)] += ms
+        top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]
+        result[folder.name] = {"gpu_ms_per_call": round(sum(per_kernel.values()), 4),
+                               "families_ms": {k: round(v, 4) for k, v in sorted(families.items(), key=lambda kv: -kv[1])},
+                               "top_kernels_ms": [[round(ms, 4), name[:120]] for name, ms in top]}
+        print(f"{folder.name}: {result[folder.name]['gpu_ms_per_call']:.3f} ms of GPU time per call")
+        print("  by family: " + ", ".join(f"{k} {v:.3f}" for k, v in result[folder.name]["families_ms"].items()))
+        for ms, name in result[folder.name]["top_kernels_ms"]:
+            print(f"  {ms:8.4f}  {name}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
