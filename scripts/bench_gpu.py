@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import aotc_runtime
-from side_by_side import cold_starts, interleaved, print_table
+from side_by_side import cold_starts, gpu_events, interleaved, print_table
 
 MODES = ("default", "reduce-overhead", "max-autotune")
 AOTC = [sys.executable, "-m", "aotc"]
@@ -41,19 +41,7 @@ def ensure_packages(workdir: Path, modes) -> dict:
 
 def kernel_ms_per_call(fn, inputs, calls: int = 20) -> tuple[float, float]:
     """(sum of GPU kernel and memcpy time per call in ms, GPU events per call), from the profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.inference_mode():
-        fn(*inputs)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn(*inputs)
-            torch.cuda.synchronize()
-    from torch.autograd import DeviceType
-
-    # Events that ran on the GPU are the kernels and copies; their durations are in microseconds.
-    on_gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    on_gpu = gpu_events(fn, inputs, calls)
     return sum(e.device_time for e in on_gpu) / 1e3 / calls, len(on_gpu) / calls
 
 

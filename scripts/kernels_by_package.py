@@ -14,6 +14,8 @@ import collections
 import json
 from pathlib import Path
 
+from side_by_side import gpu_events
+
 FAMILIES = ("triton_tem", "triton_poi", "triton_per", "triton_red", "cudnn", "sm90_xmma", "sm80_xmma", "cutlass",
             "cublasLt", "gemm", "Memcpy", "Memset")
 
@@ -23,20 +25,10 @@ def family(kernel: str) -> str:
 
 
 def kernel_ms_per_call(package, inputs, calls: int) -> dict[str, float]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):  # warm-up; for a CUDA-graph package, the capture
-        package(*inputs)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            package(*inputs)
-        torch.cuda.synchronize()
+    """{kernel name: GPU ms per call}, summed over the kernel's launches in a call."""
     per_kernel: dict[str, float] = collections.defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[event.name] += event.device_time_total / calls / 1000
+    for event in gpu_events(package, inputs, calls):
+        per_kernel[event.name] += event.device_time / 1e3 / calls
     return per_kernel
 
 

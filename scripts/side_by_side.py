@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: interleaved steady-state timing and fresh-process cold starts.
+"""Shared by the benchmark scripts: interleaved steady-state timing, fresh-process cold starts, GPU profiles.
 
 Interleaving (a slice of calls of each contender in turn, for several rounds, the order rotated
 each round) makes machine drift hit every contender alike; all figures are medians and percentiles.
@@ -40,6 +40,25 @@ def interleaved(contenders: dict, inputs: list, device: torch.device, iters: int
 class _NoBar:
     def step(self, _text: str) -> None:
         pass
+
+
+def gpu_events(fn, inputs, calls: int = 20) -> list:
+    """The profiler's GPU events (kernels and copies) of `calls` calls of `fn(*inputs)`, after one untimed call.
+
+    Their `device_time` is in microseconds. The untimed call compiles, or captures a CUDA graph, so
+    what is profiled is the steady state.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        fn(*inputs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*inputs)
+            torch.cuda.synchronize()
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
 def cold_starts(commands: dict, runs: int, env=None) -> dict:
