@@ -7,6 +7,12 @@ blocks are pre-activation (BN -> ReLU -> conv), so its GEMMs have a prologue to 
 the AOTInductor build of a pre-activation block under one variant and prints the per-op
 benchmarking times and Inductor's counters, to find the setting behind the slow benchmarking.
 
+Result (H100, 2026-11-22): no variant reproduced it; every variant of both models benchmarked in
+0.3-0.9 s per op (one outlier of 13.6 s with epilogue benchmarking off). The cause was elsewhere: the
+build process and Inductor's compile workers used different ptxas binaries, so the workers'
+precompiled kernels were never found (aotc/ptxas.py). A small model lowers before the worker pool is
+ready and compiles everything in the build process, which is why it never showed the slowdown.
+
 usage: python scripts/probe_max_autotune.py VARIANT [--post]   (VARIANT: base | no_coordesc |
        no_prologue | no_epilogue_bench); --post uses the post-activation model instead.
 """
