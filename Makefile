@@ -33,6 +33,9 @@ test: install
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
 
+lint: install
+	$(PY) -m pyflakes aotc runtime scripts tests
+
 bench: install
 	$(PY) scripts/bench_cpu.py
 

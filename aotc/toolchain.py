@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import os
 import re
 import shutil
@@ -46,7 +47,7 @@ exec "{real}" "$@"
 
 def loaded_libstdcxx() -> str | None:
     """Real path of the libstdc++ mapped into this process once torch is imported (Linux only)."""
-    import torch  # noqa: F401  (torch's libraries pull in the libstdc++ a serving process will use)
+    importlib.import_module("torch")  # torch's libraries pull in the libstdc++ a serving process will use
 
     try:
         maps = Path("/proc/self/maps").read_text()

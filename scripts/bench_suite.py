@@ -15,6 +15,7 @@ do not depend on weight values).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
             print("error: --device cuda but torch sees no GPU on this machine", file=sys.stderr)
             return 2
         try:
-            import torchvision  # noqa: F401
+            importlib.import_module("torchvision")  # importable, not merely installed
         except ImportError:
             print("error: the GPU suite needs torchvision (pip install torchvision matching this torch)", file=sys.stderr)
             return 2
