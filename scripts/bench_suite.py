@@ -150,8 +150,7 @@ def write_page(entries: list, args, out: Path) -> Path:
             lines += [f"Machine: {next(iter(machines))}.", ""]
         else:
             lines += ["Machines:", *(f"- {', '.join(models)}: {machine}." for machine, models in machines.items()), ""]
-        lines += [
-                  "Each package is benched against eager and torch.compile of the exported artifact it was built from, on "
+        lines += ["Each package is benched against eager and torch.compile of the exported artifact it was built from, on "
                   "the same inputs, interleaved in one process (iterations, timer and date in each section). Latency: median "
                   "ms at the exported batch size; `(Nx)`: how many times faster the package is. Cold start: a fresh process "
                   "from start to first output, seconds (median; torch.compile with a cold and a warm on-disk cache).",
@@ -220,8 +219,10 @@ def main(argv=None) -> int:
             print(f"error: unknown model(s) {', '.join(unknown)}; choose from {', '.join(m.name for m in every)}", file=sys.stderr)
             return 2
         models = tuple(m for m in every if m.name in wanted)
+    args.out = args.out.resolve()
+    results = args.out / "bench"
     if args.page_only:  # e.g. on a machine without the GPU the results came from
-        print(f"wrote {write_page(saved_entries(every, args, args.out.resolve() / 'bench'), args, args.out.resolve())}")
+        print(f"wrote {write_page(saved_entries(every, args, results), args, args.out)}")
         return 0
     if args.device == "cuda":
         import torch
@@ -234,10 +235,8 @@ def main(argv=None) -> int:
         except ImportError:
             print("error: the GPU suite needs torchvision (pip install torchvision matching this torch)", file=sys.stderr)
             return 2
-    args.out = args.out.resolve()
     args.work = args.work.resolve() if args.work else None
     os.chdir(ROOT)  # model files are named relative to the checkout, as the reports show them
-    results = args.out / "bench"
     results.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="aotc-suite-") as scratch:
         work = args.work or Path(scratch)
