@@ -166,6 +166,9 @@ def _colors(names) -> dict:
 
 def write_plot(report: dict, path: Path) -> None:
     """Latency bars with p90 whiskers; cold-start bars by phase; latency against batch size if several."""
+    from .optional import require
+
+    require("matplotlib", "bench", "--plot")  # optional (aotc[bench]): one line naming the extra, not an ImportError
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

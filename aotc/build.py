@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aotc_runtime.environment import gpu_description, running_environment
-from aotc_runtime.manifest import FORMAT_VERSION, MODEL_FILE, sha256_file
+from aotc_runtime.manifest import FORMAT_VERSION, MODEL_FILE, STATE_FILE, sha256_file
 
 from . import __version__
 from .build_profile import TuningProgress, inductor_phase_times
-from .config import BuildConfig, Mode, Precision, preset_runtime
+from .config import BuildConfig, Mode, Precision, preset_runtime, resolve_device
 from .errors import BuildError, UserInputError
 from .export import load_artifact
 from .inductor_options import resolve_options
@@ -27,7 +27,7 @@ from .quiet import quiet_torch
 from .tolerances import tolerance
 from .toolchain import compiler_options, use_compiler
 from .user_frames import first_line
-from .verify import check_numerics
+from .verify import check_numerics, initial_state
 
 
 @dataclass
@@ -42,9 +42,12 @@ class BuildResult:
 
 
 def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
-    cfg.validate()
     progress = progress or Progress()
     started = time.perf_counter()
+    cfg, resolved = resolve_device(cfg)  # auto -> cpu/cuda first: validate() judges the real target
+    if resolved:
+        progress.note(resolved)
+    cfg.validate()
     import torch
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -70,6 +73,8 @@ def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict,
         phases: dict = {}
         with progress.stage(f"compiling with AOTInductor, mode {cfg.mode.value}", detail=TuningProgress()), inductor_phase_times(phases):
             compile_aoti(placed, staging / MODEL_FILE, {**options, **compiler}, cfg.precision)
+        if signature.get("state"):
+            write_state(ep, signature, staging)
         compile_seconds = time.perf_counter() - started
         manifest = base_manifest(cfg, meta, options, compiler_record, signature)
         manifest.update(build_seconds=round(compile_seconds, 2), numeric_check={"status": "pending"},
@@ -100,9 +105,16 @@ def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) ->
         raise BuildError(f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; rerun with --verbose for details") from exc
 
 
+def write_state(ep, signature: dict, folder: Path) -> None:
+    """The initial state the runtime carries between calls, as plain tensors (loaded with weights_only)."""
+    import torch
+
+    torch.save([t.cpu() for t in initial_state(ep, signature, "cpu")], folder / STATE_FILE)
+
+
 def base_manifest(cfg: BuildConfig, meta: dict, options: dict, compiler_record: dict, signature: dict) -> dict:
     toolchain = {**running_environment(), **compiler_record}
-    device = {"type": cfg.device}
+    device = {"type": cfg.device, "requested": cfg.requested_device or cfg.device}
     if cfg.device == "cuda":
         import torch
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -77,9 +78,9 @@ def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, fo
 
 @cli.command(epilog=exit_codes_epilog())
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Package folder to write.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Package folder to write [default: <artifact>_pkg/ beside the artifact].")
 @click.option("--mode", type=click.Choice(["default", "reduce-overhead", "max-autotune"]), default=None, help="Mode preset (configs/modes/) [default: default].")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Target device [default: cpu].")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help="Target device; auto: cuda if torch sees a GPU, else cpu [default: auto].")
 @click.option("--precision", type=click.Choice(["fp32", "tf32", "bf16", "fp16"]), default=None, help="Compute precision [default: fp32].")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML with build settings (flags override it).")
 @click.option("--option", "options", type=option_type(), multiple=True, help="Inductor option over the preset, e.g. freezing=false; repeatable.")
@@ -93,13 +94,15 @@ def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, fo
 def build(artifact, output, mode, device, precision, config_file, options, atol, rtol, allow_mismatch, no_bsymbolic, force, as_json, quiet):
     """Compile ARTIFACT ahead of time into a package folder (AOTInductor + manifest.json)."""
     from .api import build as build_api
-    from .config import BuildConfig, Mode, Precision, apply_config_file
+    from .config import BuildConfig, Mode, Precision, apply_config_file, default_package_folder
     from .progress import Progress
 
+    if output is None:
+        output = default_package_folder(artifact)
     flags = {"mode": mode, "device": device, "precision": precision, "atol": atol, "rtol": rtol, "allow_mismatch": allow_mismatch}
     given = {key for key, value in flags.items() if value is not None}
     cfg = BuildConfig(artifact=artifact, output=output, options=dict(options), force=force, bsymbolic=not no_bsymbolic,
-                      mode=Mode(mode or "default"), device=device or "cpu", precision=Precision(precision or "fp32"),
+                      mode=Mode(mode or "default"), device=device or "auto", precision=Precision(precision or "fp32"),
                       atol=atol, rtol=rtol, allow_mismatch=bool(allow_mismatch))
     if config_file:
         cfg = apply_config_file(cfg, config_file, given)
@@ -108,11 +111,13 @@ def build(artifact, output, mode, device, precision, config_file, options, atol,
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     m = result.manifest
-    click.echo(f"built {result.output} ({m['mode']}, {m['device']['type']}, {m['precision']}) in {m['build_seconds']:.1f}s, {m['size_bytes'] / 1e6:.1f} MB")
+    target = m["device"]["type"] if m["device"].get("requested") != "auto" else f"auto -> {m['device']['type']}"
+    click.echo(f"built {result.output} ({m['mode']}, {target}, {m['precision']}) in {m['build_seconds']:.1f}s, {m['size_bytes'] / 1e6:.1f} MB")
     check = m["numeric_check"]
     for out in check["outputs"]:
         status = "ok" if out["ok"] else "MISMATCH"
         click.echo(f"  check {out['name']}: max abs {out['max_abs']:.3g}, max rel {out['max_rel']:.3g} (atol {out['atol']:g}, rtol {out['rtol']:g}) {status}")
+    click.echo(f"run it: aotc run {shlex.quote(str(result.output) + '/')}")
 
 
 @cli.command(epilog=exit_codes_epilog())

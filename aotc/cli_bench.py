@@ -1,6 +1,7 @@
 """`aotc bench`: the click command. It parses flags into a BenchConfig, calls aotc.api.bench, prints the table.
 
 Registered on the `aotc` group from aotc/cli.py; torch and matplotlib are imported inside the command.
+matplotlib is optional (`aotc[bench]`): --plot checks for it first, before minutes of measuring.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def bench(package, against, artifact, iters, warmup, rounds, batch_sizes, cold_s
     measured interleaved in one process; cold start (process start -> first output) in fresh processes.
       aotc bench pkg/ --against eager,compile:max-autotune --batch-sizes 1,8,16 --json bench.json --plot bench.png
     """
+    from .optional import require
+
+    if plot_path is not None:
+        require("matplotlib", "bench", "--plot")
     from .api import bench as bench_api
     from .bench import BenchConfig
     from .bench_report import ProgressBar, format_table

@@ -63,12 +63,16 @@ class ExportConfig:
             raise UserInputError("; ".join(problems))
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     artifact: Path
-    output: Path
+    output: Path  # the CLI's default: default_package_folder(artifact)
     mode: Mode = Mode.DEFAULT
-    device: str = "cpu"
+    device: str = "auto"  # auto, cpu or cuda; resolve_device() turns auto into cpu or cuda
+    requested_device: str | None = None  # what was asked (auto/cpu/cuda), set by resolve_device(); in the manifest
     precision: Precision = Precision.FP32
     options: dict = field(default_factory=dict)  # Inductor options layered over the mode preset
     atol: float | None = None
@@ -84,15 +88,41 @@ class BuildConfig:
             problems.append(f"artifact {self.artifact} does not exist; create one with `aotc export MODEL -o {self.artifact}`")
         if self.output.exists() and not self.force:
             problems.append(f"output {self.output} exists; pass --force to replace it or choose another -o")
-        if self.device not in ("cpu", "cuda"):
-            problems.append(f"--device {self.device} is not cpu or cuda")
+        if self.device not in DEVICES:
+            problems.append(f"--device {self.device} is not one of {', '.join(DEVICES)}")
         if self.precision == Precision.TF32 and self.device == "cpu":
-            problems.append("--precision tf32 needs --device cuda (TF32 is a GPU tensor-core format)")
+            why = "; --device auto chose cpu: this machine has no CUDA GPU" if self.requested_device == "auto" else ""
+            problems.append(f"--precision tf32 needs --device cuda (TF32 is a GPU tensor-core format){why}")
         for name, value in (("--atol", self.atol), ("--rtol", self.rtol)):
             if value is not None and value < 0:
                 problems.append(f"{name} must be >= 0, got {value}")
         if problems:
             raise UserInputError("; ".join(problems))
+
+
+def default_package_folder(artifact: Path) -> Path:
+    """Where `aotc build` writes without -o: beside the artifact, named after it (demo_out/mlp.pt2 -> demo_out/mlp_pkg)."""
+    artifact = Path(artifact)
+    return artifact.parent / f"{artifact.stem}_pkg"
+
+
+def resolve_device(config: BuildConfig) -> tuple[BuildConfig, str]:
+    """Turn --device auto into cuda (torch sees a GPU) or cpu; return the config and a line saying which and why.
+
+    Done once, before validate(), so every rule and stage after it sees the real target (tf32 with
+    auto on a CPU-only machine is refused as tf32 on the CPU) and cfg.device is only ever cpu or
+    cuda from then on; requested_device keeps what was asked, for the manifest. The line is "" when
+    nothing was resolved.
+    """
+    if config.device != "auto":
+        return replace(config, requested_device=config.requested_device or config.device), ""
+    import torch
+
+    if torch.cuda.is_available():
+        device, why = "cuda", torch.cuda.get_device_name(0)
+    else:
+        device, why = "cpu", "no CUDA GPU"
+    return replace(config, device=device, requested_device="auto"), f"device auto -> {device} ({why})"
 
 
 BUILD_FILE_KEYS = {"mode", "device", "precision", "options", "atol", "rtol", "allow_mismatch", "bsymbolic"}

@@ -18,10 +18,12 @@ from pathlib import Path
 from .config import ExportConfig
 from .errors import ExportError
 from .explain_jit import JitView, jit_view, user_output_hidden
-from .export import check_eager, export_program, prepare_model
+from .call_structure import output_layout
+from .export import check_eager, export_program, flat_module, prepare_model
 from .export_problems import Problem, diagnose, draft_failure_problem
 from .loading import LoadedModel
 from .quiet import quiet_torch
+from .shapes import export_dynamic_shapes
 
 NON_STRICT, STRICT = "non-strict", "strict"
 
@@ -108,37 +110,41 @@ def explain_model(cfg: ExplainConfig) -> ExplainReport:
     started = time.perf_counter()
     import torch
 
-    loaded, inputs, shapes, dims = prepare_model(cfg.export_config())
+    loaded, call = prepare_model(cfg.export_config())
     with torch.no_grad(), user_output_hidden():
-        check_eager(loaded, inputs)  # a model that fails by itself is a ModelError, not an export problem
-    jit = jit_view(loaded.module, inputs, loaded.source_files)
-    attempts = {mode: export_attempt(loaded, inputs, shapes, dims, mode == STRICT) for mode in (NON_STRICT, STRICT)}
+        # A model that fails by itself is a ModelError, not an export problem.
+        layout = output_layout(check_eager(loaded, call))
+    # The module export traces: the model called with its keyword inputs, its outputs flattened.
+    module = flat_module(loaded, call, layout)
+    inputs, shapes, dims = call.tensors, call.shapes, call.dims
+    jit = jit_view(module, inputs, loaded.source_files)
+    attempts = {mode: export_attempt(loaded, module, inputs, shapes, dims, mode == STRICT) for mode in (NON_STRICT, STRICT)}
     findings = []
     for mode, attempt in attempts.items():
         for problem in attempt.problems:
             _merge(findings, Finding(replace(problem), [mode]))
     mode = STRICT if cfg.strict else NON_STRICT
-    return ExplainReport(loaded.description, _describe(inputs, shapes), mode, jit, attempts, findings,
+    return ExplainReport(loaded.description, _describe(call), mode, jit, attempts, findings,
                          time.perf_counter() - started)
 
 
-def export_attempt(loaded: LoadedModel, inputs, shapes, dims, strict: bool) -> ExportAttempt:
+def export_attempt(loaded: LoadedModel, module, inputs, shapes, dims, strict: bool) -> ExportAttempt:
     """torch.export in one mode; on failure, the error's problem plus every one draft_export finds."""
     started = time.perf_counter()
     try:
         with user_output_hidden():
-            export_program(loaded, inputs, shapes, dims, strict)
+            export_program(loaded, module, inputs, shapes, dims, strict)
         return ExportAttempt(STRICT if strict else NON_STRICT, True, [], time.perf_counter() - started)
     except ExportError as err:  # export_program wraps torch's exception; the original is the cause
         exc = err.__cause__ or err
     findings = [Finding(diagnose(exc, loaded.source_files, dims, shapes), [])]
-    for problem in draft_problems(loaded, inputs, shapes, dims, strict):
+    for problem in draft_problems(loaded, module, inputs, shapes, dims, strict):
         _merge(findings, Finding(problem, []))
     problems = [f.problem for f in findings]
     return ExportAttempt(STRICT if strict else NON_STRICT, False, problems, time.perf_counter() - started)
 
 
-def draft_problems(loaded: LoadedModel, inputs, shapes, dims, strict: bool) -> list:
+def draft_problems(loaded: LoadedModel, module, inputs, shapes, dims, strict: bool) -> list:
     """torch.export.draft_export records each problem and traces on, so several show up at once."""
     import torch
     from torch._logging import structured
@@ -147,7 +153,7 @@ def draft_problems(loaded: LoadedModel, inputs, shapes, dims, strict: bool) -> l
         # TORCH_DTRACE: draft_export's trace log goes to a folder deleted after, not /tmp/export_<user>.
         try:
             with quiet_torch(), user_output_hidden():
-                ep = torch.export.draft_export(loaded.module, tuple(inputs), dynamic_shapes=_dynamic_shapes(shapes, dims), strict=strict)
+                ep = torch.export.draft_export(module, tuple(inputs), dynamic_shapes=export_dynamic_shapes(shapes, dims), strict=strict)
         except Exception:  # it stops at the same error: the first problem is all there is
             return []
     report = getattr(ep, "_report", None)
@@ -160,21 +166,11 @@ def draft_problems(loaded: LoadedModel, inputs, shapes, dims, strict: bool) -> l
     return [p for p in problems if p is not None]
 
 
-def _describe(inputs, shapes) -> list:
+def _describe(call) -> list:
     from aotc_runtime.signature import DTYPE_NAMES
 
-    return [{"shape": list(shape), "example": list(t.shape), "dtype": DTYPE_NAMES.get(t.dtype, str(t.dtype))}
-            for t, shape in zip(inputs, shapes)]
-
-
-def _dynamic_shapes(shapes, dims):
-    """The same dynamic_shapes `aotc export` passes (see export.export_program)."""
-    import torch
-
-    if not dims:
-        return None
-    export_dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in dims.items()}
-    return tuple({axis: export_dims[e] for axis, e in enumerate(shape) if isinstance(e, str)} or None for shape in shapes)
+    return [{"name": name, "shape": list(shape), "example": list(t.shape), "dtype": DTYPE_NAMES.get(t.dtype, str(t.dtype))}
+            for name, t, shape in zip(call.names, call.tensors, call.shapes)]
 
 
 def _merge(findings: list, new: Finding) -> None:

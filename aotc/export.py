@@ -1,11 +1,14 @@
 """`aotc export`: user model -> ExportedProgram saved with torch.export.save (+ aotc's signature).
 
-Steps: load the model, make example inputs, run it eagerly once (a model that fails by itself is
-reported as such, at the user's line), export with torch.export Dims, save atomically.
+Steps: load the model, make the example call, run it eagerly once (a model that fails by itself is
+reported as such, at the user's line; its buffers are restored after, so the artifact holds the
+model's initial state), export the flat wrapper of aotc/call_structure.py with torch.export Dims,
+lift the buffers forward mutates out as state, save atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -13,16 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .call_structure import TENSOR, OutputLayout, make_flat_call, output_layout
 from .config import ExportConfig
 from .errors import ExportError, ModelError, UserInputError
+from .example_call import ExampleCall, describe, example_call
 from .export_problems import diagnose
 from .loading import LoadedModel, load_model
 from .quiet import quiet_torch
-from .shapes import format_shape, resolve_dims
+from .shapes import export_dynamic_shapes
 from .user_frames import first_line, innermost_user_frame
 
 ARTIFACT_META = "aotc.json"
 ARTIFACT_KIND = "aotc-export"
+STATE_PREFIX = "model."  # FlatCall holds the user's module as `model`: its buffer FQNs start with this
 
 
 @dataclass
@@ -41,11 +47,11 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     started = time.perf_counter()
     import torch
 
-    loaded, inputs, shapes, dims = prepare_model(cfg)
+    loaded, call = prepare_model(cfg)
     with torch.no_grad():
-        check_eager(loaded, inputs)
-    ep = export_program(loaded, inputs, shapes, dims, cfg.strict)
-    signature = make_signature(ep, inputs, shapes, dims)
+        layout = output_layout(check_eager(loaded, call))
+    ep, state = export_with_state(loaded, call, layout, cfg.strict)
+    signature = make_signature(ep, call, layout, state)
     meta = {
         "kind": ARTIFACT_KIND,
         "aotc_version": __version__,
@@ -58,13 +64,12 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     return ExportResult(cfg.output, loaded.description, signature, time.perf_counter() - started)
 
 
-def prepare_model(cfg: ExportConfig):
-    """(loaded model with its weights, example inputs, shapes with dim names, {name: DimSpec})."""
+def prepare_model(cfg: ExportConfig) -> tuple[LoadedModel, ExampleCall]:
+    """(loaded model with its weights, the example call to trace)."""
     loaded = load_model(cfg.model, cfg.entry)
     if cfg.weights:
         load_weights(loaded.module, cfg.weights)
-    inputs, shapes, dims = example_inputs(cfg, loaded)
-    return loaded, inputs, shapes, dims
+    return loaded, example_call(cfg, loaded)
 
 
 def load_weights(module, path: Path) -> None:
@@ -91,62 +96,82 @@ def load_weights(module, path: Path) -> None:
         raise UserInputError(f"--weights {path} does not fit the model: {' '.join(str(exc).split())[:400]}") from None
 
 
-def example_inputs(cfg: ExportConfig, loaded: LoadedModel):
-    """(tensors, shapes with dim names, {name: DimSpec}) from --input-shape or the file's example_inputs()."""
+@contextlib.contextmanager
+def buffers_restored(module):
+    """Put every buffer back as it was on leaving: a forward that updates a counter or a cache must
+    not leave the artifact one call ahead of the model as constructed."""
     import torch
-    from aotc_runtime.signature import random_tensor
 
-    if cfg.input_shapes:
-        dims = resolve_dims(cfg.input_shapes, cfg.dims)
-        sizes = {name: dim.example_size() for name, dim in dims.items()}
-        generator = torch.Generator().manual_seed(0)
-        tensors = []
-        for index, shape in enumerate(cfg.input_shapes):
-            concrete = [entry if isinstance(entry, int) else sizes[entry] for entry in shape]
-            tensors.append(random_tensor(concrete, cfg.dtype_for(index), None, generator))
-        return tensors, list(cfg.input_shapes), dims
-    if cfg.dims:
-        raise UserInputError("--dim needs --input-shape to say which axes it names")
-    if loaded.example_inputs is None:
-        raise UserInputError(f"{loaded.description}: no inputs given; pass --input-shape (one per input) or define example_inputs() in the model file")
+    saved = {name: buf.detach().clone() for name, buf in module.named_buffers()}
     try:
-        produced = loaded.example_inputs()
-    except Exception as exc:
-        where = innermost_user_frame(exc, loaded.source_files)
-        raise ModelError(f"example_inputs() failed at {where}: {type(exc).__name__}: {first_line(exc)}") from exc
-    tensors = [produced] if isinstance(produced, torch.Tensor) else list(produced)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise ModelError("example_inputs() must return a tensor or a tuple of tensors")
-    return tensors, [tuple(t.shape) for t in tensors], {}
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in saved.items():
+                owner_name, _, leaf = name.rpartition(".")
+                owner = module.get_submodule(owner_name)
+                current = owner._buffers.get(leaf)
+                if current is not None and current.shape == value.shape and current.dtype == value.dtype:
+                    current.copy_(value)  # in place: other references to the buffer see the restore too
+                else:
+                    owner._buffers[leaf] = value  # forward rebound it with another shape (a growing cache)
 
 
-def describe_inputs(inputs) -> str:
-    return ", ".join(f"{format_shape(tuple(t.shape))} {str(t.dtype).replace('torch.', '')}" for t in inputs)
+def check_eager(loaded: LoadedModel, call: ExampleCall):
+    """Run the model once as plain PyTorch (state restored after) and return its output.
 
-
-def check_eager(loaded: LoadedModel, inputs) -> None:
-    """Run the model once as plain PyTorch: if it fails here, the model is wrong, not the export."""
+    If it fails here, the model is wrong, not the export.
+    """
+    args, kwargs = call.args_kwargs()
     try:
-        loaded.module(*inputs)
+        with buffers_restored(loaded.module):
+            return loaded.module(*args, **kwargs)
     except Exception as exc:
         where = innermost_user_frame(exc, loaded.source_files)
         at = f" at {where}" if where else ""
         raise ModelError(
-            f"the model itself fails on inputs ({describe_inputs(inputs)}){at}: {type(exc).__name__}: {first_line(exc)}; "
+            f"the model itself fails on inputs ({describe(call)}){at}: {type(exc).__name__}: {first_line(exc)}; "
             "fix the model or the --input-shape"
         ) from exc
 
 
-def export_program(loaded: LoadedModel, inputs, shapes, dims, strict: bool):
+def flat_module(loaded: LoadedModel, call: ExampleCall, layout: OutputLayout, state: tuple = ()):
+    return make_flat_call(loaded.module, call.n_positional, call.keywords, call.constants, layout.structure == TENSOR, state)
+
+
+def export_with_state(loaded: LoadedModel, call: ExampleCall, layout: OutputLayout, strict: bool):
+    """(ExportedProgram, [(name, initial value)] of the state lifted out of it).
+
+    A first export shows which buffers forward mutates; if any, the model is exported again with
+    those buffers as extra inputs and outputs (see aotc/call_structure.py).
+    """
+    ep = export_program(loaded, flat_module(loaded, call, layout), call.tensors, call.shapes, call.dims, strict)
+    mutated = mutated_buffers(ep)
+    if not mutated:
+        return ep, []
+    names = tuple(name[len(STATE_PREFIX):] for name in mutated)
+    initial = [loaded.module.get_buffer(name).detach().clone() for name in names]
+    ep = export_program(loaded, flat_module(loaded, call, layout, names), call.tensors + initial, call.shapes,
+                        call.dims, strict, extra_static=len(initial))
+    return ep, list(zip(names, initial))
+
+
+def mutated_buffers(ep) -> list:
+    """FQNs of the buffers the program writes. torch.export's graph keeps in-place ops (`add_` on
+    the buffer) and records mutations only once functionalized, so ask a functionalized copy (no
+    decompositions: an empty table, well under a second for small models)."""
+    with quiet_torch():
+        functional = ep.run_decompositions({})
+    return sorted(set(functional.graph_signature.buffers_to_mutate.values()))
+
+
+def export_program(loaded: LoadedModel, module, inputs, shapes, dims, strict: bool, extra_static: int = 0):
     import torch
 
-    export_dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in dims.items()}
-    dynamic = None
-    if export_dims:
-        dynamic = tuple({axis: export_dims[e] for axis, e in enumerate(shape) if isinstance(e, str)} or None for shape in shapes)
     try:
-        with quiet_torch():
-            return torch.export.export(loaded.module, tuple(inputs), dynamic_shapes=dynamic, strict=strict)
+        with quiet_torch(), buffers_restored(loaded.module):
+            return torch.export.export(module, tuple(inputs), dynamic_shapes=export_dynamic_shapes(shapes, dims, extra_static),
+                                       strict=strict)
     except Exception as exc:
         problem = diagnose(exc, loaded.source_files, dims, shapes)
         raise ExportError(
@@ -176,29 +201,67 @@ def _dim_text(size, names: dict):
     return text
 
 
-def make_signature(ep, inputs, shapes, dims) -> dict:
+# Ops an index tensor may pass through on its way to an embedding lookup (GPT-2 views its ids first).
+_INDEX_PASSTHROUGH = ("view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten", "clone", "contiguous", "expand", "alias")
+
+
+def _embedding_rows(node) -> int | None:
+    """Rows of the embedding table an integer input indexes (through views), or None."""
     import torch
+
+    frontier, seen = [node], set()
+    while frontier:
+        current = frontier.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in current.users:
+            target = getattr(user, "target", None)
+            if target is torch.ops.aten.embedding.default and len(user.args) > 1 and user.args[1] is current:
+                weight = user.args[0].meta.get("val") if hasattr(user.args[0], "meta") else None
+                if weight is not None and isinstance(weight.shape[0], int):
+                    return int(weight.shape[0])
+            name = getattr(target, "__name__", "")
+            if user.op == "call_function" and name.split(".")[0] in _INDEX_PASSTHROUGH and user.args and user.args[0] is current:
+                frontier.append(user)
+    return None
+
+
+def _value_range(node, tensor) -> list | None:
+    """[low, high] random integer inputs are drawn from: an embedding's rows, else the example's range."""
+    import torch
+
+    if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or not tensor.numel():
+        return None
+    rows = _embedding_rows(node) if node is not None else None
+    if rows is not None:
+        return [0, rows - 1]
+    return [int(tensor.min()), int(tensor.max())]
+
+
+def make_signature(ep, call: ExampleCall, layout: OutputLayout, state: list) -> dict:
     from aotc_runtime.signature import DTYPE_NAMES
 
-    names = _symbol_names(ep, shapes)
+    names = _symbol_names(ep, call.shapes)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    user_nodes = [placeholders.get(name) for name in ep.graph_signature.user_inputs]
     spec_inputs = []
-    for name, tensor, shape in zip(ep.graph_signature.user_inputs, inputs, shapes):
-        value_range = None
-        if not tensor.dtype.is_floating_point and tensor.dtype != torch.bool and tensor.numel():
-            value_range = [int(tensor.min()), int(tensor.max())]
-        spec_inputs.append({"name": name, "dtype": DTYPE_NAMES[tensor.dtype], "shape": list(shape), "value_range": value_range})
+    for index, (name, tensor, shape) in enumerate(zip(call.names, call.tensors, call.shapes)):
+        spec_inputs.append({"name": name, "dtype": DTYPE_NAMES[tensor.dtype], "shape": list(shape),
+                            "value_range": _value_range(user_nodes[index], tensor), "keyword": index >= call.n_positional})
     output_node = next(n for n in ep.graph.nodes if n.op == "output")
-    outputs = []
-    for index, node in enumerate(output_node.args[0]):
-        value = node.meta.get("val") if hasattr(node, "meta") else None
-        if value is None or not hasattr(value, "shape"):
-            continue
-        outputs.append({
-            "name": f"output_{index}",
-            "dtype": DTYPE_NAMES.get(value.dtype, str(value.dtype)),
-            "shape": [_dim_text(s, names) for s in value.shape],
-        })
-    return {"inputs": spec_inputs, "outputs": outputs, "dims": {n: d.to_dict() for n, d in dims.items()}}
+    values = [node.meta.get("val") if hasattr(node, "meta") else None for node in output_node.args[0]]
+    outputs = [{"name": name, "dtype": DTYPE_NAMES.get(value.dtype, str(value.dtype)), "shape": [_dim_text(s, names) for s in value.shape]}
+               for name, value in zip(layout.names, values)]
+    signature = {"inputs": spec_inputs, "outputs": outputs, "dims": {n: d.to_dict() for n, d in call.dims.items()},
+                 "output_structure": layout.structure}
+    if layout.dropped:
+        signature["dropped_outputs"] = list(layout.dropped)
+    if call.constants:
+        signature["constants"] = dict(call.constants)
+    if state:
+        signature["state"] = [{"name": name, "dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)} for name, t in state]
+    return signature
 
 
 def save_artifact(ep, meta: dict, output: Path) -> None:

@@ -203,7 +203,8 @@ def _suggestion_flag(name: str, value: str, suggestions: dict, dims: dict):
     high = re.search(r"max\s*=\s*(\d+)", value)
     new_low = int(low.group(1)) if low else (current.min if current else 1)
     new_high = int(high.group(1)) if high else (current.max if current else new_low)
-    return f"--dim {name}={new_low}:{new_high}", f"the model only works for {name} in {new_low}..{new_high}: narrow the range"
+    flag = current.flag(new_low, new_high) if current else f"--dim {name}={new_low}:{new_high}"
+    return flag, f"the model only works for {name} in {new_low}..{new_high}: narrow the range"
 
 
 def _suggested_fixes(text: str) -> list:
@@ -258,5 +259,5 @@ def fixed_shape_flags(text: str, shapes, dims: dict) -> list:
         if name in static:
             continue
         flag, _ = _suggestion_flag(name, suggestions[name], suggestions, dims) if name in suggestions else (None, "")
-        flags.append(flag if flag and flag.startswith("--dim") else f"--dim {name}={dim.min}:{dim.max}")
+        flags.append(flag if flag and flag.startswith("--dim") else dim.flag())
     return flags

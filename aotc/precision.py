@@ -4,6 +4,7 @@ fp32 / tf32: the program is moved as is (tf32 is a matmul/conv math mode the run
 bf16 / fp16: weights are cast and the model is re-exported inside a wrapper that casts floating
 inputs down and floating outputs back up, so the package keeps the signature users exported
 (same input and output dtypes) while computing in the reduced precision.
+On CUDA the program names an explicit device, cuda:0, wherever it names one (target_device).
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ REDUCED = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
 
 def place_program(ep, device: str, precision: Precision, signature: dict):
     import torch
-    from torch.export.passes import move_to_device_pass
 
+    target = target_device(device)
     if device != "cpu":
         reshape_instead_of_view(ep)
+        # Moved first in every precision: the graph's own device arguments (torch.arange(...,
+        # device=x.device), .to(x.device)) were traced as cpu and must name the target too.
+        ep = move_program(ep, target)
     if precision not in REDUCED:
-        return move_to_device_pass(ep, device) if device != "cpu" else ep
+        return ep
     low = getattr(torch, REDUCED[precision])
     # ep.module() shares its parameters with `ep`; casting them in place would change the fp32
     # program the numeric check uses as its reference, so cast a copy.
-    inner = copy.deepcopy(ep.module()).to(device=device, dtype=low)
+    inner = copy.deepcopy(ep.module()).to(device=target, dtype=low)
 
     class CastWrapper(torch.nn.Module):
         """Computes in reduced precision, keeps the exported float dtypes at the boundary."""
@@ -41,8 +45,95 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
             out = self.module(*cast)
             return torch.utils._pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
 
-    example = [t.to(device) for t in ep.example_inputs[0]]
+    example = [t.to(target) for t in ep.example_inputs[0]]
     return torch.export.export(CastWrapper(inner), tuple(example), dynamic_shapes=dynamic_shapes(signature), strict=False)
+
+
+def target_device(device: str):
+    """The torch.device a build for `device` ("cpu" or "cuda") places its program on: CUDA with an index.
+
+    A bare "cuda" written into the graph breaks on the GPU: tensors live on cuda:0, and
+    torch.device("cuda") != torch.device("cuda:0"), so GPT-2's `.to(...)` check
+    `aten._assert_tensor_metadata(embedding_1, device=cuda)` fails with "Expected: cuda, Got: cuda:0".
+    Index 0 because the runtime loads CUDA packages on cuda:0 (aotc_runtime/package.py) and the
+    numeric check and bench run there too.
+    """
+    import torch
+
+    return torch.device("cuda", 0) if device == "cuda" else torch.device(device)
+
+
+def move_program(ep, target):
+    """Move `ep` (weights, constants, example inputs, graph) to `target`, an indexed torch.device.
+
+    torch's move_to_device_pass writes str(target) ("cuda:0") into `device=` kwargs and
+    aten.to.device; name_graph_devices then covers whatever it leaves (a device-typed positional
+    argument of another op) and writes torch.device objects, as torch.export traced them.
+    """
+    from torch.export.passes import move_to_device_pass
+
+    ep = move_to_device_pass(ep, target)
+    name_graph_devices(ep.graph_module, target)
+    ep.graph_module.recompile()
+    return ep
+
+
+def name_graph_devices(graph_module, target) -> int:
+    """Set every device argument of every op in the graph (and its subgraphs) to `target`, in place.
+
+    Device arguments are found by the op's schema (Device or Device? arguments, positional or
+    keyword), and by the name `device=` where an op has no schema. Returns how many changed.
+    """
+    import torch
+
+    changed = 0
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            positions, names = _device_arguments(node.target)
+            args, kwargs = list(node.args), dict(node.kwargs)
+            slots = [(args, i) for i in positions if i < len(args)] + [(kwargs, k) for k in names if k in kwargs]
+            for container, key in slots:
+                if _is_device_value(container[key]):
+                    changed += torch.device(container[key]) != target
+                    container[key] = target
+            node.args, node.kwargs = tuple(args), kwargs
+    return changed
+
+
+def _device_arguments(target) -> tuple:
+    """(positions, names) of an op's device-typed arguments; ((), {"device"}) for a target with no schema."""
+    import torch
+
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return (), {"device"}
+    positions, names = set(), set()
+    for i, arg in enumerate(schema.arguments):
+        kind = arg.type.getElementType() if isinstance(arg.type, torch.OptionalType) else arg.type
+        if isinstance(kind, torch.DeviceObjType):
+            names.add(arg.name)
+            if not arg.kwarg_only:
+                positions.add(i)
+    return positions, names
+
+
+def _is_device_value(value) -> bool:
+    """A torch.device or a device string ("cuda", "cuda:0", "cpu"); None (no device given) is left alone."""
+    import torch
+
+    if isinstance(value, torch.device):
+        return True
+    if isinstance(value, str):
+        try:
+            torch.device(value)
+        except RuntimeError:
+            return False
+        return True
+    return False
 
 
 def reshape_instead_of_view(ep) -> None:
@@ -67,16 +158,12 @@ def reshape_instead_of_view(ep) -> None:
 
 
 def dynamic_shapes(signature: dict):
-    import torch
+    """The artifact's dynamic_shapes again, from its signature (state inputs are static)."""
+    from .shapes import DimSpec, export_dynamic_shapes
 
-    dims = signature.get("dims") or {}
-    if not dims:
-        return None
-    export_dims = {name: torch.export.Dim(name, min=info["min"], max=info["max"]) for name, info in dims.items()}
-    return tuple(
-        {axis: export_dims[e] for axis, e in enumerate(spec["shape"]) if isinstance(e, str)} or None
-        for spec in signature["inputs"]
-    )
+    dims = {name: DimSpec(name, info["min"], info["max"]) for name, info in (signature.get("dims") or {}).items()}
+    shapes = [spec["shape"] for spec in signature["inputs"]]
+    return export_dynamic_shapes(shapes, dims, extra_static=len(signature.get("state", ())))
 
 
 @contextlib.contextmanager

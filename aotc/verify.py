@@ -17,6 +17,9 @@ from pathlib import Path
 from .errors import BuildError, NumericMismatchError
 
 CHILD_TIMEOUT_S = 1800
+# Calls per input case, in the child and in the reference: a reduce-overhead package captures a CUDA
+# graph on the first call and replays it from the second, and a stateful model moves on each call.
+CALLS_PER_CASE = 2
 STRICT_FP32_ENV = "AOTC_CHECK_STRICT_FP32"  # tells the child to run with TF32 off, as the reference did
 
 
@@ -25,7 +28,8 @@ def input_cases(ep, signature, device) -> list:
     from aotc_runtime.signature import Signature
 
     sig = Signature.from_dict(signature)
-    example = list(ep.example_inputs[0]) if getattr(ep, "example_inputs", None) else sig.random_inputs(seed=0)
+    n_inputs = len(sig.inputs)  # the artifact's example inputs end with the initial state, if any
+    example = list(ep.example_inputs[0])[:n_inputs] if getattr(ep, "example_inputs", None) else sig.random_inputs(seed=0)
     cases = [("example", [t.to(device) for t in example])]
     if sig.dims:
         for label, pick in (("min", "min"), ("max", "max")):
@@ -34,16 +38,30 @@ def input_cases(ep, signature, device) -> list:
     return cases
 
 
-def eager_outputs(ep, cases) -> list:
+def initial_state(ep, signature, device) -> list:
+    """The state's values at export: the artifact's example inputs after the model's own inputs."""
+    n_inputs = len(signature["inputs"])
+    return [t.to(device).clone() for t in list(ep.example_inputs[0])[n_inputs:]] if signature.get("state") else []
+
+
+def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
+    """The program run eagerly as the package is run: each case `calls` times, in order, the state
+    (if the model has any) carried from call to call, as the runtime carries it."""
     import torch
     from aotc_runtime.tensor_io import flatten_outputs
 
     module = ep.module()
+    n_outputs = len(signature["outputs"])
+    device = cases[0][1][0].device if cases and cases[0][1] else "cpu"
+    state = initial_state(ep, signature, device)
     results = []
     with torch.no_grad():
         for _label, tensors in cases:
-            out = module(*tensors)
-            results.append([t.detach().cpu() for t in flatten_outputs(out)])
+            for _call in range(calls):
+                out = [t.detach() for t in flatten_outputs(module(*tensors, *state))]
+                if state:
+                    out, state = out[:n_outputs], out[n_outputs:]
+                results.append([t.cpu() for t in out])
     return results
 
 
@@ -121,9 +139,8 @@ def check_numerics(ep, signature, package_dir: Path, device: str, atol: float, r
     if cast_inputs is not None:
         cases = [(label, cast_inputs(tensors)) for label, tensors in cases]
     with strict_fp32() if strict else contextlib.nullcontext():
-        references = eager_outputs(ep, cases)
-    outputs = run_in_child(package_dir, cases, strict)  # two calls per case: first call, then repeat call
-    references = [ref for ref in references for _call in range(2)]
+        references = eager_outputs(ep, cases, signature)
+    outputs = run_in_child(package_dir, cases, strict)  # CALLS_PER_CASE calls per case: first call, then repeat call
     labels = [f"{label}, {call} call" for label, _ in cases for call in ("first", "repeat")]
     names = [o["name"] for o in signature["outputs"]] or [f"output_{i}" for i in range(len(references[0]))]
     report = compare(outputs, references, atol, rtol, names, labels)

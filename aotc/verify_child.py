@@ -16,7 +16,7 @@ def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
     import aotc_runtime
     from aotc_runtime.tensor_io import flatten_outputs
     from aotc.precision import strict_fp32
-    from aotc.verify import STRICT_FP32_ENV
+    from aotc.verify import CALLS_PER_CASE, STRICT_FP32_ENV
 
     cases = torch.load(inputs_path, weights_only=True)
     package = aotc_runtime.load(package_path)
@@ -26,7 +26,7 @@ def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
         for tensors in cases:
             # Two calls per case: a reduce-overhead package captures a CUDA graph on the first call
             # and replays it from the second on, so both paths are checked.
-            for _call in range(2):
+            for _call in range(CALLS_PER_CASE):
                 results.append([t.detach().cpu() for t in flatten_outputs(package(*tensors))])
     torch.save(results, outputs_path)
     return 0

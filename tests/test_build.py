@@ -28,7 +28,7 @@ def test_manifest_records_the_build(packages):
     assert manifest["toolchain"]["torch"] == torch.__version__
     assert manifest["toolchain"]["python"] == "%d.%d.%d" % sys.version_info[:3]
     assert "g++" in manifest["toolchain"]["cxx_version"] or "gcc" in manifest["toolchain"]["cxx_version"]
-    assert manifest["device"] == {"type": "cpu"}
+    assert manifest["device"] == {"type": "cpu", "requested": "cpu"}
     assert manifest["mode"] == "default" and manifest["inductor_options"] == {}
     check = manifest["numeric_check"]
     assert check["passed"] and check["outputs"][0]["name"] == "output_0"
@@ -51,7 +51,7 @@ def test_manifest_says_where_the_build_time_went(packages):
 def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypatch):
     artifact = packages.get("sincos").artifact  # built before the check is sabotaged
     real = aotc.verify.eager_outputs
-    monkeypatch.setattr(aotc.verify, "eager_outputs", lambda ep, cases: [[t + 0.5 for t in out] for out in real(ep, cases)])
+    monkeypatch.setattr(aotc.verify, "eager_outputs", lambda ep, cases, signature: [[t + 0.5 for t in out] for out in real(ep, cases, signature)])
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 6, result.stderr
     assert "package output 'output_0' differs from eager by max abs 0.5" in result.stderr

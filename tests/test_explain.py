@@ -165,7 +165,7 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch):
     assert data["jit"]["graphs"][0]["table"][0] == {"opcode": "placeholder", "name": "l_a_", "target": "L_a_", "args": ""}
     assert set(data["export"]) == {"non-strict", "strict"}
     assert data["problems"][0]["modes"] == ["non-strict", "strict"]
-    assert data["inputs"] == [{"shape": [10], "example": [10], "dtype": "float32"}] * 2
+    assert data["inputs"] == [{"name": name, "shape": [10], "example": [10], "dtype": "float32"} for name in ("a", "b")]
     assert list(tmp_path.iterdir()) == [] and "TORCH_DTRACE" not in os.environ
 
 

@@ -13,9 +13,13 @@ from pathlib import Path
 
 from .errors import PackageError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Format 1 lacked the signature's output_structure, keyword inputs and state; this reader fills in
+# what those packages mean, so they keep loading. A format-1 reader refuses format 2.
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 MODEL_FILE = "model.pt2"
+STATE_FILE = "state.pt"  # initial values of the state carried between calls (signature["state"])
 
 REQUIRED_KEYS = (
     "format_version",
@@ -72,9 +76,9 @@ def read_manifest(folder: Path) -> dict:
     if missing:
         raise PackageError(f"{path} lacks {', '.join(missing)}; rebuild the package with `aotc build`")
     version = manifest["format_version"]
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise PackageError(
-            f"{folder} has package format {version}, this runtime reads format {FORMAT_VERSION}; "
+            f"{folder} has package format {version}, this runtime reads formats {', '.join(map(str, READABLE_VERSIONS))}; "
             "rebuild the package with the aotc that matches this runtime"
         )
     return manifest

@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 
 from .environment import check_compatible
 from .errors import PackageError
-from .manifest import MODEL_FILE, read_manifest, verify_files
+from .manifest import MODEL_FILE, STATE_FILE, read_manifest, verify_files
 from .signature import Signature
 
 
@@ -21,16 +21,25 @@ MAX_ACCEPTED_SIGNATURES = 256  # input (shape, dtype) combinations remembered as
 
 
 class Package:
-    """A loaded package: `Package(*tensors)` runs it; `.manifest` and `.signature` describe it."""
+    """A loaded package: `Package(*tensors, **named)` runs it; `.manifest` and `.signature` describe it.
 
-    def __init__(self, path: Path, manifest: dict, loader, reuse_outputs: bool = False):
+    A call returns what the model returned, rebuilt from the signature: a tensor, a tuple or list
+    of tensors, or (for dicts, named tuples, dataclasses such as transformers' ModelOutput, and
+    nested structures) a dict from output name to tensor. State that forward mutates (a counter, a
+    cache) is kept between calls on this Package, as eager keeps it on the module; `reset_state()`
+    puts it back to its value at export.
+    """
+
+    def __init__(self, path: Path, manifest: dict, loader, reuse_outputs: bool = False, initial_state=()):
         self.path = Path(path)
         self.manifest = manifest
         self.signature = Signature.from_dict(manifest["signature"])
         self.device = torch.device(manifest["device"]["type"], 0) if manifest["device"]["type"] == "cuda" else torch.device("cpu")
         self._loader = loader
         self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
-        self._single_output = self._out_spec.is_leaf()
+        self._initial_state = [t.to(self.device) for t in initial_state]
+        self._state = [t.clone() for t in self._initial_state]
+        self._n_outputs = len(self.signature.outputs)
         # The input check runs before every call, and with CUDA-graph replay the rest of a call is a
         # few µs of CPU work: a signature that passed once is remembered, not re-checked dim by dim.
         self._accepted: set = set()
@@ -40,7 +49,9 @@ class Package:
 
             self._call_flat = CudaGraphRunner(self._run_loader, self.device, reuse_outputs=reuse_outputs)
 
-    def __call__(self, *tensors):
+    def __call__(self, *tensors, **named):
+        if named:
+            tensors = self.signature.arrange(tensors, named)
         try:
             key = tuple((t.shape, t.dtype) for t in tensors)
         except AttributeError:  # not all tensors: the full check names the culprit
@@ -51,10 +62,30 @@ class Package:
                 self._accepted.add(key)
         device = self.device
         flat = [t if t.device == device else t.to(device) for t in tensors]
+        if self._state:
+            flat += self._state
         outputs = self._call_flat(flat, key)
-        if self._single_output:
+        if self._state:
+            # The package returns the state's new values after the model's outputs (aotc/call_structure.py).
+            self._state = list(outputs[self._n_outputs:])
+            outputs = outputs[:self._n_outputs]
+        return self._rebuild(outputs)
+
+    def reset_state(self) -> None:
+        """Put the state forward mutates back to its value at export (a fresh model)."""
+        self._state = [t.clone() for t in self._initial_state]
+
+    def _rebuild(self, outputs):
+        structure = self.signature.output_structure
+        if structure == "tensor" or (not structure and self._out_spec.is_leaf()):
             return outputs[0]
-        return pytree.tree_unflatten(list(outputs), self._out_spec)
+        if structure == "tuple":
+            return tuple(outputs)
+        if structure == "list":
+            return list(outputs)
+        if structure == "dict":
+            return dict(zip(self.signature.output_names, outputs))
+        return pytree.tree_unflatten(list(outputs), self._out_spec)  # packages from before output_structure
 
     def _run_loader(self, flat, key=None):
         return self._loader.run(flat)
@@ -89,4 +120,18 @@ def load(path, verify: bool = True, reuse_outputs: bool = False) -> Package:
     except Exception as exc:  # the C++ loader raises RuntimeError with its own text
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PackageError(f"package {path} could not be loaded: {first_line}; rebuild it with `aotc build --force`") from exc
-    return Package(path, manifest, loader, reuse_outputs=reuse_outputs)
+    return Package(path, manifest, loader, reuse_outputs=reuse_outputs, initial_state=_read_state(path, manifest))
+
+
+def _read_state(path: Path, manifest: dict) -> list:
+    """Initial values of the state a package carries between calls (tensors only: nothing executes)."""
+    if not manifest["signature"].get("state"):
+        return []
+    try:
+        state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise PackageError(f"package {path}: its {STATE_FILE} could not be read ({type(exc).__name__}); rebuild it with `aotc build --force`") from None
+    specs = manifest["signature"]["state"]
+    if not isinstance(state, list) or len(state) != len(specs) or not all(isinstance(t, torch.Tensor) for t in state):
+        raise PackageError(f"package {path}: its {STATE_FILE} does not hold the {len(specs)} tensor(s) the manifest lists; rebuild it")
+    return state

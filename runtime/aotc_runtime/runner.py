@@ -17,7 +17,7 @@ def run_package(path, input_files=(), output=None, iters: int = 0, seed: int = 0
     package = load(path)
     loaded = time.perf_counter()
     if input_files:
-        inputs = read_inputs(input_files)
+        inputs = read_inputs(input_files, package.signature.input_names)
     else:
         inputs = package.signature.random_inputs(seed=seed, device=package.device)
     # Moved once here so timed calls measure the package, not host-to-device copies; the
@@ -32,7 +32,7 @@ def run_package(path, input_files=(), output=None, iters: int = 0, seed: int = 0
         if iters > 0:
             latency = summarize(time_calls(lambda: package(*inputs), iters, package.device, warmup=warmup))
     if output:
-        write_outputs(result, output)
+        write_outputs(result, output, package.signature.output_names)
     outputs = flatten_outputs(result)
     return {
         "package": str(path),

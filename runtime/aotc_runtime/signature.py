@@ -1,11 +1,18 @@
 """The input/output signature a package records, and the checks made on inputs before running.
 
 Manifest form (JSON):
-    {"inputs":  [{"name": "x", "dtype": "float32", "shape": ["B", 128], "value_range": null}],
+    {"inputs":  [{"name": "x", "dtype": "float32", "shape": ["B", 128], "value_range": null, "keyword": false}],
      "outputs": [{"name": "output_0", "dtype": "float32", "shape": ["B", 10]}],
-     "dims":    {"B": {"min": 1, "max": 64, "example": 16}}}
+     "dims":    {"B": {"min": 1, "max": 64, "example": 16}},
+     "output_structure": "tensor",          # tensor | tuple | list | dict: what a call returns
+     "dropped_outputs": ["past_key_values"], # optional: None entries of the model's output, left out
+     "constants": {"return_dict": true},     # optional: non-tensor keyword inputs baked into the program
+     "state": [{"name": "count", "dtype": "float32", "shape": [1]}]}  # optional: buffers forward mutates
 A shape entry is an int (static) or the name of a dynamic dim; output entries may be expressions
-of those names ("2*B"). `value_range` is [low, high] for integer inputs (indices must stay valid).
+of those names ("2*B"). `value_range` is [low, high] for integer inputs: random inputs are drawn
+from it (an embedding's rows for token ids). `keyword` inputs are passed by name to the model; the
+package takes every input by position or by name. Output names come from the model's output
+structure (`last_hidden_state`, `logits`; `output_0`... for tensors and plain tuples).
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ class Signature:
     inputs: tuple
     outputs: tuple
     dims: dict = field(default_factory=dict)
+    output_structure: str = ""  # "" in packages from before it was recorded: the call spec decides
+    state: tuple = ()  # TensorSpecs of the state carried between calls
 
     @classmethod
     def from_dict(cls, data: dict) -> "Signature":
@@ -62,20 +71,33 @@ class Signature:
             value_range = item.get("value_range")
             return TensorSpec(item["name"], item["dtype"], tuple(item["shape"]), tuple(value_range) if value_range else None)
 
-        return cls(tuple(spec(i) for i in data["inputs"]), tuple(spec(o) for o in data["outputs"]), dict(data.get("dims", {})))
+        return cls(tuple(spec(i) for i in data["inputs"]), tuple(spec(o) for o in data["outputs"]), dict(data.get("dims", {})),
+                   str(data.get("output_structure", "")), tuple(spec(s) for s in data.get("state", ())))
 
-    def to_dict(self) -> dict:
-        def spec(s: TensorSpec, with_range: bool):
-            item = {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)}
-            if with_range:
-                item["value_range"] = list(s.value_range) if s.value_range else None
-            return item
+    @property
+    def input_names(self) -> tuple:
+        return tuple(s.name for s in self.inputs)
 
-        return {
-            "inputs": [spec(s, True) for s in self.inputs],
-            "outputs": [spec(s, False) for s in self.outputs],
-            "dims": self.dims,
-        }
+    @property
+    def output_names(self) -> tuple:
+        return tuple(s.name for s in self.outputs)
+
+    def arrange(self, args: tuple, kwargs: dict) -> list:
+        """Inputs given by position and/or by name -> the flat positional list the package takes."""
+        if not kwargs:
+            return list(args)
+        names = self.input_names
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise InputMismatchError(f"the package has no input named {', '.join(map(repr, unknown))}; its inputs are {', '.join(names)}")
+        twice = [names[i] for i in range(min(len(args), len(names))) if names[i] in kwargs]
+        if twice:
+            raise InputMismatchError(f"input {twice[0]!r} is given both by position and by name; give it once")
+        flat = list(args) + [kwargs.get(name) for name in names[len(args):]]
+        missing = [name for name, value in zip(names, flat) if value is None]
+        if missing:
+            raise InputMismatchError(f"input(s) {', '.join(map(repr, missing))} missing; the package takes {', '.join(names)}")
+        return flat
 
     def check_inputs(self, tensors) -> None:
         """Raise InputMismatchError naming the input, what was expected and what was given."""

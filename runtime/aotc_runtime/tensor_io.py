@@ -9,8 +9,12 @@ import torch
 from .errors import InputMismatchError
 
 
-def read_inputs(paths) -> list:
-    """Tensors in positional order: each .npy is one input; an .npz or .pt may hold several, in order."""
+def read_inputs(paths, names=()) -> list:
+    """Tensors in positional order: each .npy is one input; an .npz or .pt may hold several, in order.
+
+    An .npz (or a .pt dict) whose keys are all input names of the package (`names`) is read by
+    name instead: its arrays go to the inputs they name, whatever their order in the file.
+    """
     tensors = []
     for raw in paths:
         path = Path(raw)
@@ -26,9 +30,9 @@ def read_inputs(paths) -> list:
                 import numpy
 
                 with numpy.load(path, allow_pickle=False) as archive:
-                    tensors.extend(torch.from_numpy(archive[key]) for key in archive.files)
+                    tensors.extend(_by_name({key: torch.from_numpy(archive[key]) for key in archive.files}, names))
             elif suffix == ".pt":
-                tensors.extend(_tensors_from_pt(torch.load(path, weights_only=True), path))
+                tensors.extend(_tensors_from_pt(torch.load(path, weights_only=True), path, names))
             else:
                 raise InputMismatchError(f"input file {path} has an unknown type '{suffix}'; use .npy, .npz or .pt")
         except InputMismatchError:
@@ -38,13 +42,20 @@ def read_inputs(paths) -> list:
     return tensors
 
 
-def _tensors_from_pt(obj, path: Path) -> list:
+def _by_name(named: dict, names) -> list:
+    """The tensors of a named archive, in the package's input order when every key names an input."""
+    if names and named and set(named) <= set(names):
+        return [named[name] for name in names if name in named]
+    return list(named.values())
+
+
+def _tensors_from_pt(obj, path: Path, names=()) -> list:
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in obj):
         return list(obj)
     if isinstance(obj, dict) and all(isinstance(t, torch.Tensor) for t in obj.values()):
-        return list(obj.values())
+        return _by_name(obj, names)
     raise InputMismatchError(f"{path} must hold a tensor, or a list/tuple/dict of tensors, got {type(obj).__name__}")
 
 
@@ -56,10 +67,12 @@ def flatten_outputs(result) -> list:
     return [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
 
 
-def write_outputs(result, path) -> None:
-    """All outputs to .npz as output_0, output_1, ... or to .pt as a list; written atomically."""
+def write_outputs(result, path, names=()) -> None:
+    """All outputs to .npz under their signature names (output_0, ... without names) or to .pt as a
+    dict of the same; written atomically."""
     path = Path(path)
     outputs = [t.detach().cpu() for t in flatten_outputs(result)]
+    names = list(names) if len(names) == len(outputs) else [f"output_{i}" for i in range(len(outputs))]
     suffix = path.suffix.lower()
     if suffix not in (".npz", ".pt"):
         raise InputMismatchError(f"output file {path} must end in .npz or .pt")
@@ -69,9 +82,9 @@ def write_outputs(result, path) -> None:
             import numpy
 
             with open(tmp, "wb") as handle:
-                numpy.savez(handle, **{f"output_{i}": _to_numpy(t) for i, t in enumerate(outputs)})
+                numpy.savez(handle, **{name: _to_numpy(t) for name, t in zip(names, outputs)})
         else:
-            torch.save(outputs, tmp)
+            torch.save(dict(zip(names, outputs)), tmp)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
