@@ -53,7 +53,8 @@ def _children(value):
     return None
 
 
-def _walk(value, path: tuple, leaves: list, dropped: list) -> None:
+def _walk(value, path: tuple, leaves: list, dropped: list, other: list) -> None:
+    """Sort the output's leaves by path: tensors, None entries, and anything else."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -64,19 +65,16 @@ def _walk(value, path: tuple, leaves: list, dropped: list) -> None:
         return
     children = _children(value)
     if children is None:
-        where = ".".join(path) or "the output"
-        raise ModelError(
-            f"model output {where} is a {type(value).__name__} ({str(value)[:40]!r}), not a tensor; packages return "
-            "tensors only: return it as a tensor (torch.tensor(value)) or leave it out of forward's result"
-        )
+        other.append((path, value))
+        return
     for key, child in children:
-        _walk(child, path + (key,), leaves, dropped)
+        _walk(child, path + (key,), leaves, dropped, other)
 
 
 def flat_leaves(output) -> list:
     """The output's tensors in the order the layout names them (None entries skipped)."""
     leaves: list = []
-    _walk(output, (), leaves, [])
+    _walk(output, (), leaves, [], [])
     return [tensor for _path, tensor in leaves]
 
 
@@ -86,21 +84,26 @@ def output_layout(output) -> OutputLayout:
 
     leaves: list = []
     dropped: list = []
-    _walk(output, (), leaves, dropped)
+    other: list = []
+    _walk(output, (), leaves, dropped, other)
+    top_sequence = isinstance(output, (tuple, list)) and not _is_namedtuple(output)
+
+    def name(path):  # a plain tuple's top level reads output_0, output_1, as the outputs of a flat tuple do
+        head = f"output_{path[0]}" if top_sequence else path[0]
+        return ".".join((head,) + path[1:])
+
+    if other:
+        path, value = other[0]
+        raise ModelError(
+            f"model output {name(path) if path else ''} is a {type(value).__name__} ({str(value)[:40]!r}), not a tensor; "
+            "packages return tensors only: return it as a tensor (torch.tensor(value)) or leave it out of forward's result"
+        )
     if not leaves:
         raise ModelError("the model returns no tensors; forward must return a tensor or a structure of tensors")
     if isinstance(output, torch.Tensor):
         return OutputLayout(TENSOR, ("output_0",))
-    flat_sequence = isinstance(output, (tuple, list)) and not _is_namedtuple(output) and all(len(p) == 1 for p, _ in leaves)
-    if flat_sequence:
-        names = tuple(f"output_{path[0]}" for path, _ in leaves)
-        return OutputLayout(LIST if isinstance(output, list) else TUPLE, names, tuple(f"output_{p[0]}" for p in dropped))
-    top_sequence = isinstance(output, (tuple, list)) and not _is_namedtuple(output)
-
-    def name(path):  # a plain tuple's top level reads output_0, output_1, as for flat tuples
-        head = f"output_{path[0]}" if top_sequence else path[0]
-        return ".".join((head,) + path[1:])
-
+    if top_sequence and all(len(p) == 1 for p, _ in leaves):
+        return OutputLayout(LIST if isinstance(output, list) else TUPLE, tuple(name(p) for p, _ in leaves), tuple(name(p) for p in dropped))
     return OutputLayout(DICT, _unique([name(p) for p, _ in leaves]), tuple(name(p) for p in dropped))
 
 

@@ -74,6 +74,12 @@ def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, fo
         click.echo(f"  output {spec['name']}: {spec['dtype']} {spec['shape']}")
     for name, info in result.signature["dims"].items():
         click.echo(f"  dim    {name}: {info['min']}..{info['max']} (example {info['example']})")
+    for spec in result.signature.get("state", ()):
+        click.echo(f"  state  {spec['name']}: {spec['dtype']} {spec['shape']} (forward updates it; the package keeps it between calls)")
+    for name, value in result.signature.get("constants", {}).items():
+        click.echo(f"  const  {name} = {value!r} (baked into the program)")
+    for name in result.signature.get("dropped_outputs", ()):
+        click.echo(f"note: output {name} is None on the example inputs; it is left out of the package's outputs", err=True)
 
 
 @cli.command(epilog=exit_codes_epilog())

@@ -287,10 +287,7 @@ def load_artifact(path: Path):
         with quiet_torch():
             ep = torch.export.load(str(path), extra_files=extra)
     except Exception as exc:
-        raise UserInputError(
-            f"{path} is not a torch.export artifact ({type(exc).__name__}: {first_line(exc)[:120]}); "
-            f"create one with `aotc export MODEL -o {path.name}`"
-        ) from None
+        raise UserInputError(_unloadable_reason(path, exc)) from None
     try:
         meta = json.loads(extra[ARTIFACT_META])
     except (json.JSONDecodeError, TypeError):
@@ -298,3 +295,48 @@ def load_artifact(path: Path):
     if not isinstance(meta, dict) or meta.get("kind") != ARTIFACT_KIND:
         raise UserInputError(f"{path} is an ExportedProgram but not one written by `aotc export` (no signature); re-export it with `aotc export`")
     return ep, meta
+
+
+def _unloadable_reason(path: Path, exc: Exception) -> str:
+    """Why torch.export.load refused the file, told apart: not an export archive at all, or one that
+    names Python types this process does not know (an artifact from an older aotc, or from plain
+    torch.export, whose call spec holds the model's own output class)."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return f"{path} is not a torch.export artifact (not a .pt2 archive); create one with `aotc export MODEL -o {path.name}`"
+    unknown = next((text for text in _load_errors(path, exc) if "not registered" in text), None)
+    if unknown:
+        return (f"{path} is an export artifact whose inputs or outputs use Python types this process has not imported "
+                f"({' '.join(unknown.split())[:160]}); re-export it with this aotc, whose artifacts hold only tensors and builtins")
+    return (f"{path} is a .pt2 archive that torch {_torch_version()} cannot load as an ExportedProgram "
+            f"({type(exc).__name__}: {first_line(exc)[:120]}); re-export it with `aotc export` on this torch")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _load_errors(path: Path, exc: Exception) -> list:
+    """The texts of the failure's exception chain, and of the archive reader's own error.
+
+    torch.export.load only logs the reader's error (which names a type it cannot rebuild) and then
+    raises "check the warnings above"; reading the archive again, on this error path only, recovers it.
+    """
+    texts, seen = [], exc
+    while seen is not None and len(texts) < 10:
+        texts.append(" ".join(str(seen).split()))
+        seen = seen.__cause__ or seen.__context__
+    try:
+        from torch.export.pt2_archive._package import load_pt2
+
+        with quiet_torch():
+            load_pt2(str(path))
+    except Exception as inner:  # the reader's own error: what the log line would have shown
+        seen = inner
+        while seen is not None and len(texts) < 20:
+            texts.append(" ".join(str(seen).split()))
+            seen = seen.__cause__ or seen.__context__
+    return texts

@@ -1,0 +1,129 @@
+"""The model zoo on CPU: transformers models as users build them, returned as is, through
+export -> build -> run, each compared with the eager model it came from.
+
+tests/zoo/catalog.py lists the models (small configs, nothing downloaded) and their dynamic dims.
+Each model is exported and built once (a module-scoped cache); the tests then load the package
+through aotc_runtime, call it with the model's keyword inputs, and compare every named output with
+eager's at the example sizes and, for dynamic models, at other sizes inside the declared ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+
+from conftest import invoke
+
+sys.path.insert(0, str(Path(__file__).parent / "zoo"))
+from catalog import ZOO  # noqa: E402  (tests/zoo is not a package: the catalog is plain data)
+
+ZOO_DIR = Path(__file__).parent / "zoo"
+BY_NAME = {model.name: model for model in ZOO}
+
+
+class ZooBuilds:
+    """Each zoo model exported and built once per session, on first use."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.built: dict = {}
+
+    def get(self, name: str) -> Path:
+        if name not in self.built:
+            model = BY_NAME[name]
+            artifact = self.root / f"{name}.pt2"
+            dims = [flag for dim in model.dims for flag in ("--dim", dim)]
+            result = invoke("export", ZOO_DIR / model.file, *dims, "-o", artifact)
+            assert result.exit_code == 0, result.stderr
+            # No -o: the package folder is named after the artifact, beside it (the design's command).
+            result = invoke("build", artifact, "--device", "cpu", "--quiet", "--atol", model.atol, "--json")
+            assert result.exit_code == 0, result.stderr
+            self.built[name] = Path(json.loads(result.stdout)["package"])
+        return self.built[name]
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> ZooBuilds:
+    return ZooBuilds(tmp_path_factory.mktemp("zoo"))
+
+
+def eager(model):
+    """The model and its example keyword inputs, built the way aotc export builds them."""
+    from aotc.loading import load_model
+
+    loaded = load_model(str(ZOO_DIR / model.file))
+    produced = loaded.example_inputs()
+    return loaded.module, produced if isinstance(produced, dict) else {"input_0": produced}
+
+
+def named_outputs(out) -> dict:
+    from aotc.call_structure import flat_leaves, output_layout
+
+    return dict(zip(output_layout(out).names, flat_leaves(out)))
+
+
+def assert_matches_eager(package, module, inputs: dict, atol: float) -> None:
+    with torch.no_grad():
+        want = named_outputs(module(**inputs))
+        got = package(**inputs)
+    got = got if isinstance(got, dict) else {"output_0": got}
+    assert list(got) == list(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def other_sizes(signature, pick: str) -> dict:
+    """Random inputs with every dynamic dim at its min (or max), drawn from the signature's value ranges."""
+    sizes = {name: max(2, info["min"]) if pick == "min" else info["max"] for name, info in signature.dims.items()}
+    return dict(zip(signature.input_names, signature.random_inputs(seed=3, sizes=sizes)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [model.name for model in ZOO])
+def test_zoo_model_matches_eager(zoo, name):
+    import aotc_runtime
+
+    model = BY_NAME[name]
+    package = aotc_runtime.load(zoo.get(name))
+    module, inputs = eager(model)
+    assert_matches_eager(package, module, inputs, model.atol)
+    if package.signature.dims:
+        for pick in ("min", "max"):
+            assert_matches_eager(package, module, other_sizes(package.signature, pick), model.atol)
+
+
+@pytest.mark.slow
+def test_zoo_run_writes_outputs_by_name(zoo, tmp_path):
+    """`aotc run PKG/` with no flags but --output: random inputs from the signature, outputs under their names."""
+    package = zoo.get("bert")
+    result = invoke("run", f"{package}/", "--output", tmp_path / "out.npz", "--json")
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert numpy.load(tmp_path / "out.npz").files == ["last_hidden_state", "pooler_output"]
+    ids = next(spec for spec in manifest["signature"]["inputs"] if spec["name"] == "input_ids")
+    assert ids["keyword"] and ids["value_range"] == [0, 999]  # the embedding's rows, not the example's range
+
+
+@pytest.mark.slow
+def test_zoo_artifact_and_package_load_without_transformers(zoo, tmp_path):
+    """Nothing in the artifact or the package names a transformers class: a fresh process that
+    cannot import transformers still loads and runs them."""
+    import subprocess
+
+    package = zoo.get("bert")
+    script = (
+        "import sys; sys.modules['transformers'] = None\n"  # any import of transformers now fails
+        "import torch, aotc_runtime\n"
+        f"ep = torch.export.load({str(package.parent / 'bert.pt2')!r})\n"
+        f"pkg = aotc_runtime.load({str(package)!r})\n"
+        "out = pkg(**dict(zip(pkg.signature.input_names, pkg.signature.random_inputs())))\n"
+        "print(sorted(out))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "['last_hidden_state', 'pooler_output']"
