@@ -52,6 +52,8 @@ def export_model(cfg: ExportConfig) -> ExportResult:
         layout = output_layout(check_eager(loaded, call))
     ep, state = export_with_state(loaded, call, layout, cfg.strict)
     signature = make_signature(ep, call, layout, state)
+    if call.dims:
+        check_dim_ranges(ep, signature, call)
     meta = {
         "kind": ARTIFACT_KIND,
         "aotc_version": __version__,
@@ -154,6 +156,50 @@ def export_with_state(loaded: LoadedModel, call: ExampleCall, layout: OutputLayo
     ep = export_program(loaded, flat_module(loaded, call, layout, names), call.tensors + initial, call.shapes,
                         call.dims, strict, extra_static=len(initial))
     return ep, list(zip(names, initial))
+
+
+def _runs_at(module, signature, sizes: dict, state: list) -> Exception | None:
+    """Run the exported program on random inputs with dims at `sizes`; the error, or None."""
+    import torch
+    from aotc_runtime.signature import Signature
+
+    inputs = Signature.from_dict(signature).random_inputs(seed=0, sizes=sizes)
+    try:
+        with torch.no_grad(), quiet_torch():
+            module(*inputs, *[t.clone() for t in state])
+        return None
+    except Exception as exc:  # the model's own failure at that size, reported below
+        return exc
+
+
+def check_dim_ranges(ep, signature: dict, call: ExampleCall) -> None:
+    """Run the program with each dynamic dim at its max and its min (the others at their example).
+
+    torch.export proves only what shapes imply: a sequence longer than the position embeddings
+    exports fine and fails at run time (index out of range). Found here, the error names the largest
+    size that works (a bisection on that dim), as a flag to paste.
+    """
+    module = ep.module()
+    n_inputs = len(signature["inputs"])
+    state = list(ep.example_inputs[0])[n_inputs:]
+    example = {name: dim.example_size() for name, dim in call.dims.items()}
+    for name, dim in call.dims.items():
+        for edge in (dim.max, dim.min):
+            failure = _runs_at(module, signature, {**example, name: edge}, state)
+            if failure is None:
+                continue
+            if edge == dim.min:
+                raise UserInputError(f"the model fails with {name}={edge}, the min of --dim {name} ({type(failure).__name__}: "
+                                     f"{first_line(failure)[:120]}); raise the min: {dim.flag(low=dim.example_size())}")
+            good, bad = dim.example_size(), edge  # the example works; find the largest size that does
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                if _runs_at(module, signature, {**example, name: middle}, state) is None:
+                    good = middle
+                else:
+                    bad = middle
+            raise UserInputError(f"the model fails with {name}={edge}, the max of --dim {name} ({type(failure).__name__}: "
+                                 f"{first_line(failure)[:120]}); it runs up to {name}={good}: {dim.flag(high=good)}")
 
 
 def mutated_buffers(ep) -> list:

@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import BuildError, NumericMismatchError
+from .errors import BuildError, ModelError, NumericMismatchError
+from .user_frames import first_line
 
 CHILD_TIMEOUT_S = 1800
 # Calls per input case, in the child and in the reference: a reduce-overhead package captures a CUDA
@@ -56,9 +57,13 @@ def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
     state = initial_state(ep, signature, device)
     results = []
     with torch.no_grad():
-        for _label, tensors in cases:
+        for label, tensors in cases:
             for _call in range(calls):
-                out = [t.detach() for t in flatten_outputs(module(*tensors, *state))]
+                try:
+                    out = [t.detach() for t in flatten_outputs(module(*tensors, *state))]
+                except Exception as exc:  # the model itself, not the package: say where
+                    raise ModelError(f"the exported model fails eagerly on the check's inputs at {label} "
+                                     f"({type(exc).__name__}: {first_line(exc)[:160]}); re-export it with a --dim range it supports") from exc
                 if state:
                     out, state = out[:n_outputs], out[n_outputs:]
                 results.append([t.cpu() for t in out])

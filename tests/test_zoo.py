@@ -127,3 +127,14 @@ def test_zoo_artifact_and_package_load_without_transformers(zoo, tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "['last_hidden_state', 'pooler_output']"
+
+
+def test_dim_range_past_the_position_embeddings_names_the_range_that_works(tmp_path):
+    """GPT-2 with 64 positions exports fine for S up to 128 (no shape guard covers an index), then
+    fails at run time: export runs the edges of each range and names the largest S that works."""
+    result = invoke("export", ZOO_DIR / "gpt2.py", "--dim", "B=1:8@input_ids:0,attention_mask:0",
+                    "--dim", "S=2:128@input_ids:1,attention_mask:1", "-o", tmp_path / "g.pt2")
+    assert result.exit_code == 2, result.stderr
+    assert "the model fails with S=128, the max of --dim S (IndexError" in result.stderr
+    assert "it runs up to S=64: --dim S=2:64@input_ids:1,attention_mask:1" in result.stderr
+    assert not (tmp_path / "g.pt2").exists()
