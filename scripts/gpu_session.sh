@@ -9,6 +9,9 @@
 #   suite=M1,M2  bench_suite.py on those torchvision models (reduce-overhead packages), page in docs/
 #   ma_probe  scripts/probe_max_autotune.py, every variant (which Inductor setting makes max-autotune slow)
 #   kernels   GPU time per kernel of the densenet121 packages built so far, side by side
+#   zoo_gpu   scripts/zoo.py on the realistic-size list (tests/zoo/gpu), reduce-overhead, with torch.compile RO
+#   zoo_small scripts/zoo.py on the small transformers zoo, reduce-overhead, without the torch.compile column
+#   tests_zoo the GPU tests of the zoo and of the build defaults (auto device, cuda:0 placement)
 #   ma_build  densenet121 max-autotune build alone, timed, with a progress log every 30 s
 #             ($RESULTS/ma_progress.txt: kernels tuned so far); nothing else runs beside it
 # Inductor's cache lives in $WORK/inductor_cache; a tarball of tuning results from an earlier
@@ -34,6 +37,11 @@ python3 -c "from aotc import toolchain as t; print('compiler choice:', t.choose_
 for step in "$@"; do
   log "start $step"
   case $step in
+    zoo_gpu) python3 scripts/zoo.py --device cuda --set gpu --mode reduce-overhead --jobs 4 --iters 100 --work "$WORK/zoo" \
+               --json "$RESULTS/zoo_gpu.json" --out "$RESULTS/zoo_gpu.md" > "$RESULTS/zoo_gpu.log" 2>&1 ;;
+    zoo_small) python3 scripts/zoo.py --device cuda --set zoo --mode reduce-overhead --jobs 6 --iters 100 --no-compile \
+               --work "$WORK/zoo" --json "$RESULTS/zoo_small.json" --out "$RESULTS/zoo_small.md" > "$RESULTS/zoo_small.log" 2>&1 ;;
+    tests_zoo) python3 -m pytest -q -m gpu tests/test_zoo.py tests/test_build_defaults.py -p no:cacheprovider > "$RESULTS/tests_zoo.log" 2>&1 ;;
     tests_a) python3 -m pytest -q -m gpu tests/test_gpu.py -k "not max-autotune" -p no:cacheprovider > "$RESULTS/tests_a.log" 2>&1 ;;
     tests_b) python3 -m pytest -q -m gpu tests/test_gpu.py -k "max-autotune" -p no:cacheprovider > "$RESULTS/tests_b.log" 2>&1 ;;
     bench_a) python3 scripts/bench_gpu.py --workdir "$WORK" --modes default,reduce-overhead --json "$RESULTS/bench_a.json" > "$RESULTS/bench_a.txt" 2>&1 ;;
