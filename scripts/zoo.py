@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_DIR = ROOT / "tests" / "zoo"
 COMPILE = "compile:reduce-overhead"
+AOTC = [sys.executable, "-m", "aotc"]  # the CLI of the same Python as this script
 
 
 def catalog():
@@ -51,7 +52,8 @@ def select_models(args) -> list:
     by_name = {m.name: m for m in cat.ZOO + cat.GPU_ZOO}
     unknown = [n for n in args.only if n not in by_name]
     if unknown:
-        sys.exit(f"error: --only {' '.join(unknown)}: not in tests/zoo/catalog.py (known: {', '.join(by_name)})")
+        print(f"error: --only {' '.join(unknown)}: not in tests/zoo/catalog.py (known: {', '.join(by_name)})", file=sys.stderr)
+        sys.exit(2)
     return [by_name[n] for n in args.only]
 
 
@@ -90,21 +92,17 @@ def last_json(stdout: str) -> dict:
         return {}
 
 
-def aotc(*args) -> list:
-    return [sys.executable, "-m", "aotc", *args]
-
-
 def export_and_build(model, args, work: Path, env) -> dict:
     """The export and build steps of one model: {'export': {...}, 'build': {...} or None}."""
     artifact, package = work / f"{model.name}.pt2", work / f"{model.name}_pkg"
     dims = [flag for dim in model.dims for flag in ("--dim", dim)]
-    step = run_step(aotc("export", f"tests/zoo/{model.file}", *dims, "-o", str(artifact), "--force", "--json"), args.timeout, env)
+    step = run_step([*AOTC, "export", f"tests/zoo/{model.file}", *dims, "-o", str(artifact), "--force", "--json"], args.timeout, env)
     export = {"status": step["status"], "seconds": last_json(step["stdout"]).get("seconds", step["wall_s"]), "error": step["error"]}
     result = {"export": export, "build": None, "package": str(package)}
     if step["status"] != "ok":
         return result
-    step = run_step(aotc("build", str(artifact), "-o", str(package), "--device", args.device, "--mode", args.mode,
-                         "--force", "--json", "--quiet"), args.timeout, env)
+    step = run_step([*AOTC, "build", str(artifact), "-o", str(package), "--device", args.device, "--mode", args.mode,
+                         "--force", "--json", "--quiet"], args.timeout, env)
     build = {"status": step["status"], "seconds": None, "size_bytes": None, "check_max_abs": None, "error": step["error"]}
     if step["status"] == "ok":
         report = last_json(step["stdout"]) or last_json((package / "manifest.json").read_text())
@@ -169,11 +167,13 @@ def measure(name: str, package: str, device_type: str, iters: int, with_compile:
     args, kwargs = split_inputs(loaded.example_inputs())
     args, kwargs = [move(a) for a in args], {k: move(v) for k, v in kwargs.items()}
     tensor_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}  # constants are baked into the package
-    pkg = aotc_runtime.load(package)
     result = {"status": "ok", "error": None, "compile_error": None}
     with torch.inference_mode():
         with strict_fp32():  # fp32 on both sides for the error; latency below runs with the process's default flags
-            result["max_abs"], result["worst_output"] = max_abs_error(model(*args, **kwargs), pkg(*args, **tensor_kwargs))
+            checked = aotc_runtime.load(package)
+            result["max_abs"], result["worst_output"] = max_abs_error(model(*args, **kwargs), checked(*args, **tensor_kwargs))
+        del checked  # a CUDA graph captured with TF32 off would keep it off: time a fresh load
+        pkg = aotc_runtime.load(package)
         contenders = {"eager": lambda: model(*args, **kwargs), "package": lambda: pkg(*args, **tensor_kwargs)}
         if device.type == "cuda" and with_compile:
             compiled = torch.compile(model, mode="reduce-overhead")
@@ -197,10 +197,9 @@ def measure_main(name: str, package: str, device: str, iters: str, compile_flag:
 
     try:
         result = measure(name, package, device, int(iters), compile_flag == "compile")
-    except (AotcError, AotcRuntimeError) as exc:
-        result = {"status": "fail", "error": f"error: {exc}"}
-    except Exception as exc:
-        result = {"status": "fail", "error": one_line(exc)}
+    except Exception as exc:  # aotc's own errors read as the CLI prints them
+        aotc_error = isinstance(exc, (AotcError, AotcRuntimeError))
+        result = {"status": "fail", "error": f"error: {exc}" if aotc_error else one_line(exc)}
     print(json.dumps(result))
     return 0
 
@@ -259,7 +258,7 @@ def save_records(records: list, path: Path, merge: bool) -> list:
 
 
 def _cell(value, fmt: str = "{:.1f}") -> str:
-    return "-" if value is None else fmt.format(value)
+    return "-" if value is None else "0" if value == 0 else fmt.format(value)
 
 
 def _dims(dims: list) -> str:
