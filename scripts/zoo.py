@@ -220,8 +220,12 @@ def new_record(model, args, host: dict, command: str) -> dict:
             "date": time.strftime("%Y-%m-%d"), "command": command, "export": None, "build": None, "run": None}
 
 
-def run_zoo(models: list, args, work: Path, command: str) -> list:
-    """Export+build (--jobs at once), then measure one at a time; one record per model."""
+def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda records: None) -> list:
+    """Export+build (--jobs at once), then measure one at a time; one record per model.
+
+    `checkpoint(records)` runs after the builds and after each measurement, so a run cut off by a
+    time limit (the GPU machine's 10-minute calls) keeps what it measured.
+    """
     host = machine(args.device)
     env = dict(os.environ)
     if args.jobs > 1:  # N builds at once share the cores among their Inductor compile workers
@@ -237,12 +241,14 @@ def run_zoo(models: list, args, work: Path, command: str) -> list:
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         packages = dict(zip([m.name for m in models], pool.map(one, models)))
+    checkpoint(list(records.values()))
     for model in models:
         record = records[model.name]
         if (record["build"] or {}).get("status") == "ok":
             load = os.getloadavg()[0]  # other processes on the machine skew latency (a 2-core CI box: by 100x)
             record["run"] = {**measure_step(model, packages[model.name], args), "load_before": load}
             print(f"[zoo] {model.name}: run {record['run']['status']}", file=sys.stderr, flush=True)
+            checkpoint(list(records.values()))
     return list(records.values())
 
 
@@ -352,10 +358,13 @@ def main(argv: list) -> int:
     with tempfile.TemporaryDirectory(prefix="aotc-zoo-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        records = run_zoo(models, args, work.resolve(), command)
-    json_path = args.json or args.out.with_suffix(".json")
-    everything = save_records(records, json_path, args.merge)
-    args.out.write_text(render(everything, json_path.name))
+        json_path = args.json or args.out.with_suffix(".json")
+
+        def write(records):
+            everything = save_records(records, json_path, args.merge)
+            args.out.write_text(render(everything, json_path.name))
+
+        write(run_zoo(models, args, work.resolve(), command, checkpoint=write))
     print(f"wrote {args.out} and {json_path}", file=sys.stderr)
     return 0
 
