@@ -67,7 +67,7 @@ def test_cli_run_two_inputs_from_npz_and_pt(packages, tmp_path):
     pt = torch.load(tmp_path / "out.pt")
     for index, want in enumerate(expected):
         torch.testing.assert_close(torch.from_numpy(npz[f"output_{index}"]), want, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(pt[index], want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(pt[f"output_{index}"], want, atol=1e-4, rtol=1e-4)
 
 
 def test_cli_run_reports_latency_percentiles(packages):
