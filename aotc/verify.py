@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,7 +103,11 @@ def _describe_child_failure(proc) -> str:
                 "library: keep the default -Wl,-Bsymbolic link and build with a g++ whose libstdc++ torch loads "
                 "(set AOTC_CXX=/usr/bin/g++); otherwise rerun with --verbose and report it")
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    last = lines[-1] if lines else f"exit status {proc.returncode}"
+    # A C++ exception ends with its native frames ("frame #35: _start ..."): the message is the
+    # last line that names an error, not the last line.
+    errors = [line.strip() for line in lines if re.match(r"\s*[\w.]*(Error|Exception)\b", line)
+              and not line.lstrip().startswith("Exception raised from")]
+    last = errors[-1] if errors else lines[-1] if lines else f"exit status {proc.returncode}"
     return f"the compiled package failed its check run in a child process: {last}"
 
 
