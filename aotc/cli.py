@@ -38,8 +38,8 @@ def cli(verbose):
 
     \b
       aotc export model.py --input-shape 32x128 -o model.pt2
-      aotc build model.pt2 --mode default --device cpu -o pkg/
-      aotc run pkg/ --iters 100
+      aotc build model.pt2 --mode max-autotune   (-> model_pkg/, on the GPU when there is one)
+      aotc run model_pkg/ --iters 100
     """
     # Set or cleared on every invocation: one --verbose must not leak into the next in-process call.
     if verbose:
