@@ -13,7 +13,15 @@ from pathlib import Path
 
 from .errors import UserInputError
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+def _configs_dir() -> Path:
+    """The mode presets: aotc/configs inside an installed wheel (pyproject.toml maps the top-level
+    configs/ there), else the checkout's configs/ (an editable install, or running from the tree)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "configs"
+    return packaged if packaged.is_dir() else here.parent / "configs"
+
+
+CONFIGS_DIR = _configs_dir()
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INPUT_DTYPES = FLOAT_DTYPES + ("int64", "int32", "int16", "int8", "uint8", "bool")
 
