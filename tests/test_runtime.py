@@ -137,3 +137,25 @@ def test_python_module_runner(packages):
     out = subprocess.run([sys.executable, "-m", "aotc_runtime", str(packages.get("sincos").package), "--json"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["outputs"][0]["shape"] == [10, 10]
+
+
+def test_tf32_package_sets_tf32_around_its_calls_only(packages, tmp_path):
+    """A tf32 package runs with TF32 on, and leaves the process's flags as it found them."""
+    package_dir = copy_package(packages, tmp_path)
+    manifest_path = package_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["runtime"]["tf32"] = True  # what a --precision tf32 build records (CUDA only; the flags exist on CPU too)
+    manifest_path.write_text(json.dumps(manifest))
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # noqa: E731
+    before = flags()
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        package = aotc_runtime.load(package_dir)
+        assert flags() == (False, False)
+        seen = []
+        run = package._loader.run
+        package._call_flat = lambda flat, key=None: seen.append(flags()) or run(flat)
+        package(torch.randn(32, 128))
+        assert seen == [(True, True)] and flags() == (False, False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

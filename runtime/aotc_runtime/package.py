@@ -6,6 +6,7 @@ import, no compilation, no Python-side warm-up, which is what keeps cold start n
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -44,6 +45,10 @@ class Package:
         # few µs of CPU work: a signature that passed once is remembered, not re-checked dim by dim.
         self._accepted: set = set()
         self._call_flat = self._run_loader
+        # A tf32 package was checked with TF32 matmuls/convolutions, and the aten kernels it calls read
+        # the process-wide flags: they are switched on around its calls (and a CUDA graph's capture)
+        # and put back after, so loading one package does not change the user's other models.
+        self._tf32 = bool(manifest.get("runtime", {}).get("tf32"))
         if manifest.get("runtime", {}).get("cuda_graphs") and self.device.type == "cuda":
             from .cuda_graphs import CudaGraphRunner  # only CUDA packages built with reduce-overhead need it
 
@@ -64,7 +69,11 @@ class Package:
         flat = [t if t.device == device else t.to(device) for t in tensors]
         if self._state:
             flat += self._state
-        outputs = self._call_flat(flat, key)
+        if self._tf32:
+            with _tf32_on():
+                outputs = self._call_flat(flat, key)
+        else:
+            outputs = self._call_flat(flat, key)
         if self._state:
             # The package returns the state's new values after the model's outputs (aotc/call_structure.py).
             self._state = list(outputs[self._n_outputs:])
@@ -94,6 +103,16 @@ class Package:
         return f"Package({str(self.path)!r}, device={self.device}, mode={self.manifest['mode']!r})"
 
 
+@contextlib.contextmanager
+def _tf32_on():
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 def load(path, verify: bool = True, reuse_outputs: bool = False) -> Package:
     """Open a package folder written by `aotc build`.
 
@@ -109,10 +128,6 @@ def load(path, verify: bool = True, reuse_outputs: bool = False) -> Package:
     check_compatible(manifest, path)
     if verify:
         verify_files(path, manifest)
-    if manifest.get("runtime", {}).get("tf32"):
-        # A tf32 package was checked with TF32 matmuls/convs; aten kernels called from the package read these flags.
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     device_index = 0 if manifest["device"]["type"] == "cuda" else -1
     single_threaded = bool(manifest.get("runtime", {}).get("cuda_graphs"))
     try:
