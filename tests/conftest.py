@@ -26,8 +26,33 @@ CASES = {
 
 
 def invoke(*args):
-    """Run the aotc CLI in-process; the result has exit_code, stdout, stderr."""
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    """Run the aotc CLI in-process; the result has exit_code, stdout, stderr.
+
+    Every package a test builds through it is checked against docs/manifest.schema.json: the
+    packages the tests build are the format's examples.
+    """
+    args = [str(a) for a in args]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    if result.exit_code == 0 and args and args[0] == "build":
+        assert_manifest_matches_schema(built_package(args))
+    return result
+
+
+def built_package(args: list) -> Path:
+    """The package folder `aotc build ARGS` wrote: -o/--output, else the default beside the artifact."""
+    from aotc.config import default_package_folder
+
+    for flag in ("-o", "--output"):
+        if flag in args:
+            return Path(args[args.index(flag) + 1])
+    return default_package_folder(Path(args[1]))
+
+
+def assert_manifest_matches_schema(package: Path) -> None:
+    import json
+
+    problems = manifest_problems(json.loads((package / "manifest.json").read_text()))
+    assert not problems, f"{package}/manifest.json breaks docs/manifest.schema.json: {problems[:5]}"
 
 
 class Built:
@@ -66,6 +91,19 @@ def eager_model(name: str):
     entry = flags[flags.index("--entry") + 1] if "--entry" in flags else None
     return load_model(str(MODELS / model), entry).module
 
+
+
+MANIFEST_SCHEMA = Path(__file__).parent.parent / "docs" / "manifest.schema.json"
+
+
+def manifest_problems(manifest: dict) -> list:
+    """Where a manifest breaks docs/manifest.schema.json (the format's contract): one line per problem."""
+    import json
+
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(MANIFEST_SCHEMA.read_text()))
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(manifest)]
 
 
 def pytest_collection_modifyitems(config, items):

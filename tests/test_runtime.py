@@ -159,3 +159,18 @@ def test_tf32_package_sets_tf32_around_its_calls_only(packages, tmp_path):
         assert seen == [(True, True)] and flags() == (False, False)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_manifest_schema_catches_a_bad_field(packages):
+    """The schema the tests hold every built package to is not vacuous."""
+    from conftest import manifest_problems
+
+    manifest = json.loads((packages.get("mlp").package / "manifest.json").read_text())
+    assert manifest_problems(manifest) == []
+    manifest["signature"]["output_structure"] = "blob"
+    manifest["device"]["type"] = "tpu"
+    del manifest["files"]["model.pt2"]
+    problems = manifest_problems(manifest)
+    assert any(p.startswith("signature/output_structure:") for p in problems)
+    assert any(p.startswith("device/type:") for p in problems)
+    assert any(p.startswith("files:") for p in problems)
