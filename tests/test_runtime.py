@@ -44,6 +44,30 @@ def test_missing_manifest_is_refused(packages, tmp_path):
     assert result.exit_code == 7 and "has no manifest.json" in result.stderr
 
 
+def _edit_manifest(pkg, edit):
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    edit(manifest)
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda m: m.pop("precision"), "lacks precision"),
+    (lambda m: m.update(device="cpu"), "device.type is not cpu or cuda"),
+    (lambda m: m.update(files={}), "files does not list model.pt2"),
+    (lambda m: m["signature"].update(inputs="x"), "signature.inputs / signature.outputs are not lists"),
+    (lambda m: m["signature"]["inputs"][0].update(dtype="complex32"), "signature.inputs[0].dtype 'complex32' is not one of"),
+    (lambda m: m["signature"]["inputs"][0].update(shape=[32, None]), "signature.inputs[0].shape is not a list of sizes"),
+    (lambda m: m["signature"]["inputs"][0].update(shape=["B", 128]), "name dims with no range in signature.dims: B"),
+])
+def test_malformed_manifest_is_a_package_error(packages, tmp_path, edit, fragment):
+    """A hand-edited manifest is refused as a package (exit 7) naming the field, never an internal error."""
+    pkg = copy_package(packages, tmp_path)
+    _edit_manifest(pkg, edit)
+    result = invoke("run", pkg)
+    assert result.exit_code == 7, result.stderr
+    assert fragment in result.stderr and "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
 def test_other_torch_version_is_refused(packages, tmp_path):
     pkg = copy_package(packages, tmp_path)
     manifest = json.loads((pkg / "manifest.json").read_text())

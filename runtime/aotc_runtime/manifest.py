@@ -28,6 +28,7 @@ REQUIRED_KEYS = (
     "toolchain",
     "device",
     "mode",
+    "precision",
     "inductor_options",
     "signature",
     "files",
@@ -81,7 +82,66 @@ def read_manifest(folder: Path) -> dict:
             f"{folder} has package format {version}, this runtime reads formats {', '.join(map(str, READABLE_VERSIONS))}; "
             "rebuild the package with the aotc that matches this runtime"
         )
+    problem = field_problem(manifest)
+    if problem:
+        raise PackageError(f"{path} is not a valid manifest: {problem}; rebuild the package with `aotc build --force`")
     return manifest
+
+
+def _is_shape(value) -> bool:
+    return isinstance(value, list) and all(isinstance(e, (int, str)) and not isinstance(e, bool) for e in value)
+
+
+def _tensor_problem(where: str, item, dtypes) -> str | None:
+    if not isinstance(item, dict):
+        return f"{where} is not an object"
+    if not isinstance(item.get("name"), str) or not item["name"]:
+        return f"{where}.name is not a non-empty string"
+    if item.get("dtype") not in dtypes:
+        return f"{where}.dtype {item.get('dtype')!r} is not one of {', '.join(dtypes)}"
+    if not _is_shape(item.get("shape")):
+        return f"{where}.shape is not a list of sizes and dim names"
+    return None
+
+
+def field_problem(manifest: dict) -> str | None:
+    """The first field the runtime reads that has the wrong type or value, as 'field: problem'; None if all fit.
+
+    The runtime reads these fields directly; a hand-edited or truncated manifest must be refused as a
+    package error (exit 7), not end in a KeyError. The full contract is docs/manifest.schema.json.
+    """
+    from .signature import DTYPES
+
+    dtypes = tuple(DTYPES)
+    toolchain, device, signature = manifest["toolchain"], manifest["device"], manifest["signature"]
+    checks = [
+        (isinstance(toolchain, dict) and isinstance(toolchain.get("torch"), str), "toolchain.torch is not a string"),
+        (isinstance(device, dict) and device.get("type") in ("cpu", "cuda"), "device.type is not cpu or cuda"),
+        (isinstance(manifest.get("runtime", {}), dict), "runtime is not an object"),
+        (isinstance(manifest["files"], dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in manifest["files"].items()),
+         "files is not an object of path -> sha256"),
+        (isinstance(manifest["files"], dict) and MODEL_FILE in manifest["files"], f"files does not list {MODEL_FILE}"),
+        (isinstance(signature, dict) and isinstance(signature.get("inputs"), list) and isinstance(signature.get("outputs"), list),
+         "signature.inputs / signature.outputs are not lists"),
+    ]
+    for ok, problem in checks:
+        if not ok:
+            return problem
+    for key in ("inputs", "outputs", "state"):
+        for index, item in enumerate(signature.get(key, ())):
+            problem = _tensor_problem(f"signature.{key}[{index}]", item, dtypes)
+            if problem:
+                return problem
+    dims = signature.get("dims", {})
+    if not isinstance(dims, dict):
+        return "signature.dims is not an object"
+    for name, info in dims.items():
+        if not (isinstance(info, dict) and all(isinstance(info.get(k), int) for k in ("min", "max", "example"))):
+            return f"signature.dims.{name} lacks integer min, max and example"
+    named = {e for item in signature["inputs"] for e in item["shape"] if isinstance(e, str)}
+    if named - set(dims):
+        return f"signature.inputs name dims with no range in signature.dims: {', '.join(sorted(named - set(dims)))}"
+    return None
 
 
 def verify_files(folder: Path, manifest: dict) -> None:
