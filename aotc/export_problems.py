@@ -249,12 +249,17 @@ def _draft_location(stack: list, filenames: dict, user_files) -> Location | None
 
 
 def fixed_shape_flags(text: str, shapes, dims: dict) -> list:
-    """torch's suggested fixes applied to the user's shape flags: every --input-shape and --dim to pass."""
+    """torch's suggested fixes applied to the user's shape flags: every --input-shape and --dim to pass.
+
+    Dims declared with @input:axis name axes of example_inputs(): those models take no --input-shape,
+    so only the --dim flags are given.
+    """
     from .shapes import format_shape
 
     suggestions = dict(_suggested_fixes(text))
     static = {name: int(value) for name, value in suggestions.items() if re.fullmatch(r"\d+", value)}
-    flags = [f"--input-shape {format_shape(tuple(static.get(e, e) for e in shape))}" for shape in shapes]
+    from_examples = any(dim.targets for dim in dims.values())
+    flags = [] if from_examples else [f"--input-shape {format_shape(tuple(static.get(e, e) for e in shape))}" for shape in shapes]
     for name, dim in dims.items():
         if name in static:
             continue

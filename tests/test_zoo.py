@@ -173,3 +173,13 @@ def test_zoo_model_on_cuda_reduce_overhead(tmp_path, name):
     with strict_fp32():
         for _call in range(3):  # capture, then replays
             assert_matches_eager(package, module, inputs, 1e-3)
+
+
+def test_dim_range_torch_refuses_gives_dim_flags_only(tmp_path):
+    """BERT slices its position ids, so torch.export itself bounds S by the 64 positions: the error
+    gives the --dim flags that work, with their @ axes, and no --input-shape (the model has examples)."""
+    result = invoke("export", ZOO_DIR / "bert.py", "--dim", "S=2:128@input_ids:1,attention_mask:1,token_type_ids:1",
+                    "-o", tmp_path / "b.pt2")
+    assert result.exit_code == 4, result.stderr
+    assert "(flags: --dim S=2:64@input_ids:1,attention_mask:1,token_type_ids:1)" in result.stderr
+    assert "--input-shape" not in result.stderr and not (tmp_path / "b.pt2").exists()
