@@ -15,6 +15,7 @@ from aotc_runtime.manifest import FORMAT_VERSION, MODEL_FILE, STATE_FILE, sha256
 
 from . import __version__
 from .build_profile import TuningProgress, inductor_phase_times
+from .call_structure import initial_state
 from .config import BuildConfig, Mode, Precision, preset_runtime, resolve_device
 from .errors import BuildError, UserInputError
 from .export import load_artifact
@@ -27,7 +28,7 @@ from .quiet import quiet_torch
 from .tolerances import tolerance
 from .toolchain import compiler_options, use_compiler
 from .user_frames import first_line
-from .verify import check_numerics, initial_state
+from .verify import check_numerics
 
 
 @dataclass

@@ -125,6 +125,13 @@ def call_model(model, flat, n_positional: int, keywords: tuple, constants: dict)
     return model(*args, **kwargs)
 
 
+def initial_state(ep, signature: dict, device="cpu") -> list:
+    """The state's values at export: an exported FlatCall's example inputs are the model's inputs,
+    then the state (make_flat_call); copies, so running from them never changes the artifact."""
+    n_inputs = len(signature["inputs"])
+    return [t.to(device).clone() for t in list(ep.example_inputs[0])[n_inputs:]] if signature.get("state") else []
+
+
 def make_flat_call(model, n_positional: int, keywords: tuple, constants: dict, single: bool, state: tuple = ()):
     """The module aotc exports: forward(*flat tensors) -> a tensor or a flat tuple of tensors.
 

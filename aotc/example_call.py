@@ -32,11 +32,6 @@ class ExampleCall:
     def keywords(self) -> tuple:
         return tuple(self.names[self.n_positional:])
 
-    def args_kwargs(self):
-        """(args, kwargs) to call the user's model with."""
-        kwargs = dict(zip(self.keywords, self.tensors[self.n_positional:]))
-        return list(self.tensors[:self.n_positional]), {**kwargs, **self.constants}
-
 
 def positional_names(module, count: int) -> list:
     """Names of the first `count` positional parameters of forward (input_0... past a *args)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .call_structure import TENSOR, OutputLayout, make_flat_call, output_layout
+from .call_structure import TENSOR, OutputLayout, call_model, initial_state, make_flat_call, output_layout
 from .config import ExportConfig
 from .errors import ExportError, ModelError, UserInputError
 from .example_call import ExampleCall, describe, example_call
@@ -124,10 +124,9 @@ def check_eager(loaded: LoadedModel, call: ExampleCall):
 
     If it fails here, the model is wrong, not the export.
     """
-    args, kwargs = call.args_kwargs()
     try:
         with buffers_restored(loaded.module):
-            return loaded.module(*args, **kwargs)
+            return call_model(loaded.module, call.tensors, call.n_positional, call.keywords, call.constants)
     except Exception as exc:
         where = innermost_user_frame(exc, loaded.source_files)
         at = f" at {where}" if where else ""
@@ -161,12 +160,11 @@ def export_with_state(loaded: LoadedModel, call: ExampleCall, layout: OutputLayo
 def _runs_at(module, signature, sizes: dict, state: list) -> Exception | None:
     """Run the exported program on random inputs with dims at `sizes`; the error, or None."""
     import torch
-    from aotc_runtime.signature import Signature
 
-    inputs = Signature.from_dict(signature).random_inputs(seed=0, sizes=sizes)
+    inputs = signature.random_inputs(seed=0, sizes=sizes)
     try:
         with torch.no_grad(), quiet_torch():
-            module(*inputs, *[t.clone() for t in state])
+            module(*inputs, *[t.clone() for t in state])  # a fresh copy per run: forward may update it
         return None
     except Exception as exc:  # the model's own failure at that size, reported below
         return exc
@@ -179,27 +177,32 @@ def check_dim_ranges(ep, signature: dict, call: ExampleCall) -> None:
     exports fine and fails at run time (index out of range). Found here, the error names the largest
     size that works (a bisection on that dim), as a flag to paste.
     """
-    module = ep.module()
-    n_inputs = len(signature["inputs"])
-    state = list(ep.example_inputs[0])[n_inputs:]
+    from aotc_runtime.signature import Signature
+
+    module, typed = ep.module(), Signature.from_dict(signature)
+    state = initial_state(ep, signature)
     example = {name: dim.example_size() for name, dim in call.dims.items()}
     for name, dim in call.dims.items():
-        for edge in (dim.max, dim.min):
-            failure = _runs_at(module, signature, {**example, name: edge}, state)
+        runs = lambda size, name=name: _runs_at(module, typed, {**example, name: size}, state) is None  # noqa: E731
+        for edge, which in ((dim.max, "max"), (dim.min, "min")):
+            failure = _runs_at(module, typed, {**example, name: edge}, state)
             if failure is None:
                 continue
-            if edge == dim.min:
-                raise UserInputError(f"the model fails with {name}={edge}, the min of --dim {name} ({type(failure).__name__}: "
-                                     f"{first_line(failure)[:120]}); raise the min: {dim.flag(low=dim.example_size())}")
-            good, bad = dim.example_size(), edge  # the example works; find the largest size that does
-            while bad - good > 1:
-                middle = (good + bad) // 2
-                if _runs_at(module, signature, {**example, name: middle}, state) is None:
-                    good = middle
-                else:
-                    bad = middle
-            raise UserInputError(f"the model fails with {name}={edge}, the max of --dim {name} ({type(failure).__name__}: "
-                                 f"{first_line(failure)[:120]}); it runs up to {name}={good}: {dim.flag(high=good)}")
+            works = _last_working(runs, good=dim.example_size(), bad=edge)  # the example runs: bisect towards the edge
+            flag = dim.flag(high=works) if which == "max" else dim.flag(low=works)
+            raise UserInputError(f"the model fails with {name}={edge}, the {which} of --dim {name} ({type(failure).__name__}: "
+                                 f"{first_line(failure)[:120]}); it runs {'up' if which == 'max' else 'down'} to {name}={works}: {flag}")
+
+
+def _last_working(runs, good: int, bad: int) -> int:
+    """The size nearest `bad` for which runs(size) holds, between a size that runs and one that fails."""
+    while abs(bad - good) > 1:
+        middle = (good + bad) // 2
+        if runs(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
 
 
 def mutated_buffers(ep) -> list:

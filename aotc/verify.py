@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .call_structure import initial_state
 from .errors import BuildError, ModelError, NumericMismatchError
 from .user_frames import first_line
 
@@ -38,12 +39,6 @@ def input_cases(ep, signature, device) -> list:
             sizes = {name: info[pick] for name, info in sig.dims.items()}
             cases.append((f"dims at {label} ({', '.join(f'{k}={v}' for k, v in sizes.items())})", sig.random_inputs(seed=1, sizes=sizes, device=device)))
     return cases
-
-
-def initial_state(ep, signature, device) -> list:
-    """The state's values at export: the artifact's example inputs after the model's own inputs."""
-    n_inputs = len(signature["inputs"])
-    return [t.to(device).clone() for t in list(ep.example_inputs[0])[n_inputs:]] if signature.get("state") else []
 
 
 def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
