@@ -203,3 +203,10 @@ def test_plain_export_artifact_with_a_user_class_is_explained(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "is an export artifact whose inputs or outputs use Python types this process has not imported" in result.stderr
     assert not (tmp_path / "pkg").exists()
+
+
+def test_dim_min_the_model_cannot_run_names_the_smallest_that_works(tmp_path):
+    result = invoke("export", MODELS / "short_fails.py", "--dim", "S=2:32@x:1", "-o", tmp_path / "s.pt2")
+    assert result.exit_code == 2, result.stderr
+    assert "the model fails with S=2, the min of --dim S (IndexError" in result.stderr
+    assert "it runs down to S=3: --dim S=3:32@x:1" in result.stderr and not (tmp_path / "s.pt2").exists()
