@@ -14,7 +14,7 @@ from aotc.config import BuildConfig, default_package_folder, resolve_device
 from aotc.errors import UserInputError
 from aotc.optional import require
 from aotc.precision import move_program, name_graph_devices, target_device
-from conftest import invoke
+from conftest import MODELS, invoke
 
 NO_GPU = not torch.cuda.is_available()
 PLOT_ERROR = "error: --plot needs matplotlib, which is not installed; pip install 'aotc[bench]'"
@@ -113,18 +113,11 @@ def test_unknown_device_in_a_config_file(packages, tmp_path):
     assert result.exit_code == 2 and "--device gpu is not one of auto, cpu, cuda" in result.stderr
 
 
-class Positions(torch.nn.Module):
-    """GPT-2's pattern: positions made on the ids' device, embeddings, and `.to(device)` calls."""
+def positions_model():
+    """tests/models/positions.py's model, built as aotc loads it."""
+    from aotc.loading import load_model
 
-    def __init__(self):
-        super().__init__()
-        self.wte, self.wpe = torch.nn.Embedding(50, 8), torch.nn.Embedding(16, 8)
-
-    def forward(self, ids):
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        hidden = (self.wte(ids) + self.wpe(positions)).to(ids.device)
-        mask = torch.ones(ids.shape, device=ids.device)
-        return hidden.to(ids.device, torch.float64).float() * mask[..., None]
+    return load_model(str(MODELS / "positions.py")).module
 
 
 def device_arguments(ep) -> dict:
@@ -145,7 +138,7 @@ def test_cuda_target_names_device_index_0():
 def test_placed_graph_names_cuda_0_everywhere():
     """What move_to_device_pass(ep, "cuda") left (device=cuda, no index) becomes cuda:0; no CUDA needed, nothing runs."""
     ids = torch.randint(0, 50, (2, 5))
-    ep = torch.export.export(Positions(), (ids,), strict=False)
+    ep = torch.export.export(positions_model(), (ids,), strict=False)
     name_graph_devices(ep.graph_module, torch.device("cuda"))  # the bug: a bare "cuda" in the graph
     assert torch.device("cuda") in device_arguments(ep)["aten._assert_tensor_metadata.default"]
     changed = name_graph_devices(ep.graph_module, target_device("cuda"))
@@ -157,7 +150,7 @@ def test_placed_graph_names_cuda_0_everywhere():
 
 def test_move_program_keeps_the_graph_runnable():
     ids = torch.randint(0, 50, (2, 5))
-    model = Positions()
+    model = positions_model()
     ep = move_program(torch.export.export(model, (ids,), strict=False), target_device("cpu"))
     assert all(v == torch.device("cpu") for values in device_arguments(ep).values() for v in values)
     torch.testing.assert_close(ep.module()(ids), model(ids))
@@ -199,25 +192,7 @@ def test_embedding_model_with_device_calls_builds_on_cuda(tmp_path):
     import aotc_runtime
     from aotc.loading import load_model
 
-    model_file = tmp_path / "positions.py"
-    model_file.write_text(textwrap.dedent("""\
-        import torch
-
-
-        class Positions(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.wte, self.wpe = torch.nn.Embedding(50, 8), torch.nn.Embedding(16, 8)
-
-            def forward(self, ids):
-                positions = torch.arange(ids.shape[1], device=ids.device)
-                hidden = (self.wte(ids) + self.wpe(positions)).to(ids.device)
-                return hidden.to(torch.float32) * torch.ones(ids.shape, device=ids.device)[..., None]
-
-
-        def example_inputs():
-            return (torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(0)),)
-    """))
+    model_file = MODELS / "positions.py"
     artifact = tmp_path / "positions.pt2"
     result = invoke("export", model_file, "-o", artifact)
     assert result.exit_code == 0, result.stderr
