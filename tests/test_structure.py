@@ -154,6 +154,16 @@ def test_stateful_model_counts_across_calls_like_eager(tmp_path):
     package.reset_state()
     assert package(x)[0, 0].item() == 1.0
     assert aotc_runtime.load(tmp_path / "counter_pkg")(x)[0, 0].item() == 1.0  # a fresh load starts fresh
+    # A state file that is not a list of tensors (its hash made to match) is refused, not executed or half-used.
+    from aotc_runtime.manifest import sha256_file
+
+    state_file = tmp_path / "counter_pkg" / "state.pt"
+    state_file.write_bytes(b"not a torch file")
+    manifest = json.loads((tmp_path / "counter_pkg" / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = sha256_file(state_file)
+    (tmp_path / "counter_pkg" / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("run", tmp_path / "counter_pkg")
+    assert result.exit_code == 7 and "its state.pt could not be read" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_non_tensor_output_refused_at_export(tmp_path):
