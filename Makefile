@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 AOTC := $(VENV)/bin/aotc
 DEMO := demo_out
 
-.PHONY: install demo test test-gpu bench lint clean
+.PHONY: install demo test test-gpu bench lint format clean
 
 install: $(VENV)/.installed
 
@@ -33,11 +33,25 @@ test: install
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
 
+# Formatter check, linter, types (settings in pyproject.toml); `make format` applies the formatter.
 lint: install
-	$(PY) -m pyflakes aotc runtime scripts tests
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 bench: install
-	$(PY) scripts/bench_cpu.py
+	rm -rf bench_out && mkdir -p bench_out
+	@echo "== 1/3 export: examples/mlp.py at batch 32"
+	$(AOTC) export examples/mlp.py --input-shape 32x128 -o bench_out/mlp.pt2
+	@echo "== 2/3 build: mode default (device auto: the GPU if torch sees one, else the CPU)"
+	$(AOTC) build bench_out/mlp.pt2 --mode default -o bench_out/mlp_pkg
+	@echo "== 3/3 bench: the package against eager and torch.compile, steady state and cold starts"
+	$(AOTC) bench bench_out/mlp_pkg --json bench_out/bench.json --plot bench_out/bench.png
+	@echo "bench done: table above, report bench_out/bench.json, plot bench_out/bench.png"
 
 clean:
-	rm -rf $(DEMO) .pytest_cache
+	rm -rf $(DEMO) bench_out .pytest_cache

@@ -1,6 +1,6 @@
 """aotc: ahead-of-time export and compile for PyTorch models.
 
-The compiler side. Heavy imports (torch, onnx) happen inside functions so `aotc --help` is fast.
+The compiler side. Heavy imports (torch) happen inside functions so `aotc --help` is fast.
 """
 
 __version__ = "0.1.0"

@@ -1,3 +1,3 @@
-from .cli import main
+from aotc.cli.main import main
 
 main()

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from .bench import BenchConfig
-from .build import BuildResult, build_package
-from .config import BuildConfig, ExportConfig
-from .export import ExportResult, export_model
+from pathlib import Path
+from typing import Sequence
+
+from aotc.bench.harness import BenchConfig
+from aotc.build.pipeline import BuildResult, build_package
+from aotc.config import BuildConfig, ExportConfig
+from aotc.explain.report import ExplainConfig, ExplainReport, explain_model
+from aotc.export.trace import ExportResult, export_model
+from aotc.progress import Progress, ProgressBar
 
 
 def export(cfg: ExportConfig) -> ExportResult:
@@ -13,26 +18,28 @@ def export(cfg: ExportConfig) -> ExportResult:
     return export_model(cfg)
 
 
-def build(cfg: BuildConfig, progress=None) -> BuildResult:
+def build(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
     """Compile an export artifact ahead of time into a package folder."""
     return build_package(cfg, progress)
 
 
-def run(package, input_files=(), output=None, iters: int = 0, seed: int = 0) -> dict:
+def run(package: str | Path, input_files: Sequence[str | Path] = (), output: str | Path | None = None, iters: int = 0,
+        seed: int = 0) -> dict:
     """Load a package through the thin runtime and run it (never compiles)."""
-    from aotc_runtime.runner import run_package
+    from aotc_runtime import run_package
 
     return run_package(package, input_files, output, iters, seed)
 
 
-def bench(cfg: BenchConfig, progress=None) -> dict:
+def bench(cfg: BenchConfig, progress: ProgressBar | None = None) -> dict:
     """Time a package against eager and torch.compile of its artifact; write cfg.json_path / cfg.plot_path.
 
-    `cfg` is a BenchConfig; `progress` an aotc.bench_report.ProgressBar (stderr).
-    Returns the report (JSON-ready dict); aotc.bench_report.format_table(report) is the CLI's table.
+    `cfg` is a BenchConfig; `progress` an aotc.progress.ProgressBar (stderr).
+    Returns the report (JSON-ready dict); aotc.bench.report.format_table(report) is the CLI's table.
     """
-    from .bench import bench_package
-    from .bench_report import write_json, write_plot
+    from aotc.bench.harness import bench_package
+    from aotc.bench.plot import write_plot
+    from aotc.bench.report import write_json
 
     report = bench_package(cfg, progress)
     if cfg.json_path is not None and str(cfg.json_path) != "-":
@@ -42,11 +49,10 @@ def bench(cfg: BenchConfig, progress=None) -> dict:
     return report
 
 
-__all__ = ["export", "build", "run", "bench", "ExportConfig", "BuildConfig", "BenchConfig"]
-
-
-def explain(cfg):
-    """Why a model does or does not export: an aotc.explain.ExplainReport (cfg: aotc.explain.ExplainConfig). Writes nothing."""
-    from .explain import explain_model
-
+def explain(cfg: ExplainConfig) -> ExplainReport:
+    """Why a model does or does not export, in terms of the user's code. Writes nothing."""
     return explain_model(cfg)
+
+
+__all__ = ["export", "build", "run", "bench", "explain", "ExportConfig", "BuildConfig", "BenchConfig", "ExplainConfig",
+           "ExportResult", "BuildResult", "ExplainReport"]

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import UserInputError
+from aotc.errors import UserInputError
 
 def _configs_dir() -> Path:
     """The mode presets: aotc/configs inside an installed wheel (pyproject.toml maps the top-level
@@ -87,7 +87,7 @@ class BuildConfig:
     rtol: float | None = None
     allow_mismatch: bool = False
     force: bool = False
-    # Link the model .so with -Wl,-Bsymbolic (see aotc/toolchain.py); on by default, harmless where not needed.
+    # Link the model .so with -Wl,-Bsymbolic (see aotc/build/toolchain.py); on by default, harmless where not needed.
     bsymbolic: bool = True
 
     def validate(self) -> None:
@@ -189,7 +189,7 @@ def mode_preset(mode: Mode) -> dict:
     """The YAML preset of a mode: {'inductor': {common + per-device options}, 'runtime': {...}}."""
     path = CONFIGS_DIR / "modes" / f"{mode.value}.yaml"
     if not path.is_file():
-        from .errors import InternalError
+        from aotc.errors import InternalError
 
         raise InternalError(f"mode preset {path} is missing from the aotc installation; reinstall aotc from its checkout")
     data = load_yaml(path)

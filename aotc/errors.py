@@ -7,7 +7,7 @@ prints `error: <message>` on one line and exits with the class's code; the trace
 
 from __future__ import annotations
 
-from aotc_runtime.errors import AotcRuntimeError, InputMismatchError, PackageError
+from aotc_runtime import AotcRuntimeError, InputMismatchError, PackageError
 
 
 class AotcError(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import UserInputError
+from aotc.errors import UserInputError
 
 
 def require(module: str, extra: str, purpose: str):

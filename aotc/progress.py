@@ -1,8 +1,13 @@
-"""Progress on stderr: each stage with its elapsed time, and a heartbeat while a long step runs."""
+"""Progress on stderr, the one interface of build and bench.
+
+Progress: each stage with its elapsed time, and a heartbeat while a long step runs (`aotc build`).
+ProgressBar: the same, plus one bar over a plan of weighted steps (`aotc bench`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -46,3 +51,48 @@ class Progress:
         while not stop.wait(self.heartbeat_s):
             extra = detail() if detail else ""
             self._say(f"{name}: still working ({time.perf_counter() - began:.0f}s{', ' + extra if extra else ''})")
+
+
+class ProgressBar(Progress):
+    """One bar over the whole plan on stderr: redrawn in place on a terminal, a line now and then elsewhere."""
+
+    def __init__(self, enabled: bool = True, stream=None, width: int = 28):
+        super().__init__(enabled, stream)
+        self.width = width
+        self.total, self.done, self.last_line = 1.0, 0.0, 0.0
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def begin(self, total: float) -> None:
+        """`total`: the plan's weight, the sum of its steps' weights (rough relative costs)."""
+        self.total, self.done, self.started = max(1, total), 0, time.perf_counter()
+
+    def step(self, label: str, weight: float = 1) -> None:
+        """Announce the next step of the plan (the previous one is done)."""
+        self._draw(label, final=False)
+        self.done = min(self.done + weight, self.total)
+
+    def _say(self, text: str) -> None:  # notes and stages draw on the bar
+        self._draw(text, final=False, counted=False)
+
+    def finish(self) -> None:
+        self.done = self.total
+        self._draw(f"done in {time.perf_counter() - self.started:.1f}s", final=True)
+
+    def _draw(self, label: str, final: bool, counted: bool = True) -> None:
+        if not self.enabled:
+            return
+        filled = round(self.width * self.done / self.total)
+        line = (f"[aotc bench] {'#' * filled}{'.' * (self.width - filled)} {100 * self.done / self.total:3.0f}% "
+                f"{time.perf_counter() - self.started:6.1f}s  {label}")
+        if self.tty:
+            columns = 120
+            with contextlib.suppress(OSError):
+                columns = os.get_terminal_size(self.stream.fileno()).columns
+            self.stream.write("\r\x1b[K" + line[: columns - 1] + ("\n" if final else ""))
+            self.stream.flush()
+            return
+        # Not a terminal (CI logs, pipes): the slow steps and a heartbeat, not one line per timed slice.
+        now = time.perf_counter()
+        if final or not counted or "timed round" not in label or now - self.last_line > 5:
+            print(line, file=self.stream, flush=True)
+            self.last_line = now

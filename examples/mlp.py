@@ -1,4 +1,4 @@
-"""The seeds' feed-forward network: 128 -> 256 -> 10 (the demo model).
+"""The torch.compile tutorials' feed-forward network: 128 -> 256 -> 10 (the demo model).
 
     aotc export examples/mlp.py --input-shape 32x128 -o mlp.pt2
 """

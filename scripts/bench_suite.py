@@ -61,7 +61,7 @@ def export_and_build(model: SuiteModel, args, work: Path, notes: list) -> tuple:
     from aotc.config import Mode
     from aotc.errors import BuildError, ExportError
     from aotc.progress import Progress
-    from aotc.shapes import parse_dim, parse_shape
+    from aotc.export.shapes import parse_dim, parse_shape
 
     artifact, package = work / f"{model.name}.pt2", work / f"{model.name}_pkg"
     attempts = [(model.shapes, model.dims)] + ([(model.static_shapes, ())] if model.static_shapes else [])
@@ -89,7 +89,8 @@ def display_target(model: SuiteModel) -> str:
 def run_model(model: SuiteModel, args, work: Path, results: Path, command: str) -> dict:
     """Export, build and bench one model; write and return {'suite': ..., 'report': ... or None}."""
     from aotc.api import BenchConfig, bench
-    from aotc.bench_report import ProgressBar, write_json
+    from aotc.bench.report import write_json
+    from aotc.progress import ProgressBar
     from aotc.errors import AotcError, AotcRuntimeError
 
     stem = f"{args.device}-{model.name}"
@@ -117,7 +118,7 @@ def _ms(value) -> str:
 
 
 def summary_row(entry: dict, against: tuple) -> list:
-    from aotc.bench_report import headline_batch
+    from aotc.bench.report import headline_batch
 
     report = entry["report"]
     batch = headline_batch(report)
@@ -135,7 +136,7 @@ def summary_row(entry: dict, against: tuple) -> list:
 
 def write_page(entries: list, args, out: Path) -> Path:
     """The page, from every model's JSON in OUT/bench/ (this run's and earlier ones')."""
-    from aotc.bench_report import describe_machine, format_table
+    from aotc.bench.report import describe_machine, format_table
 
     done = [e for e in entries if e["report"]]
     lines = [f"# aotc bench suite: {args.device.upper()}", "",
@@ -198,7 +199,7 @@ def parse_args(argv):
     parser.add_argument("--work", type=Path, help="keep artifacts and packages here [default: a temporary folder]")
     parser.add_argument("--page-only", action="store_true", help="measure nothing: rewrite the page from the saved results in OUT/bench/")
     args = parser.parse_args(argv)
-    from aotc.bench import parse_against
+    from aotc.bench.harness import parse_against
 
     args.against = parse_against(args.against) if args.against else AGAINST[args.device]
     if args.cold_runs is None:

@@ -8,7 +8,7 @@ import sys
 import numpy
 import torch
 
-from aotc.loading import load_model
+from aotc.export.loading import load_model
 
 
 def main(model_path: str, input_path: str, output_path: str) -> int:
@@ -24,4 +24,7 @@ def main(model_path: str, input_path: str, output_path: str) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
     sys.exit(main(*sys.argv[1:4]))

@@ -14,14 +14,32 @@ import collections
 import json
 from pathlib import Path
 
-from side_by_side import gpu_events
-
 FAMILIES = ("triton_tem", "triton_poi", "triton_per", "triton_red", "cudnn", "sm90_xmma", "sm80_xmma", "cutlass",
             "cublasLt", "gemm", "Memcpy", "Memset")
 
 
 def family(kernel: str) -> str:
     return next((f for f in FAMILIES if f.lower() in kernel.lower()), "other")
+
+
+def gpu_events(fn, inputs, calls: int) -> list:
+    """The profiler's GPU events (kernels and copies) of `calls` calls of `fn(*inputs)`, after one untimed call.
+
+    Their `device_time` is in microseconds. The untimed call captures a CUDA graph where the package
+    uses one, so what is profiled is the steady state.
+    """
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        fn(*inputs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*inputs)
+            torch.cuda.synchronize()
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
 def kernel_ms_per_call(package, inputs, calls: int) -> dict[str, float]:

@@ -8,7 +8,7 @@ Per model, each step in a fresh process: `aotc export` (the catalog's --dim flag
 (status, seconds, package size, the build's own numeric check), then `python scripts/zoo.py _measure NAME PKG`:
 eager vs the package on the file's example_inputs() (max abs error over all outputs, TF32 off on CUDA),
 and latency of eager, the package and on CUDA torch.compile(mode="reduce-overhead"), interleaved in one
-process (scripts/side_by_side.py, aotc bench's rounds). A failing step keeps the model in the table with
+process (aotc bench's rounds: aotc.bench.harness.interleaved). A failing step keeps the model in the table with
 aotc's one-line `error:`; later steps show `-`. --jobs N runs the export+build of N models at once; the
 measurements always run one at a time. Records go to JSON (default: --out with .json, one record per
 model per device); --merge keeps the other records of that file, so CPU and GPU runs share one page.
@@ -136,7 +136,7 @@ def max_abs_error(eager_out, package_out) -> tuple:
     """(max abs difference over all outputs, the worst output's name); eager's outputs by aotc's names."""
     import torch
 
-    from aotc.call_structure import flat_leaves, output_layout
+    from aotc.export.call_structure import flat_leaves, output_layout
 
     names, expected = output_layout(eager_out).names, flat_leaves(eager_out)
     if isinstance(package_out, dict):
@@ -154,9 +154,8 @@ def measure(name: str, package: str, device_type: str, iters: int, with_compile:
     import torch
 
     import aotc_runtime
-    from aotc.loading import load_model
-    from aotc.precision import strict_fp32
-    from side_by_side import interleaved
+    from aotc.build.precision import strict_fp32
+    from aotc.export.loading import load_model
 
     cat = catalog()
     model_entry = next(m for m in cat.ZOO + cat.GPU_ZOO if m.name == name)
@@ -182,8 +181,35 @@ def measure(name: str, package: str, device_type: str, iters: int, with_compile:
                 contenders[COMPILE] = lambda: compiled(*args, **kwargs)
             except Exception as exc:  # reported in its column; eager and package are still measured
                 result["compile_error"] = one_line(exc)
-    result["latency"] = interleaved(contenders, [], device, iters)
+    result["latency"] = interleaved_latency(contenders, device, iters)
     return result
+
+
+def interleaved_latency(contenders: dict, device, iters: int, warmup: int = 10, rounds: int = 10) -> dict:
+    """{name: latency summary + first_call_ms} of callables `fn()`, measured in this process.
+
+    Each callable's first call and `warmup` untimed calls, then `iters` timed calls split into `rounds`
+    interleaved rounds: aotc bench's own timing (aotc.bench.harness.interleaved, aotc_runtime.time_calls).
+    """
+    from types import SimpleNamespace
+
+    import torch
+
+    import aotc_runtime
+    from aotc.bench.harness import interleaved
+    from aotc.progress import ProgressBar
+
+    first_call = {}
+    with torch.inference_mode():
+        for name, fn in contenders.items():
+            started = time.perf_counter()
+            fn()
+            aotc_runtime.synchronize(device)
+            first_call[name] = (time.perf_counter() - started) * 1e3
+            aotc_runtime.time_calls(fn, 0, device, warmup=warmup)
+        timed = [SimpleNamespace(name=name, call=fn) for name, fn in contenders.items()]
+        samples = interleaved(timed, [], iters, rounds, device, ProgressBar(enabled=False), "")
+    return {name: {**aotc_runtime.summarize(times), "first_call_ms": first_call[name]} for name, times in samples.items()}
 
 
 def one_line(exc: Exception) -> str:
@@ -207,7 +233,7 @@ def measure_main(name: str, package: str, device: str, iters: str, compile_flag:
 def machine(device_type: str) -> dict:
     import torch
 
-    from aotc.bench_report import machine_description
+    from aotc.bench.machine import machine_description
 
     info = machine_description(torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu"))
     name = info["gpu"] if device_type == "cuda" else f"{info['cpu']}, {info['cpu_count']} cores"
@@ -254,7 +280,7 @@ def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda reco
 
 def save_records(records: list, path: Path, merge: bool) -> list:
     """Write the JSON (with --merge: over the file's records, replacing those of the same model and device)."""
-    from aotc.bench_report import write_json
+    from aotc.bench.report import write_json
 
     old = json.loads(path.read_text())["records"] if merge and path.is_file() else []
     new_keys = {(r["model"], r["device"]) for r in records}

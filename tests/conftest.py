@@ -8,10 +8,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from aotc.cli import cli
+from aotc.cli.main import cli
 
 MODELS = Path(__file__).parent / "models"
-# The seeds' MLP is the demo model; the tests use the same file rather than a copy.
+# The torch.compile tutorials' MLP is the demo model; the tests use the same file rather than a copy.
 MLP = Path(__file__).parent.parent / "examples" / "mlp.py"
 
 # name -> (model file, export flags). Built on first use, shared by every test that asks.
@@ -85,7 +85,7 @@ def packages(tmp_path_factory) -> PackageCache:
 
 def eager_model(name: str):
     """The model of a case, built the way aotc loads it (same seed, eval mode)."""
-    from aotc.loading import load_model
+    from aotc.export.loading import load_model
 
     model, flags = CASES[name]
     entry = flags[flags.index("--entry") + 1] if "--entry" in flags else None

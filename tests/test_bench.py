@@ -6,9 +6,12 @@ import pytest
 
 from conftest import invoke
 
+from aotc_runtime import Signature
+
 from aotc.api import BenchConfig, bench
-from aotc.bench import resolve_batch_sizes
-from aotc.bench_report import format_table, write_plot
+from aotc.bench.harness import resolve_batch_sizes
+from aotc.bench.plot import write_plot
+from aotc.bench.report import format_table
 from aotc.errors import UserInputError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -66,7 +69,7 @@ def test_bench_cli_against_eager_and_compile(packages, tmp_path):
 
 
 def test_a_baseline_that_cannot_start_costs_only_its_row(packages, tmp_path, monkeypatch):
-    import aotc.bench_cold as bench_cold
+    import aotc.bench.cold as bench_cold
     from aotc.errors import ModelError, PackageError
 
     real_run_child = bench_cold.run_child
@@ -143,13 +146,13 @@ def test_bench_refuses_a_folder_that_is_not_a_package(tmp_path):
 
 
 def test_batch_sizes_need_a_dynamic_first_dim_in_range():
-    dynamic = {"inputs": [{"name": "x", "dtype": "float32", "shape": ["B", 128]}], "outputs": [],
-               "dims": {"B": {"min": 1, "max": 64, "example": 16}}}
+    dynamic = Signature.from_json({"inputs": [{"name": "x", "dtype": "float32", "shape": ["B", 128]}], "outputs": [],
+                                   "dims": {"B": {"min": 1, "max": 64, "example": 16}}})
     assert resolve_batch_sizes(dynamic, ()) == (16,)
     assert resolve_batch_sizes(dynamic, (1, 8, 64)) == (1, 8, 64)
     with pytest.raises(UserInputError, match="ranges 1..64"):
         resolve_batch_sizes(dynamic, (1, 128))
-    static = {"inputs": [{"name": "x", "dtype": "float32", "shape": [32, 128]}], "outputs": [], "dims": {}}
+    static = Signature.from_json({"inputs": [{"name": "x", "dtype": "float32", "shape": [32, 128]}], "outputs": [], "dims": {}})
     assert resolve_batch_sizes(static, (32,)) == (32,)
 
 

@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-import aotc.build
-import aotc.verify
-from aotc_runtime.manifest import hash_package_files
+import aotc.build.pipeline
+import aotc.build.verify
+from aotc_runtime import hash_package_files
 from conftest import invoke
 
 REQUIRED = ["format_version", "aotc_version", "created", "toolchain", "device", "mode", "precision", "inductor_options",
@@ -50,8 +50,8 @@ def test_manifest_says_where_the_build_time_went(packages):
 
 def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypatch):
     artifact = packages.get("sincos").artifact  # built before the check is sabotaged
-    real = aotc.verify.eager_outputs
-    monkeypatch.setattr(aotc.verify, "eager_outputs", lambda ep, cases, signature: [[t + 0.5 for t in out] for out in real(ep, cases, signature)])
+    real = aotc.build.verify.eager_outputs
+    monkeypatch.setattr(aotc.build.verify, "eager_outputs", lambda ep, cases, signature: [[t + 0.5 for t in out] for out in real(ep, cases, signature)])
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 6, result.stderr
     assert "package output 'output_0' differs from eager by max abs 0.5" in result.stderr
@@ -66,7 +66,7 @@ def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypat
 def test_crash_in_child_becomes_a_build_error(packages, tmp_path, monkeypatch):
     artifact = packages.get("sincos").artifact
     crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
-    monkeypatch.setattr(aotc.verify, "child_command", lambda *args: crash)
+    monkeypatch.setattr(aotc.build.verify, "check_command", lambda *args: crash)
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 5
     assert "crashed when loaded and run in a child process (SIGSEGV)" in result.stderr
@@ -79,7 +79,7 @@ def test_interrupted_build_leaves_nothing(packages, tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(aotc.build, "compile_aoti", interrupt)
+    monkeypatch.setattr(aotc.build.pipeline, "compile_aoti", interrupt)
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 130 and "interrupted" in result.stderr
     assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
@@ -90,7 +90,7 @@ def test_force_replaces_a_package_only_when_the_new_one_is_whole(packages, tmp_p
     target = tmp_path / "pkg"
     target.mkdir()
     (target / "old.txt").write_text("old")
-    monkeypatch.setattr(aotc.verify, "child_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"])
+    monkeypatch.setattr(aotc.build.verify, "check_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"])
     result = invoke("build", artifact, "-o", target, "--force", "--quiet")
     assert result.exit_code == 5
     assert (target / "old.txt").read_text() == "old"  # the failed build did not touch it
@@ -115,7 +115,7 @@ def test_config_file_and_flags_precedence(packages, tmp_path):
 
 def test_compiler_choice_skips_a_gxx_with_newer_headers(tmp_path, monkeypatch):
     """$CXX naming a g++ whose headers are newer than the loaded libstdc++ is passed over (it would crash on load)."""
-    from aotc import toolchain
+    from aotc.build import toolchain
 
     library = toolchain.loaded_libstdcxx()
     if library is None or toolchain.compiler_gcc_release("g++") is None:
@@ -133,7 +133,7 @@ def test_compiler_choice_skips_a_gxx_with_newer_headers(tmp_path, monkeypatch):
 
 
 def test_compiler_beside_the_loaded_libstdcxx_comes_first(tmp_path, monkeypatch):
-    from aotc import toolchain
+    from aotc.build import toolchain
 
     library = toolchain.loaded_libstdcxx()
     beside = toolchain.compiler_beside(library)
@@ -151,7 +151,7 @@ def test_bf16_package_keeps_the_exported_signature(packages, tmp_path):
     from conftest import eager_model
 
     package = aotc_runtime.load(tmp_path / "pkg")
-    assert package.manifest["precision"] == "bf16" and package.manifest["numeric_check"]["atol"] == 5e-2
+    assert package.manifest.precision == "bf16" and package.manifest.numeric_check.atol == 5e-2
     x = torch.randn(16, 3, 128, 128)
     out = package(x)
     assert out.dtype == torch.float32
@@ -161,7 +161,7 @@ def test_bf16_package_keeps_the_exported_signature(packages, tmp_path):
 
 def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypatch):
     """The fp32 check on CUDA compares without TF32: in this process, and (by env) in the child."""
-    from aotc.precision import strict_fp32
+    from aotc.build.precision import strict_fp32
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     with strict_fp32():
@@ -172,18 +172,18 @@ def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypa
 
     def fake_run(command, **kwargs):
         seen["env"] = kwargs["env"]
-        raise aotc.verify.subprocess.TimeoutExpired(command, 1)
+        raise aotc.build.verify.subprocess.TimeoutExpired(command, 1)
 
-    monkeypatch.setattr(aotc.verify.subprocess, "run", fake_run)
+    monkeypatch.setattr(aotc.build.verify.subprocess, "run", fake_run)
     for strict, flag in ((True, "1"), (False, "0")):
-        with pytest.raises(aotc.build.BuildError):
-            aotc.verify.run_in_child("unused", [("example", [torch.zeros(1)])], strict)
-        assert seen["env"][aotc.verify.STRICT_FP32_ENV] == flag
+        with pytest.raises(aotc.build.pipeline.BuildError):
+            aotc.build.verify.run_in_child("unused", [("example", [torch.zeros(1)])], strict)
+        assert seen["env"][aotc.build.verify.STRICT_FP32_ENV] == flag
 
 
 def test_views_become_reshapes_before_a_move_to_another_device():
     """A CPU-traced `view` may not fit CUDA strides (vit_b_16); `reshape` means the same where it fits."""
-    from aotc.precision import reshape_instead_of_view
+    from aotc.build.precision import reshape_instead_of_view
 
     class Flatten(torch.nn.Module):
         def forward(self, x):

@@ -1,4 +1,4 @@
-"""aotc build's defaults (issue 11): the package folder beside the artifact, --device auto, indexed CUDA
+"""aotc build's defaults: the package folder beside the artifact, --device auto, indexed CUDA
 devices in the placed graph, and a missing optional dependency as one line naming its extra."""
 
 import json
@@ -13,7 +13,7 @@ import aotc.api
 from aotc.config import BuildConfig, default_package_folder, resolve_device
 from aotc.errors import UserInputError
 from aotc.optional import require
-from aotc.precision import move_program, name_graph_devices, target_device
+from aotc.build.precision import move_program, name_graph_devices, target_device
 from conftest import MODELS, invoke
 
 NO_GPU = not torch.cuda.is_available()
@@ -115,7 +115,7 @@ def test_unknown_device_in_a_config_file(packages, tmp_path):
 
 def positions_model():
     """tests/models/positions.py's model, built as aotc loads it."""
-    from aotc.loading import load_model
+    from aotc.export.loading import load_model
 
     return load_model(str(MODELS / "positions.py")).module
 
@@ -171,7 +171,7 @@ def test_missing_matplotlib_fails_before_benchmarking(packages, tmp_path, monkey
 
 
 def test_require_names_the_extra(tmp_path, monkeypatch):
-    from aotc.bench_report import write_plot
+    from aotc.bench.plot import write_plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(UserInputError, match=r"--plot needs matplotlib, which is not installed; pip install 'aotc\[bench\]'"):
@@ -190,7 +190,7 @@ def test_require_names_the_extra(tmp_path, monkeypatch):
 def test_embedding_model_with_device_calls_builds_on_cuda(tmp_path):
     """The GPT-2 failure (device=cuda vs tensors on cuda:0) on a small model of the same pattern, through the CLI."""
     import aotc_runtime
-    from aotc.loading import load_model
+    from aotc.export.loading import load_model
 
     model_file = MODELS / "positions.py"
     artifact = tmp_path / "positions.pt2"
@@ -199,7 +199,7 @@ def test_embedding_model_with_device_calls_builds_on_cuda(tmp_path):
     result = invoke("build", artifact, "--device", "cuda", "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 0, result.stderr
     package = aotc_runtime.load(tmp_path / "pkg")
-    assert package.manifest["device"]["type"] == "cuda" and package.manifest["device"]["requested"] == "cuda"
+    assert package.manifest.device.type == "cuda" and package.manifest.device.requested == "cuda"
     ids = torch.randint(0, 50, (2, 5), device="cuda")
     eager = load_model(str(model_file), None).module.cuda()
     with torch.no_grad():

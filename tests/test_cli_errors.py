@@ -115,7 +115,7 @@ def test_help_documents_exit_codes():
 def test_verbose_raises_the_real_exception(tmp_path):
     from click.testing import CliRunner
 
-    from aotc.cli import cli
+    from aotc.cli.main import cli
 
     result = CliRunner().invoke(cli, ["--verbose", "export", str(MODELS / "no_model.py"), "--input-shape", "2x2", "-o", str(tmp_path / "m.pt2")])
     assert result.exit_code != 0

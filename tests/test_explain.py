@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from aotc.explain import ExplainConfig, explain_model
-from aotc.explain_render import render_report
-from aotc.export_problems import CONTROL_FLOW, DATA_SHAPE, DIM_SPECIALIZED, NON_TORCH, _suggestion_flag, fixed_shape_flags
-from aotc.shapes import parse_dim, parse_shape
+from aotc.explain.report import ExplainConfig, explain_model
+from aotc.explain.render import render_report
+from aotc.export.problems import CONTROL_FLOW, DATA_SHAPE, DIM_SPECIALIZED, NON_TORCH, _suggestion_flag, fixed_shape_flags
+from aotc.export.shapes import parse_dim, parse_shape
 from conftest import MODELS, invoke
 
 # name -> (model file, flags as for `aotc export`)

@@ -59,10 +59,10 @@ def test_densenet121_round_trip(gpu_workdir, densenet, mode):
     package_dir = build_once(gpu_workdir, densenet, f"densenet121_{mode}", "--mode", mode)
     package = aotc_runtime.load(package_dir)
     manifest = package.manifest
-    assert manifest["device"]["type"] == "cuda" and manifest["device"]["compute_capability"]
-    assert manifest["toolchain"]["cuda"] and manifest["toolchain"]["triton"] and manifest["toolchain"]["ptxas"]
-    assert manifest["numeric_check"]["passed"]
-    assert manifest["runtime"]["cuda_graphs"] == (mode != "default")
+    assert manifest.device.type == "cuda" and manifest.device.compute_capability
+    assert manifest.toolchain.cuda and manifest.toolchain.build_tools["triton"] and manifest.toolchain.build_tools["ptxas"]
+    assert manifest.numeric_check.passed
+    assert manifest.runtime.cuda_graphs == (mode != "default")
     torch.manual_seed(0)
     model = torchvision.models.densenet121().eval().cuda()
     for seed in (1, 2):  # two different inputs: a CUDA-graph replay must see the new values
@@ -70,7 +70,7 @@ def test_densenet121_round_trip(gpu_workdir, densenet, mode):
         with torch.no_grad():
             torch.testing.assert_close(package(x), model(x), atol=2e-3, rtol=2e-3)
     if mode != "default":
-        assert package._call_flat.captured_signatures == 1
+        assert package.cuda_graphs_captured == 1
         first, second = package(x), package(x)
         assert first.data_ptr() != second.data_ptr()  # fresh outputs by default: a caller may keep them
 
@@ -100,7 +100,7 @@ def test_dynamic_batch_on_gpu(gpu_workdir):
         x = torch.randn(batch, 128, device="cuda")
         with torch.no_grad():
             torch.testing.assert_close(package(x), model(x), atol=1e-4, rtol=1e-4)
-    assert package._call_flat.captured_signatures == 3  # one graph per static input shape
+    assert package.cuda_graphs_captured == 3  # one graph per static input shape
     with pytest.raises(aotc_runtime.InputMismatchError, match="outside 1..64"):
         package(torch.randn(65, 128, device="cuda"))
 
@@ -117,13 +117,13 @@ def test_two_inputs_on_gpu(gpu_workdir):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"])
 def test_reduced_precision_package(gpu_workdir, precision):
-    from aotc.tolerances import DEFAULTS
+    from aotc.build.tolerances import DEFAULTS
 
     artifact = export_once(gpu_workdir, "cnn_bn", MODELS / "cnn_bn.py", "--input-shape", "16x3x128x128")
     package = aotc_runtime.load(build_once(gpu_workdir, artifact, f"cnn_{precision}", "--precision", precision))
     tol = DEFAULTS[precision][0]
-    assert package.manifest["precision"] == precision
-    assert package.manifest["numeric_check"]["atol"] == tol and package.manifest["numeric_check"]["passed"]
+    assert package.manifest.precision == precision
+    assert package.manifest.numeric_check.atol == tol and package.manifest.numeric_check.passed
     x = torch.randn(16, 3, 128, 128, device="cuda")
     out = package(x)
     assert out.dtype == torch.float32  # the signature the user exported is kept

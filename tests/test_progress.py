@@ -3,7 +3,7 @@
 import io
 import time
 
-from aotc.build_profile import TuningProgress
+from aotc.build.profile import TuningProgress
 from aotc.progress import Progress
 
 

@@ -1,11 +1,11 @@
-"""The build process gets the ptxas Inductor's compile workers use (aotc/ptxas.py)."""
+"""The build process gets the ptxas Inductor's compile workers use (aotc/build/ptxas.py)."""
 
 import os
 from pathlib import Path
 
 import pytest
 
-from aotc import ptxas
+from aotc.build import ptxas
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def test_package_matches_eager(packages, name):
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
-    check = package.manifest["numeric_check"]
+    check = package.manifest.numeric_check.to_json()
     assert check["passed"] and all(o["max_abs"] <= o["atol"] + 1e-12 or o["ok"] for o in check["outputs"])
 
 
@@ -89,13 +89,13 @@ def test_dynamic_batch_runs_inside_range_and_refuses_outside(packages):
             torch.testing.assert_close(package(x), model(x), atol=1e-4, rtol=1e-4)
     with pytest.raises(aotc_runtime.InputMismatchError, match=r"dim 0 \(B\) = 65 is outside 1..64"):
         package(torch.randn(65, 128))
-    labels = " ".join(package.manifest["numeric_check"]["cases"])
+    labels = " ".join(package.manifest.numeric_check.cases)
     assert "B=1" in labels and "B=64" in labels
 
 
 def test_export_records_signature_with_dynamic_ranges(packages):
     manifest = aotc_runtime.load(packages.get("dynamic_mlp").package).manifest
-    signature = manifest["signature"]
+    signature = manifest.signature.to_json()
     assert signature["inputs"][0]["shape"] == ["B", 128]
     assert signature["outputs"][0]["shape"] == ["B", 10]
     assert signature["dims"] == {"B": {"min": 1, "max": 64, "example": 16}}

@@ -1,5 +1,6 @@
 """The thin runtime: refusals (damaged packages, version mismatch, wrong inputs) and its import boundary."""
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -51,13 +52,19 @@ def _edit_manifest(pkg, edit):
 
 
 @pytest.mark.parametrize("edit, fragment", [
-    (lambda m: m.pop("precision"), "lacks precision"),
-    (lambda m: m.update(device="cpu"), "device.type is not cpu or cuda"),
+    (lambda m: m.pop("precision"), "precision is missing"),
+    (lambda m: m.update(device="cpu"), "device is not an object"),
+    (lambda m: m["device"].update(type="tpu"), "device.type is 'tpu', not one of cpu, cuda"),
     (lambda m: m.update(files={}), "files does not list model.pt2"),
-    (lambda m: m["signature"].update(inputs="x"), "signature.inputs / signature.outputs are not lists"),
-    (lambda m: m["signature"]["inputs"][0].update(dtype="complex32"), "signature.inputs[0].dtype 'complex32' is not one of"),
+    (lambda m: m["toolchain"].update(torch=2), "toolchain.torch is not a string"),
+    (lambda m: m.pop("runtime"), "runtime is missing"),
+    (lambda m: m["runtime"].update(tf32="yes"), "runtime.tf32 is not true or false"),
+    (lambda m: m["numeric_check"].update(passed=None), "numeric_check.passed is not true or false"),
+    (lambda m: m["signature"].update(inputs="x"), "signature.inputs is not a list"),
+    (lambda m: m["signature"]["inputs"][0].update(dtype="complex32"), "signature.inputs[0].dtype is 'complex32', not one of"),
     (lambda m: m["signature"]["inputs"][0].update(shape=[32, None]), "signature.inputs[0].shape is not a list of sizes"),
     (lambda m: m["signature"]["inputs"][0].update(shape=["B", 128]), "name dims with no range in signature.dims: B"),
+    (lambda m: m["signature"].update(dims={"B": {"min": 8, "max": 4, "example": 6}}), "signature.dims.B range is not min <= example <= max"),
 ])
 def test_malformed_manifest_is_a_package_error(packages, tmp_path, edit, fragment):
     """A hand-edited manifest is refused as a package (exit 7) naming the field, never an internal error."""
@@ -66,6 +73,14 @@ def test_malformed_manifest_is_a_package_error(packages, tmp_path, edit, fragmen
     result = invoke("run", pkg)
     assert result.exit_code == 7, result.stderr
     assert fragment in result.stderr and "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_deeply_nested_manifest_is_a_package_error(packages, tmp_path):
+    """JSON nested past the parser's recursion limit is a package error too, not an internal one."""
+    pkg = copy_package(packages, tmp_path)
+    (pkg / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "is not valid JSON" in result.stderr, result.stderr
 
 
 def test_other_torch_version_is_refused(packages, tmp_path):
@@ -120,12 +135,12 @@ def test_not_a_package(tmp_path):
 
 
 def test_runtime_imports_neither_aotc_nor_compiler_side(packages):
-    """Load and run in a fresh process: no aotc, click, yaml, onnx or torch._inductor gets imported."""
+    """Load and run in a fresh process: no aotc, click, yaml or torch._inductor gets imported."""
     code = (
         "import sys, torch, aotc_runtime\n"
         f"p = aotc_runtime.load({str(packages.get('mlp').package)!r})\n"
         "p(torch.randn(32, 128))\n"
-        "bad = [m for m in ('aotc', 'click', 'yaml', 'onnx', 'torch._inductor') if m in sys.modules]\n"
+        "bad = [m for m in ('aotc', 'click', 'yaml', 'torch._inductor') if m in sys.modules]\n"
         "print(','.join(bad) or 'clean')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -139,11 +154,11 @@ def test_runtime_source_never_imports_aotc():
     root = pathlib.Path(aotc_runtime.__file__).parent
     for path in root.glob("*.py"):
         text = path.read_text()
-        assert not re.search(r"^\s*(from|import)\s+(aotc|click|yaml|onnx)\b", text, re.M), path
+        assert not re.search(r"^\s*(from|import)\s+(aotc|click|yaml)\b", text, re.M), path
 
 
 def test_model_so_is_linked_bsymbolic(packages, tmp_path):
-    """The deliberate -Wl,-Bsymbolic link (aotc/toolchain.py) reaches the compiled model."""
+    """The deliberate -Wl,-Bsymbolic link (aotc/build/toolchain.py) reaches the compiled model."""
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf not installed")
@@ -154,7 +169,7 @@ def test_model_so_is_linked_bsymbolic(packages, tmp_path):
     dynamic = subprocess.run([readelf, "-d", str(tmp_path / names[0])], capture_output=True, text=True, check=True).stdout
     assert "SYMBOLIC" in dynamic
     manifest = aotc_runtime.load(packages.get("mlp").package).manifest
-    assert manifest["toolchain"]["link_flags"] == ["-Wl,-Bsymbolic"]
+    assert manifest.toolchain.build_tools["link_flags"] == ["-Wl,-Bsymbolic"]
 
 
 def test_python_module_runner(packages):
@@ -177,8 +192,15 @@ def test_tf32_package_sets_tf32_around_its_calls_only(packages, tmp_path):
         package = aotc_runtime.load(package_dir)
         assert flags() == (False, False)
         seen = []
-        run = package._loader.run
-        package._call_flat = lambda flat, key=None: seen.append(flags()) or run(flat)
+        settings = package.run_settings
+
+        @contextlib.contextmanager
+        def spy():  # the flags as the call saw them, at the end of its block
+            with settings():
+                yield
+                seen.append(flags())
+
+        package.run_settings = spy
         package(torch.randn(32, 128))
         assert seen == [(True, True)] and flags() == (False, False)
     finally:

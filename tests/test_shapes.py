@@ -1,7 +1,7 @@
 import pytest
 
 from aotc.errors import UserInputError
-from aotc.shapes import DimSpec, parse_dim, parse_shape, resolve_dims
+from aotc.export.shapes import DimSpec, parse_dim, parse_shape, resolve_dims
 
 
 def test_static_and_named_dims():

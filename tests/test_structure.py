@@ -13,7 +13,7 @@ import numpy
 import pytest
 import torch
 
-from aotc.call_structure import DICT, LIST, TENSOR, TUPLE, flat_leaves, output_layout
+from aotc.export.call_structure import DICT, LIST, TENSOR, TUPLE, flat_leaves, output_layout
 from aotc.errors import ModelError
 from conftest import MODELS, invoke
 
@@ -59,7 +59,7 @@ def structured(tmp_path_factory):
 
 
 def _eager():
-    from aotc.loading import load_model
+    from aotc.export.loading import load_model
 
     loaded = load_model(str(MODELS / "structured_outputs.py"))
     return loaded.module, loaded.example_inputs()
@@ -125,7 +125,7 @@ def test_run_reads_named_npz_and_writes_named_outputs(structured, tmp_path):
 @pytest.mark.slow
 def test_inputs_by_name_errors(structured):
     import aotc_runtime
-    from aotc_runtime.errors import InputMismatchError
+    from aotc_runtime import InputMismatchError
 
     package = aotc_runtime.load(structured[1])
     ids, mask = torch.zeros(2, 6, dtype=torch.int64), torch.ones(2, 6)
@@ -155,7 +155,7 @@ def test_stateful_model_counts_across_calls_like_eager(tmp_path):
     assert package(x)[0, 0].item() == 1.0
     assert aotc_runtime.load(tmp_path / "counter_pkg")(x)[0, 0].item() == 1.0  # a fresh load starts fresh
     # A state file that is not a list of tensors (its hash made to match) is refused, not executed or half-used.
-    from aotc_runtime.manifest import sha256_file
+    from aotc_runtime import sha256_file
 
     state_file = tmp_path / "counter_pkg" / "state.pt"
     state_file.write_bytes(b"not a torch file")

@@ -65,7 +65,7 @@ def zoo(tmp_path_factory) -> ZooBuilds:
 
 def eager(model):
     """The model and its example keyword inputs, built the way aotc export builds them."""
-    from aotc.loading import load_model
+    from aotc.export.loading import load_model
 
     loaded = load_model(str(ZOO_DIR / model.file))
     produced = loaded.example_inputs()
@@ -73,7 +73,7 @@ def eager(model):
 
 
 def named_outputs(out) -> dict:
-    from aotc.call_structure import flat_leaves, output_layout
+    from aotc.export.call_structure import flat_leaves, output_layout
 
     return dict(zip(output_layout(out).names, flat_leaves(out)))
 
@@ -164,11 +164,11 @@ def test_zoo_model_on_cuda_reduce_overhead(tmp_path, name):
     result = invoke("build", tmp_path / f"{name}.pt2", "--mode", "reduce-overhead", "--quiet")
     assert result.exit_code == 0, result.stderr
     package = aotc_runtime.load(tmp_path / f"{name}_pkg")
-    assert package.manifest["device"] == {**package.manifest["device"], "type": "cuda", "requested": "auto"}
+    assert (package.manifest.device.type, package.manifest.device.requested) == ("cuda", "auto")
     module, inputs = eager(model)
     module = module.cuda()
     inputs = {k: v.cuda() for k, v in inputs.items()}
-    from aotc.precision import strict_fp32
+    from aotc.build.precision import strict_fp32
 
     with strict_fp32():
         for _call in range(3):  # capture, then replays

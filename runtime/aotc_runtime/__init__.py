@@ -3,22 +3,72 @@
     import aotc_runtime
     pkg = aotc_runtime.load("mlp_pkg/")
     y = pkg(x)
+
+The names in __all__ are the public API, for users and for aotc itself (the compiler side reads and
+writes packages only through them); submodules are internal. torch is imported on first use of a
+name that needs it, so importing the errors (as `aotc --help` does) stays fast.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from .errors import AotcRuntimeError, InputMismatchError, PackageError
 
 __version__ = "0.1.0"
-__all__ = ["load", "Package", "AotcRuntimeError", "PackageError", "InputMismatchError", "FORMAT_VERSION", "__version__"]
+
+# public name -> the submodule that defines it
+_LAZY = {
+    # loading and calling a package
+    "load": "package", "Package": "package",
+    # the package format (docs/package-format.md)
+    "Manifest": "manifest", "Source": "manifest", "Toolchain": "manifest", "Device": "manifest",
+    "RuntimeSettings": "manifest", "NumericCheck": "manifest", "OutputCheck": "manifest",
+    "read_manifest": "manifest", "verify_files": "manifest", "hash_package_files": "manifest", "sha256_file": "manifest",
+    "FORMAT_VERSION": "manifest", "READABLE_VERSIONS": "manifest", "MANIFEST_NAME": "manifest",
+    "MODEL_FILE": "manifest", "STATE_FILE": "manifest", "FieldError": "fields",
+    "Signature": "signature", "TensorSpec": "signature", "DTYPES": "signature", "DTYPE_NAMES": "signature",
+    "random_tensor": "signature",
+    # the machine a package is built for and runs on
+    "running_environment": "environment", "gpu_description": "environment",
+    # running, inputs and outputs, timing
+    "run_package": "runner", "format_report": "runner",
+    "read_inputs": "tensor_io", "write_outputs": "tensor_io", "flatten_outputs": "tensor_io",
+    "time_calls": "timing", "summarize": "timing", "synchronize": "timing",
+    "replaced_atomically": "files", "write_text_atomically": "files",
+}
+
+__all__ = ["AotcRuntimeError", "PackageError", "InputMismatchError", "__version__", "load", "Package",
+    "Manifest", "Source", "Toolchain", "Device", "RuntimeSettings", "NumericCheck", "OutputCheck",
+    "read_manifest", "verify_files", "hash_package_files", "sha256_file", "FORMAT_VERSION",
+    "READABLE_VERSIONS", "MANIFEST_NAME", "MODEL_FILE", "STATE_FILE", "FieldError", "Signature",
+    "TensorSpec", "DTYPES", "DTYPE_NAMES", "random_tensor", "running_environment", "gpu_description",
+    "run_package", "format_report", "read_inputs", "write_outputs", "flatten_outputs", "time_calls",
+    "summarize", "synchronize", "replaced_atomically", "write_text_atomically"]
+
+if TYPE_CHECKING:
+    from .environment import gpu_description, running_environment
+    from .fields import FieldError
+    from .files import replaced_atomically, write_text_atomically
+    from .manifest import (FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, READABLE_VERSIONS, STATE_FILE, Device, Manifest,
+                           NumericCheck, OutputCheck, RuntimeSettings, Source, Toolchain, hash_package_files,
+                           read_manifest, sha256_file, verify_files)
+    from .package import Package, load
+    from .runner import format_report, run_package
+    from .signature import DTYPE_NAMES, DTYPES, Signature, TensorSpec, random_tensor
+    from .tensor_io import flatten_outputs, read_inputs, write_outputs
+    from .timing import summarize, synchronize, time_calls
 
 
-def __getattr__(name):
-    # torch is imported on first use, so that `aotc --help` (which imports the errors) stays fast.
-    if name in ("load", "Package"):
-        from . import package
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aotc_runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return getattr(package, name)
-    if name == "FORMAT_VERSION":
-        from .manifest import FORMAT_VERSION
 
-        return FORMAT_VERSION
-    raise AttributeError(f"module 'aotc_runtime' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(__all__)

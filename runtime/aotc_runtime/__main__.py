@@ -12,7 +12,7 @@ import sys
 from .errors import AotcRuntimeError
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aotc-run", description="Run an aotc package (no compiler needed).")
     parser.add_argument("package")
     parser.add_argument("--input", action="append", default=[], help=".npy/.npz/.pt, in positional order")

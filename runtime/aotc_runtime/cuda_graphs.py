@@ -16,6 +16,7 @@ that signature falls back to plain calls, with one warning.
 from __future__ import annotations
 
 import sys
+from typing import Any, Callable
 
 import torch
 
@@ -23,22 +24,22 @@ WARMUP_CALLS = 2  # the first calls allocate workspaces and pick algorithms; cap
 
 
 class _Graph:
-    def __init__(self, graph, static_inputs, static_outputs):
+    def __init__(self, graph: torch.cuda.CUDAGraph, static_inputs: list[torch.Tensor], static_outputs: list[torch.Tensor]):
         self.graph = graph
         self.static_inputs = static_inputs
         self.static_outputs = static_outputs
 
 
 class CudaGraphRunner:
-    def __init__(self, run_flat, device: torch.device, reuse_outputs: bool = False):
+    def __init__(self, run_flat: Callable[..., list[torch.Tensor]], device: torch.device, reuse_outputs: bool = False):
         self._run_flat = run_flat
         self._device = device
         self._reuse_outputs = reuse_outputs
         self._graphs: dict = {}
         self._uncapturable: set = set()
-        self._pool = None
+        self._pool: Any = None  # one memory pool shared by every graph of this package
 
-    def __call__(self, flat, key=None):
+    def __call__(self, flat: list[torch.Tensor], key: tuple | None = None) -> list[torch.Tensor]:
         if key is None:
             key = tuple((t.shape, t.dtype) for t in flat)
         entry = self._graphs.get(key)
@@ -59,7 +60,7 @@ class CudaGraphRunner:
     def captured_signatures(self) -> int:
         return len(self._graphs)
 
-    def _capture(self, key, flat):
+    def _capture(self, key: tuple, flat: list[torch.Tensor]) -> _Graph | None:
         static_inputs = [t.detach().clone() for t in flat]
         try:
             side = torch.cuda.Stream(self._device)

@@ -8,10 +8,14 @@ before anything native is loaded.
 from __future__ import annotations
 
 import platform
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import PackageError
+
+if TYPE_CHECKING:
+    from .manifest import Device, Manifest
 
 
 def torch_release(version: str) -> str:
@@ -34,32 +38,31 @@ def gpu_description(device_index: int = 0) -> dict:
     return {"gpu_name": props.name, "compute_capability": f"{props.major}.{props.minor}"}
 
 
-def check_compatible(manifest: dict, package_path) -> None:
+def check_compatible(manifest: Manifest, package_path: object) -> None:
     """Raise PackageError naming what the package was built with and what is running."""
-    built = manifest["toolchain"]
+    built = manifest.toolchain
     running = running_environment()
     where = f"package {package_path}"
-    if torch_release(built["torch"]) != torch_release(running["torch"]):
+    if torch_release(built.torch) != torch_release(running["torch"]):
         raise PackageError(
-            f"{where} was built with torch {built['torch']}, this process runs torch {running['torch']}; "
+            f"{where} was built with torch {built.torch}, this process runs torch {running['torch']}; "
             "rebuild it with `aotc build` on a machine with this torch, or run it where that torch is installed"
         )
-    if built.get("platform") and built["platform"] != running["platform"]:
+    if built.platform and built.platform != running["platform"]:
         raise PackageError(
-            f"{where} was built for {built['platform']}, this machine is {running['platform']}; rebuild it here"
+            f"{where} was built for {built.platform}, this machine is {running['platform']}; rebuild it here"
         )
-    device = manifest["device"]
-    if device["type"] == "cuda":
-        _check_gpu(device, where)
+    if manifest.device.type == "cuda":
+        _check_gpu(manifest.device, where)
 
 
-def _check_gpu(device: dict, where: str) -> None:
+def _check_gpu(device: Device, where: str) -> None:
     if not torch.cuda.is_available():
-        raise PackageError(f"{where} was built for CUDA ({device.get('gpu_name')}), but this machine has no usable GPU; "
+        raise PackageError(f"{where} was built for CUDA ({device.gpu_name}), but this machine has no usable GPU; "
                            "build a CPU package with `aotc build --device cpu`")
     here = gpu_description(torch.cuda.current_device())
-    if here["compute_capability"] != device.get("compute_capability"):
+    if here["compute_capability"] != device.compute_capability:
         raise PackageError(
-            f"{where} was built for {device.get('gpu_name')} (compute capability {device.get('compute_capability')}), "
+            f"{where} was built for {device.gpu_name} (compute capability {device.compute_capability}), "
             f"this GPU is {here['gpu_name']} ({here['compute_capability']}); rebuild it on this GPU's architecture"
         )

@@ -9,9 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PackageError
+from .fields import FieldError, Fields
+from .signature import Signature
 
 FORMAT_VERSION = 2
 # Format 1 lacked the signature's output_structure, keyword inputs and state; this reader fills in
@@ -21,21 +24,194 @@ MANIFEST_NAME = "manifest.json"
 MODEL_FILE = "model.pt2"
 STATE_FILE = "state.pt"  # initial values of the state carried between calls (signature["state"])
 
-REQUIRED_KEYS = (
-    "format_version",
-    "aotc_version",
-    "created",
-    "toolchain",
-    "device",
-    "mode",
-    "precision",
-    "inductor_options",
-    "signature",
-    "files",
-    "build_seconds",
-    "numeric_check",
-)
 
+@dataclass(frozen=True)
+class Source:
+    artifact: str  # the export artifact's path at build time
+    sha256: str
+
+    @classmethod
+    def read(cls, fields: Fields) -> "Source":
+        return cls(fields.text("artifact"), fields.text("sha256"))
+
+    def to_json(self) -> dict:
+        return {"artifact": self.artifact, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What the package needs at run time (torch, platform, cuda) and, in `build_tools`, what built it."""
+
+    torch: str
+    python: str = ""
+    platform: str = ""  # "linux-x86_64"
+    cuda: str | None = None  # null for CPU builds
+    build_tools: dict = field(default_factory=dict)  # cxx, link_flags, triton, ptxas, ...: informational
+
+    @classmethod
+    def read(cls, fields: Fields) -> "Toolchain":
+        known = ("torch", "python", "platform", "cuda")
+        return cls(fields.text("torch"), fields.text("python", ""), fields.text("platform", ""), fields.optional_text("cuda"),
+                   {k: v for k, v in fields.data.items() if k not in known})
+
+    def to_json(self) -> dict:
+        return {"torch": self.torch, "python": self.python, "platform": self.platform, "cuda": self.cuda, **self.build_tools}
+
+
+@dataclass(frozen=True)
+class Device:
+    type: str  # "cpu" or "cuda"
+    requested: str | None = None  # "auto", "cpu" or "cuda" as asked at build
+    gpu_name: str | None = None
+    compute_capability: str | None = None  # "9.0": CUDA packages run only on this architecture
+
+    @classmethod
+    def read(cls, fields: Fields) -> "Device":
+        kind = fields.choice("type", ("cpu", "cuda"))
+        device = cls(kind, fields.optional_text("requested"), fields.optional_text("gpu_name"), fields.optional_text("compute_capability"))
+        if kind == "cuda" and not device.compute_capability:
+            fields.fail("compute_capability", "is missing for a cuda package")
+        return device
+
+    def to_json(self) -> dict:
+        data: dict = {"type": self.type, "requested": self.requested}
+        if self.type == "cuda":
+            data.update(gpu_name=self.gpu_name, compute_capability=self.compute_capability)
+        return {k: v for k, v in data.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """What a runtime does around calls."""
+
+    cuda_graphs: bool = False  # capture one CUDA graph per input signature and replay it
+    tf32: bool = False  # TF32 matmuls/convolutions on around each call (and capture)
+
+    @classmethod
+    def read(cls, fields: Fields) -> "RuntimeSettings":
+        return cls(fields.boolean("cuda_graphs"), fields.boolean("tf32"))
+
+    def to_json(self) -> dict:
+        return {"cuda_graphs": self.cuda_graphs, "tf32": self.tf32}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """The numeric check of one output: the worst difference from eager over all cases."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+    ok: bool
+    worst_case: str
+
+    @classmethod
+    def read(cls, fields: Fields) -> "OutputCheck":
+        return cls(fields.text("name"), fields.number("max_abs"), fields.number("max_rel"), fields.number("atol"),
+                   fields.number("rtol"), fields.boolean("ok"), fields.text("worst_case"))
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "max_abs": self.max_abs, "max_rel": self.max_rel, "atol": self.atol, "rtol": self.rtol,
+                "ok": self.ok, "worst_case": self.worst_case}
+
+
+@dataclass(frozen=True)
+class NumericCheck:
+    """The build's check of the package against the program run eagerly."""
+
+    reference: str
+    cases: tuple[str, ...]
+    atol: float
+    rtol: float
+    outputs: tuple[OutputCheck, ...]
+    passed: bool
+
+    PENDING = {"status": "pending"}  # what the manifest holds while the build's check runs
+
+    @classmethod
+    def read(cls, fields: Fields) -> "NumericCheck | None":
+        if fields.data == cls.PENDING:
+            return None
+        return cls(fields.text("reference"), fields.strings("cases"), fields.number("atol"), fields.number("rtol"),
+                   fields.items("outputs", OutputCheck.read), fields.boolean("passed"))
+
+    def to_json(self) -> dict:
+        return {"reference": self.reference, "cases": list(self.cases), "atol": self.atol, "rtol": self.rtol,
+                "outputs": [o.to_json() for o in self.outputs], "passed": self.passed}
+
+
+MODES = ("default", "reduce-overhead", "max-autotune")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json, typed. Field meanings and compatibility rules: docs/package-format.md."""
+
+    aotc_version: str
+    created: str
+    toolchain: Toolchain
+    device: Device
+    mode: str
+    precision: str
+    inductor_options: dict
+    runtime: RuntimeSettings
+    signature: Signature
+    files: dict  # relative path -> sha256 of every file but the manifest
+    build_seconds: float
+    numeric_check: NumericCheck | None  # None while the build's check runs ("pending")
+    model: str | None = None
+    source: Source | None = None
+    size_bytes: int | None = None
+    build_phases: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def from_json(cls, data: object) -> Manifest:
+        """Check every field a runtime reads; FieldError names the first that is missing or has the wrong type."""
+        fields = Fields(data)
+        version = fields.integer("format_version")
+        # Format 1 had no `runtime` (no CUDA graphs or TF32 then) and recorded less of the signature.
+        runtime = RuntimeSettings.read(fields.object("runtime")) if version >= 2 or "runtime" in fields.data else RuntimeSettings()
+        files = fields.raw_object("files")
+        if not all(isinstance(v, str) for v in files.values()):
+            fields.fail("files", "is not an object of path -> sha256")
+        if MODEL_FILE not in files:
+            fields.fail("files", f"does not list {MODEL_FILE}")
+        source = fields.value("source", None)
+        return cls(
+            aotc_version=fields.text("aotc_version"),
+            created=fields.text("created"),
+            toolchain=Toolchain.read(fields.object("toolchain")),
+            device=Device.read(fields.object("device")),
+            mode=fields.choice("mode", MODES),
+            precision=fields.choice("precision", PRECISIONS),
+            inductor_options=fields.raw_object("inductor_options"),
+            runtime=runtime,
+            signature=Signature.from_json(fields.object("signature")),
+            files=dict(files),
+            build_seconds=fields.number("build_seconds"),
+            numeric_check=NumericCheck.read(fields.object("numeric_check")),
+            model=fields.optional_text("model"),
+            source=Source.read(fields.object("source")) if source is not None else None,
+            size_bytes=fields.integer("size_bytes", None),
+            build_phases=fields.raw_object("build_phases", {}),
+            format_version=version,
+        )
+
+    def to_json(self) -> dict:
+        data: dict = {
+            "format_version": self.format_version, "aotc_version": self.aotc_version, "created": self.created,
+            "model": self.model, "source": self.source.to_json() if self.source else None,
+            "toolchain": self.toolchain.to_json(), "device": self.device.to_json(), "mode": self.mode,
+            "precision": self.precision, "inductor_options": dict(self.inductor_options), "runtime": self.runtime.to_json(),
+            "signature": self.signature.to_json(), "build_seconds": self.build_seconds,
+            "numeric_check": self.numeric_check.to_json() if self.numeric_check else dict(NumericCheck.PENDING),
+            "build_phases": dict(self.build_phases), "size_bytes": self.size_bytes, "files": dict(self.files),
+        }
+        return {k: v for k, v in data.items() if v is not None or k == "model"}
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
@@ -58,8 +234,8 @@ def hash_package_files(folder: Path) -> dict[str, str]:
     return dict(sorted(hashes.items()))
 
 
-def read_manifest(folder: Path) -> dict:
-    """Read and sanity-check a package's manifest; every failure names the package and the fix."""
+def read_manifest(folder: Path) -> Manifest:
+    """Read and check a package's manifest; every failure names the package, the field and the fix."""
     folder = Path(folder)
     if not folder.is_dir():
         hint = " (it is a file: pass the package folder that `aotc build` wrote)" if folder.exists() else ""
@@ -68,85 +244,26 @@ def read_manifest(folder: Path) -> dict:
     if not path.is_file():
         raise PackageError(f"{folder} is not an aotc package: it has no {MANIFEST_NAME}; rebuild it with `aotc build`")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PackageError(f"{path} is not valid JSON ({exc}); rebuild the package with `aotc build`") from None
-    if not isinstance(manifest, dict):
-        raise PackageError(f"{path} is not an aotc manifest; rebuild the package with `aotc build`")
-    missing = [key for key in REQUIRED_KEYS if key not in manifest]
-    if missing:
-        raise PackageError(f"{path} lacks {', '.join(missing)}; rebuild the package with `aotc build`")
-    version = manifest["format_version"]
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise PackageError(f"{path} is not valid JSON ({type(exc).__name__}: {str(exc)[:100]}); rebuild the package with `aotc build`") from None
+    if not isinstance(data, dict) or "format_version" not in data:
+        raise PackageError(f"{path} is not an aotc manifest (no format_version); rebuild the package with `aotc build`")
+    version = data["format_version"]
     if version not in READABLE_VERSIONS:
         raise PackageError(
             f"{folder} has package format {version}, this runtime reads formats {', '.join(map(str, READABLE_VERSIONS))}; "
             "rebuild the package with the aotc that matches this runtime"
         )
-    problem = field_problem(manifest)
-    if problem:
-        raise PackageError(f"{path} is not a valid manifest: {problem}; rebuild the package with `aotc build --force`")
-    return manifest
+    try:
+        return Manifest.from_json(data)
+    except FieldError as exc:
+        raise PackageError(f"{path} is not a valid manifest: {exc}; rebuild the package with `aotc build --force`") from None
 
 
-def _is_shape(value) -> bool:
-    return isinstance(value, list) and all(isinstance(e, (int, str)) and not isinstance(e, bool) for e in value)
-
-
-def _tensor_problem(where: str, item, dtypes) -> str | None:
-    if not isinstance(item, dict):
-        return f"{where} is not an object"
-    if not isinstance(item.get("name"), str) or not item["name"]:
-        return f"{where}.name is not a non-empty string"
-    if item.get("dtype") not in dtypes:
-        return f"{where}.dtype {item.get('dtype')!r} is not one of {', '.join(dtypes)}"
-    if not _is_shape(item.get("shape")):
-        return f"{where}.shape is not a list of sizes and dim names"
-    return None
-
-
-def field_problem(manifest: dict) -> str | None:
-    """The first field the runtime reads that has the wrong type or value, as 'field: problem'; None if all fit.
-
-    The runtime reads these fields directly; a hand-edited or truncated manifest must be refused as a
-    package error (exit 7), not end in a KeyError. The full contract is docs/manifest.schema.json.
-    """
-    from .signature import DTYPES
-
-    dtypes = tuple(DTYPES)
-    toolchain, device, signature = manifest["toolchain"], manifest["device"], manifest["signature"]
-    checks = [
-        (isinstance(toolchain, dict) and isinstance(toolchain.get("torch"), str), "toolchain.torch is not a string"),
-        (isinstance(device, dict) and device.get("type") in ("cpu", "cuda"), "device.type is not cpu or cuda"),
-        (isinstance(manifest.get("runtime", {}), dict), "runtime is not an object"),
-        (isinstance(manifest["files"], dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in manifest["files"].items()),
-         "files is not an object of path -> sha256"),
-        (isinstance(manifest["files"], dict) and MODEL_FILE in manifest["files"], f"files does not list {MODEL_FILE}"),
-        (isinstance(signature, dict) and isinstance(signature.get("inputs"), list) and isinstance(signature.get("outputs"), list),
-         "signature.inputs / signature.outputs are not lists"),
-    ]
-    for ok, problem in checks:
-        if not ok:
-            return problem
-    for key in ("inputs", "outputs", "state"):
-        for index, item in enumerate(signature.get(key, ())):
-            problem = _tensor_problem(f"signature.{key}[{index}]", item, dtypes)
-            if problem:
-                return problem
-    dims = signature.get("dims", {})
-    if not isinstance(dims, dict):
-        return "signature.dims is not an object"
-    for name, info in dims.items():
-        if not (isinstance(info, dict) and all(isinstance(info.get(k), int) for k in ("min", "max", "example"))):
-            return f"signature.dims.{name} lacks integer min, max and example"
-    named = {e for item in signature["inputs"] for e in item["shape"] if isinstance(e, str)}
-    if named - set(dims):
-        return f"signature.inputs name dims with no range in signature.dims: {', '.join(sorted(named - set(dims)))}"
-    return None
-
-
-def verify_files(folder: Path, manifest: dict) -> None:
+def verify_files(folder: Path, manifest: Manifest) -> None:
     """Refuse a package whose files differ from what the manifest recorded at build time."""
-    expected: dict[str, str] = manifest["files"]
+    expected = manifest.files
     problems = []
     for rel, digest in expected.items():
         path = Path(folder) / rel

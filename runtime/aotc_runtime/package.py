@@ -7,14 +7,16 @@ import, no compilation, no Python-side warm-up, which is what keeps cold start n
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
 
 from .environment import check_compatible
 from .errors import PackageError
-from .manifest import MODEL_FILE, STATE_FILE, read_manifest, verify_files
+from .manifest import MODEL_FILE, STATE_FILE, Manifest, read_manifest, verify_files
 from .signature import Signature
 
 
@@ -31,11 +33,12 @@ class Package:
     puts it back to its value at export.
     """
 
-    def __init__(self, path: Path, manifest: dict, loader, reuse_outputs: bool = False, initial_state=()):
+    def __init__(self, path: Path, manifest: Manifest, loader: Any, reuse_outputs: bool = False,
+                 initial_state: Sequence[torch.Tensor] = ()):
         self.path = Path(path)
         self.manifest = manifest
-        self.signature = Signature.from_dict(manifest["signature"])
-        self.device = torch.device(manifest["device"]["type"], 0) if manifest["device"]["type"] == "cuda" else torch.device("cpu")
+        self.signature: Signature = manifest.signature
+        self.device = torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
         self._loader = loader
         self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
         self._initial_state = [t.to(self.device) for t in initial_state]
@@ -48,15 +51,14 @@ class Package:
         # A tf32 package was checked with TF32 matmuls/convolutions, and the aten kernels it calls read
         # the process-wide flags: they are switched on around its calls (and a CUDA graph's capture)
         # and put back after, so loading one package does not change the user's other models.
-        self._tf32 = bool(manifest.get("runtime", {}).get("tf32"))
-        if manifest.get("runtime", {}).get("cuda_graphs") and self.device.type == "cuda":
+        self._tf32 = manifest.runtime.tf32
+        if manifest.runtime.cuda_graphs and self.device.type == "cuda":
             from .cuda_graphs import CudaGraphRunner  # only CUDA packages built with reduce-overhead need it
 
             self._call_flat = CudaGraphRunner(self._run_loader, self.device, reuse_outputs=reuse_outputs)
 
-    def __call__(self, *tensors, **named):
-        if named:
-            tensors = self.signature.arrange(tensors, named)
+    def __call__(self, *args: torch.Tensor, **named: torch.Tensor) -> Any:
+        tensors = self.signature.arrange(args, named) if named else list(args)
         try:
             key = tuple((t.shape, t.dtype) for t in tensors)
         except AttributeError:  # not all tensors: the full check names the culprit
@@ -69,22 +71,29 @@ class Package:
         flat = [t if t.device == device else t.to(device) for t in tensors]
         if self._state:
             flat += self._state
-        if self._tf32:
-            with _tf32_on():
-                outputs = self._call_flat(flat, key)
-        else:
+        with self.run_settings():
             outputs = self._call_flat(flat, key)
         if self._state:
-            # The package returns the state's new values after the model's outputs (aotc/call_structure.py).
+            # The package returns the state's new values after the model's outputs (aotc/export/call_structure.py).
             self._state = list(outputs[self._n_outputs:])
             outputs = outputs[:self._n_outputs]
         return self._rebuild(outputs)
+
+    def run_settings(self) -> contextlib.AbstractContextManager:
+        """The process-wide settings this package runs under (TF32 for a tf32 package), as a context
+        manager that puts the previous ones back: calls use it, so the user's other models are not affected."""
+        return _tf32_on() if self._tf32 else contextlib.nullcontext()
+
+    @property
+    def cuda_graphs_captured(self) -> int:
+        """CUDA graphs captured so far (one per input signature; 0 for packages without CUDA graphs)."""
+        return getattr(self._call_flat, "captured_signatures", 0)
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""
         self._state = [t.clone() for t in self._initial_state]
 
-    def _rebuild(self, outputs):
+    def _rebuild(self, outputs: Sequence[torch.Tensor]) -> Any:
         structure = self.signature.output_structure
         if structure == "tensor" or (not structure and self._out_spec.is_leaf()):
             return outputs[0]
@@ -96,15 +105,15 @@ class Package:
             return dict(zip(self.signature.output_names, outputs))
         return pytree.tree_unflatten(list(outputs), self._out_spec)  # packages from before output_structure
 
-    def _run_loader(self, flat, key=None):
+    def _run_loader(self, flat: list[torch.Tensor], key: tuple | None = None) -> list[torch.Tensor]:
         return self._loader.run(flat)
 
     def __repr__(self) -> str:
-        return f"Package({str(self.path)!r}, device={self.device}, mode={self.manifest['mode']!r})"
+        return f"Package({str(self.path)!r}, device={self.device}, mode={self.manifest.mode!r})"
 
 
 @contextlib.contextmanager
-def _tf32_on():
+def _tf32_on() -> Iterator[None]:
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:
@@ -113,7 +122,7 @@ def _tf32_on():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def load(path, verify: bool = True, reuse_outputs: bool = False) -> Package:
+def load(path: str | os.PathLike, verify: bool = True, reuse_outputs: bool = False) -> Package:
     """Open a package folder written by `aotc build`.
 
     Refuses (PackageError) a folder that is not a package, whose files differ from the manifest's
@@ -128,8 +137,8 @@ def load(path, verify: bool = True, reuse_outputs: bool = False) -> Package:
     check_compatible(manifest, path)
     if verify:
         verify_files(path, manifest)
-    device_index = 0 if manifest["device"]["type"] == "cuda" else -1
-    single_threaded = bool(manifest.get("runtime", {}).get("cuda_graphs"))
+    device_index = 0 if manifest.device.type == "cuda" else -1
+    single_threaded = manifest.runtime.cuda_graphs
     try:
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path / MODEL_FILE), "model", single_threaded, 1, device_index)
     except Exception as exc:  # the C++ loader raises RuntimeError with its own text
@@ -138,15 +147,15 @@ def load(path, verify: bool = True, reuse_outputs: bool = False) -> Package:
     return Package(path, manifest, loader, reuse_outputs=reuse_outputs, initial_state=_read_state(path, manifest))
 
 
-def _read_state(path: Path, manifest: dict) -> list:
+def _read_state(path: Path, manifest: Manifest) -> list:
     """Initial values of the state a package carries between calls (tensors only: nothing executes)."""
-    if not manifest["signature"].get("state"):
+    specs = manifest.signature.state
+    if not specs:
         return []
     try:
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
     except Exception as exc:
         raise PackageError(f"package {path}: its {STATE_FILE} could not be read ({type(exc).__name__}); rebuild it with `aotc build --force`") from None
-    specs = manifest["signature"]["state"]
     if not isinstance(state, list) or len(state) != len(specs) or not all(isinstance(t, torch.Tensor) for t in state):
         raise PackageError(f"package {path}: its {STATE_FILE} does not hold the {len(specs)} tensor(s) the manifest lists; rebuild it")
     return state

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from typing import Sequence
 
 import torch
 
@@ -11,7 +13,8 @@ from .tensor_io import flatten_outputs, read_inputs, write_outputs
 from .timing import summarize, synchronize, time_calls
 
 
-def run_package(path, input_files=(), output=None, iters: int = 0, seed: int = 0, warmup: int = 3) -> dict:
+def run_package(path: str | os.PathLike, input_files: Sequence[str | os.PathLike] = (), output: str | os.PathLike | None = None,
+                iters: int = 0, seed: int = 0, warmup: int = 3) -> dict:
     """Run a package once (plus `iters` timed calls) and return a report dict (JSON-ready)."""
     started = time.perf_counter()
     package = load(path)
@@ -37,7 +40,7 @@ def run_package(path, input_files=(), output=None, iters: int = 0, seed: int = 0
     return {
         "package": str(path),
         "device": str(package.device),
-        "mode": package.manifest["mode"],
+        "mode": package.manifest.mode,
         "inputs": "random (seed %d)" % seed if not input_files else [str(f) for f in input_files],
         "outputs": [
             {"name": spec.name, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}

@@ -18,10 +18,12 @@ structure (`last_hidden_state`, `logits`; `output_0`... for tensors and plain tu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 from .errors import InputMismatchError
+from .fields import Fields
 
 DTYPES = {
     "float32": torch.float32,
@@ -38,12 +40,37 @@ DTYPES = {
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
+SHAPE_PROBLEM = "is not a list of sizes (integers >= 0) and dim names"
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
     dtype: str
-    shape: tuple  # ints and dim names
-    value_range: tuple | None = None
+    shape: tuple  # ints and dim names (outputs: also expressions of dim names, "2*B")
+    value_range: tuple | None = None  # inputs only: [low, high] of integer inputs
+    keyword: bool = False  # inputs only: the model takes it by name
+
+    @classmethod
+    def read(cls, fields: Fields, is_input: bool = False) -> "TensorSpec":
+        name = fields.text("name")
+        if not name:
+            fields.fail("name", "is empty")
+        dtype = fields.choice("dtype", tuple(DTYPES))
+        shape = fields.value("shape", None)
+        if not isinstance(shape, list) or not all(_is_size(e) or (isinstance(e, str) and e) for e in shape):
+            fields.fail("shape", SHAPE_PROBLEM)
+        value_range = fields.value("value_range", None) if is_input else None
+        if value_range is not None and not (isinstance(value_range, list) and len(value_range) == 2 and all(_is_size(v, 0 - 2**63) for v in value_range)):
+            fields.fail("value_range", "is not null or [low, high] integers")
+        keyword = fields.boolean("keyword", False) if is_input else False
+        return cls(name, dtype, tuple(shape), tuple(value_range) if value_range else None, keyword)
+
+    def to_json(self, is_input: bool = False) -> dict:
+        data: dict = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if is_input:
+            data.update(value_range=list(self.value_range) if self.value_range else None, keyword=self.keyword)
+        return data
 
     def describe(self, dims: dict) -> str:
         parts = []
@@ -57,22 +84,56 @@ class TensorSpec:
         return "[" + ", ".join(parts) + "]"
 
 
+def _is_size(value: object, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _read_dim(parent: Fields, name: str) -> dict:
+    fields = parent.object(name)
+    info = {key: fields.integer(key) for key in ("min", "max", "example")}
+    if not 0 <= info["min"] <= info["example"] <= info["max"]:
+        parent.fail(name, f"range is not min <= example <= max ({info['min']}, {info['example']}, {info['max']})")
+    return info
+
+
+OUTPUT_STRUCTURES = ("tensor", "tuple", "list", "dict")
+
+
 @dataclass(frozen=True)
 class Signature:
     inputs: tuple
     outputs: tuple
-    dims: dict = field(default_factory=dict)
+    dims: dict = field(default_factory=dict)  # name -> {"min", "max", "example"}
     output_structure: str = ""  # "" in packages from before it was recorded: the call spec decides
     state: tuple = ()  # TensorSpecs of the state carried between calls
+    dropped_outputs: tuple = ()
+    constants: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Signature":
-        def spec(item):
-            value_range = item.get("value_range")
-            return TensorSpec(item["name"], item["dtype"], tuple(item["shape"]), tuple(value_range) if value_range else None)
+    def from_json(cls, data: dict | Fields, where: str = "signature") -> Signature:
+        """Read and check the manifest's `signature`; FieldError names the first bad field."""
+        fields = data if isinstance(data, Fields) else Fields(data, where)
+        inputs = fields.items("inputs", lambda f: TensorSpec.read(f, is_input=True))
+        outputs = fields.items("outputs", TensorSpec.read)
+        dims = fields.mapping("dims", _read_dim, {})
+        named = {e for spec in inputs for e in spec.shape if isinstance(e, str)}
+        if named - set(dims):
+            fields.fail("inputs", f"name dims with no range in {fields.path('dims')}: {', '.join(sorted(named - set(dims)))}")
+        structure = fields.choice("output_structure", OUTPUT_STRUCTURES + ("",), "")
+        constants = fields.raw_object("constants", {})
+        return cls(inputs, outputs, dims, structure, fields.items("state", TensorSpec.read, []),
+                   fields.strings("dropped_outputs", []), dict(constants))
 
-        return cls(tuple(spec(i) for i in data["inputs"]), tuple(spec(o) for o in data["outputs"]), dict(data.get("dims", {})),
-                   str(data.get("output_structure", "")), tuple(spec(s) for s in data.get("state", ())))
+    def to_json(self) -> dict:
+        data: dict = {"inputs": [s.to_json(is_input=True) for s in self.inputs], "outputs": [s.to_json() for s in self.outputs],
+                      "dims": {name: dict(info) for name, info in self.dims.items()}, "output_structure": self.output_structure}
+        if self.dropped_outputs:
+            data["dropped_outputs"] = list(self.dropped_outputs)
+        if self.constants:
+            data["constants"] = dict(self.constants)
+        if self.state:
+            data["state"] = [s.to_json() for s in self.state]
+        return data
 
     @property
     def input_names(self) -> tuple:
@@ -99,7 +160,7 @@ class Signature:
             raise InputMismatchError(f"input(s) {', '.join(map(repr, missing))} missing; the package takes {', '.join(names)}")
         return flat
 
-    def check_inputs(self, tensors) -> None:
+    def check_inputs(self, tensors: Sequence[object]) -> None:
         """Raise InputMismatchError naming the input, what was expected and what was given."""
         if len(tensors) != len(self.inputs):
             names = ", ".join(s.name for s in self.inputs)
@@ -108,7 +169,7 @@ class Signature:
         for index, (spec, tensor) in enumerate(zip(self.inputs, tensors)):
             self._check_one(index, spec, tensor, bound)
 
-    def _check_one(self, index: int, spec: TensorSpec, tensor, bound: dict) -> None:
+    def _check_one(self, index: int, spec: TensorSpec, tensor: object, bound: dict) -> None:
         label = f"input '{spec.name}' (#{index})"
         if not isinstance(tensor, torch.Tensor):
             raise InputMismatchError(f"{label} must be a tensor, got {type(tensor).__name__}")
@@ -139,7 +200,7 @@ class Signature:
     def example_sizes(self) -> dict:
         return {name: info["example"] for name, info in self.dims.items()}
 
-    def random_inputs(self, seed: int = 0, sizes: dict | None = None, device="cpu") -> list:
+    def random_inputs(self, seed: int = 0, sizes: dict | None = None, device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Seeded random inputs that match the signature (dynamic dims at `sizes`, else their example)."""
         sizes = {**self.example_sizes(), **(sizes or {})}
         generator = torch.Generator().manual_seed(seed)
@@ -150,7 +211,7 @@ class Signature:
         return tensors
 
 
-def random_tensor(shape, dtype_name: str, value_range, generator):
+def random_tensor(shape: Sequence[int], dtype_name: str, value_range: Sequence[int] | None, generator: torch.Generator) -> torch.Tensor:
     dtype = DTYPES[dtype_name]
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()

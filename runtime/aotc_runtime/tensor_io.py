@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
 from .errors import InputMismatchError
+from .files import replaced_atomically
 
 
-def read_inputs(paths, names=()) -> list:
+def read_inputs(paths: Sequence[str | os.PathLike], names: Sequence[str] = ()) -> list[torch.Tensor]:
     """Tensors in positional order: each .npy is one input; an .npz or .pt may hold several, in order.
 
     An .npz (or a .pt dict) whose keys are all input names of the package (`names`) is read by
@@ -42,14 +45,14 @@ def read_inputs(paths, names=()) -> list:
     return tensors
 
 
-def _by_name(named: dict, names) -> list:
+def _by_name(named: dict, names: Sequence[str]) -> list:
     """The tensors of a named archive, in the package's input order when every key names an input."""
     if names and named and set(named) <= set(names):
         return [named[name] for name in names if name in named]
     return list(named.values())
 
 
-def _tensors_from_pt(obj, path: Path, names=()) -> list:
+def _tensors_from_pt(obj: object, path: Path, names: Sequence[str] = ()) -> list:
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in obj):
@@ -59,7 +62,7 @@ def _tensors_from_pt(obj, path: Path, names=()) -> list:
     raise InputMismatchError(f"{path} must hold a tensor, or a list/tuple/dict of tensors, got {type(obj).__name__}")
 
 
-def flatten_outputs(result) -> list:
+def flatten_outputs(result: object) -> list[torch.Tensor]:
     if isinstance(result, torch.Tensor):
         return [result]
     from torch.utils import _pytree as pytree
@@ -67,7 +70,7 @@ def flatten_outputs(result) -> list:
     return [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
 
 
-def write_outputs(result, path, names=()) -> None:
+def write_outputs(result: object, path: str | os.PathLike, names: Sequence[str] = ()) -> None:
     """All outputs to .npz under their signature names (output_0, ... without names) or to .pt as a
     dict of the same; written atomically."""
     path = Path(path)
@@ -76,21 +79,17 @@ def write_outputs(result, path, names=()) -> None:
     suffix = path.suffix.lower()
     if suffix not in (".npz", ".pt"):
         raise InputMismatchError(f"output file {path} must end in .npz or .pt")
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with replaced_atomically(path) as tmp:
         if suffix == ".npz":
             import numpy
 
-            with open(tmp, "wb") as handle:
+            with open(tmp, "wb") as handle:  # a handle: numpy.savez would append .npz to a name
                 numpy.savez(handle, **{name: _to_numpy(t) for name, t in zip(names, outputs)})
         else:
             torch.save(dict(zip(names, outputs)), tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
-def _to_numpy(tensor):
+def _to_numpy(tensor: torch.Tensor) -> Any:
     # numpy has no bfloat16: widen it rather than fail.
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()

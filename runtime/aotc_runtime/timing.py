@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable
 
 import torch
 
 
-def time_calls(fn, iters: int, device: torch.device, warmup: int = 0) -> list[float]:
+def time_calls(fn: Callable[[], object], iters: int, device: torch.device, warmup: int = 0) -> list[float]:
     """Call `fn()` `warmup` times untimed, then `iters` times; return each call's milliseconds."""
     for _ in range(warmup):
         fn()
@@ -26,7 +27,7 @@ def time_calls(fn, iters: int, device: torch.device, warmup: int = 0) -> list[fl
     return samples
 
 
-def _time_cuda(fn, iters: int) -> list[float]:
+def _time_cuda(fn: Callable[[], object], iters: int) -> list[float]:
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     torch.cuda.synchronize()
     for start, end in pairs:

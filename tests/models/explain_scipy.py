@@ -1,4 +1,4 @@
-"""The seeds' non-PyTorch call: scipy.fft.dct on x.numpy() inside forward."""
+"""The torch.compile tutorials' non-PyTorch call: scipy.fft.dct on x.numpy() inside forward."""
 import scipy.fft
 import torch
 

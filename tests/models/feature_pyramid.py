@@ -1,4 +1,4 @@
-"""The seeds' FeaturePyramid, with a global average pool before the Linear so the sizes agree."""
+"""The torch.compile tutorials' FeaturePyramid, with a global average pool before the Linear so the sizes agree."""
 import torch
 
 

@@ -1,4 +1,4 @@
-"""The seeds' plain function of tensors (export it with --entry foo)."""
+"""The torch.compile tutorials' plain function of tensors (export it with --entry foo)."""
 import torch
 
 

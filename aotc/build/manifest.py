@@ -1,0 +1,53 @@
+"""The one place a package's manifest is made (the format itself: aotc_runtime.Manifest and
+docs/package-format.md). The build fills in what it measured with dataclasses.replace."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from aotc_runtime import Device, Manifest, RuntimeSettings, Signature, Source, Toolchain, gpu_description, running_environment, sha256_file
+
+from aotc import __version__
+from aotc.config import BuildConfig, Precision, preset_runtime
+from aotc.export.artifact import ArtifactMeta
+
+
+def new_manifest(cfg: BuildConfig, meta: ArtifactMeta, options: dict, compiler_record: dict) -> Manifest:
+    """The manifest of a package about to be compiled: no files, no timings, numeric check pending."""
+    running = running_environment()
+    build_tools = dict(compiler_record)
+    device = Device(cfg.device, cfg.requested_device or cfg.device)
+    if cfg.device == "cuda":
+        import torch
+
+        gpu = gpu_description(torch.cuda.current_device())
+        device = Device(cfg.device, device.requested, gpu["gpu_name"], gpu["compute_capability"])
+        build_tools["triton"] = _triton_version()
+    preset = preset_runtime(cfg.mode)
+    return Manifest(
+        aotc_version=__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        model=meta.model,
+        source=Source(str(Path(cfg.artifact).resolve()), sha256_file(cfg.artifact)),
+        toolchain=Toolchain(running["torch"], running["python"], running["platform"], running["cuda"], build_tools),
+        device=device,
+        mode=cfg.mode.value,
+        precision=cfg.precision.value,
+        inductor_options=dict(options),
+        runtime=RuntimeSettings(cuda_graphs=bool(preset.get("cuda_graphs")) and cfg.device == "cuda",
+                                tf32=cfg.precision == Precision.TF32),
+        signature=Signature.from_json(meta.signature),
+        files={},
+        build_seconds=0.0,
+        numeric_check=None,
+    )
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return None

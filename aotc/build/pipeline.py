@@ -1,0 +1,116 @@
+"""`aotc build`: export artifact -> package folder (AOTInductor .pt2 + manifest.json).
+
+Stages: load the artifact, place it on the device/precision, compile with AOTInductor, hash and
+write the manifest, load-and-run the package in a child process against eager, rename into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotc_runtime import MODEL_FILE, STATE_FILE, Manifest
+
+from aotc.build.manifest import new_manifest
+from aotc.build.profile import TuningProgress, inductor_phase_times
+from aotc.export.call_structure import initial_state
+from aotc.config import BuildConfig, Mode, Precision, resolve_device
+from aotc.errors import BuildError, UserInputError
+from aotc.export.artifact import load_artifact
+from aotc.build.inductor_options import resolve_options
+from aotc.build.package_writer import commit, staging_folder, write_manifest
+from aotc.build.precision import place_program, tf32_matmuls
+from aotc.progress import Progress
+from aotc.build.ptxas import same_ptxas_as_workers
+from aotc.quiet import quiet_torch
+from aotc.build.tolerances import tolerance
+from aotc.build.toolchain import compiler_options, use_compiler
+from aotc.export.user_frames import first_line
+from aotc.build.verify import check_numerics
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    manifest: Manifest
+
+    def to_dict(self) -> dict:
+        m = self.manifest
+        return {"package": str(self.output), "mode": m.mode, "device": m.device.to_json(), "precision": m.precision,
+                "build_seconds": m.build_seconds, "size_bytes": m.size_bytes,
+                "numeric_check": m.numeric_check.to_json() if m.numeric_check else None}
+
+
+def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
+    progress = progress or Progress()
+    started = time.perf_counter()
+    cfg, resolved = resolve_device(cfg)  # auto -> cpu/cuda first: validate() judges the real target
+    if resolved:
+        progress.note(resolved)
+    cfg.validate()
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine")
+    compiler, compiler_record = compiler_options(cfg.bsymbolic)
+    # Inductor's worker processes read $CXX when they start: name the compiler before anything
+    # imports torch._inductor (see toolchain.use_compiler); on CUDA, give this process the ptxas
+    # they give Triton, or max-autotune compiles every template twice (aotc/build/ptxas.py).
+    with use_compiler(compiler["cpp.cxx"][1]), same_ptxas_as_workers(cfg.device == "cuda") as ptxas:
+        if cfg.device == "cuda":
+            compiler_record = {**compiler_record, "ptxas": ptxas or "triton's bundled ptxas"}
+        return _build(cfg, progress, started, compiler, compiler_record)
+
+
+def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict) -> BuildResult:
+    options = resolve_options(cfg)
+    with progress.stage(f"loading {cfg.artifact}"):
+        ep, meta = load_artifact(cfg.artifact)
+    signature = meta.signature
+    with staging_folder(cfg.output) as staging:
+        with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
+            placed = place_program(ep, cfg.device, cfg.precision, signature)
+        phases: dict = {}
+        with progress.stage(f"compiling with AOTInductor, mode {cfg.mode.value}", detail=TuningProgress()), inductor_phase_times(phases):
+            compile_aoti(placed, staging / MODEL_FILE, {**options, **compiler}, cfg.precision)
+        if signature.get("state"):
+            write_state(ep, signature, staging)
+        compile_seconds = time.perf_counter() - started
+        manifest = dataclasses.replace(new_manifest(cfg, meta, options, compiler_record),
+                                       build_seconds=round(compile_seconds, 2), build_phases=phases)
+        write_manifest(staging, manifest)  # the check's child loads the package through the runtime
+        atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol)
+        with progress.stage("checking the package against eager in a child process"), quiet_torch():
+            reference = place_program(ep, cfg.device, Precision.FP32, signature)
+            strict = cfg.device == "cuda" and cfg.precision == Precision.FP32
+            check = check_numerics(reference, signature, staging, cfg.device, atol, rtol, cfg.allow_mismatch, strict=strict)
+        manifest = write_manifest(staging, dataclasses.replace(
+            manifest, numeric_check=check, build_seconds=round(time.perf_counter() - started, 2),
+            size_bytes=(staging / MODEL_FILE).stat().st_size))
+        commit(staging, cfg.output)
+    progress.note(f"wrote {cfg.output} in {manifest.build_seconds:.1f}s")
+    return BuildResult(cfg.output, manifest)
+
+
+def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) -> None:
+    import torch
+
+    try:
+        with quiet_torch(), tf32_matmuls(precision == Precision.TF32):
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(package_path), inductor_configs=options)
+    except (KeyboardInterrupt, BuildError):
+        raise
+    except Exception as exc:
+        raise BuildError(f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; rerun with --verbose for details") from exc
+
+
+def write_state(ep, signature: dict, folder: Path) -> None:
+    """The initial state the runtime carries between calls, as plain tensors (loaded with weights_only)."""
+    import torch
+
+    torch.save([t.cpu() for t in initial_state(ep, signature, "cpu")], folder / STATE_FILE)
+
+
+__all__ = ["build_package", "BuildResult", "Mode"]

@@ -1,0 +1,36 @@
+"""Child process of the build's numeric check: load the package through the runtime and run it.
+
+Runs in its own process so that a crash in native code (a segfault in the model .so) kills this
+child, not the CLI; the parent turns the exit status into a BuildError.
+usage: python -m aotc.build.verify_child PACKAGE INPUTS.pt OUTPUTS.pt
+"""
+
+import contextlib
+import os
+import sys
+
+
+def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
+    import torch
+
+    import aotc_runtime
+    from aotc_runtime import flatten_outputs
+    from aotc.build.precision import strict_fp32
+    from aotc.build.verify import CALLS_PER_CASE, STRICT_FP32_ENV
+
+    cases = torch.load(inputs_path, weights_only=True)
+    package = aotc_runtime.load(package_path)
+    strict = os.environ.get(STRICT_FP32_ENV) == "1"  # TF32 off, as the eager reference ran
+    results = []
+    with strict_fp32() if strict else contextlib.nullcontext(), torch.inference_mode():
+        for tensors in cases:
+            # Two calls per case: a reduce-overhead package captures a CUDA graph on the first call
+            # and replays it from the second on, so both paths are checked.
+            for _call in range(CALLS_PER_CASE):
+                results.append([t.detach().cpu() for t in flatten_outputs(package(*tensors))])
+    torch.save(results, outputs_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))

@@ -1,0 +1,44 @@
+"""`aotc export`: a model file -> an export artifact (.pt2); prints the signature it recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from aotc.cli.types import exit_codes_epilog, model_options
+
+
+@click.command(epilog=exit_codes_epilog())
+@model_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Artifact path [default: <model>.pt2].")
+@click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, force, as_json):
+    """Trace MODEL (a .py file or package.module:attr) into an export artifact (.pt2)."""
+    from aotc.api import export as export_api
+    from aotc.config import ExportConfig
+
+    if output is None:
+        output = Path(Path(model.split(":")[-1]).stem + ".pt2")
+    cfg = ExportConfig(model=model, output=output, input_shapes=tuple(input_shapes), dims=tuple(dims), dtypes=tuple(dtypes),
+                       entry=entry, weights=weights, strict=strict, force=force)
+    result = export_api(cfg)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(f"exported {result.model} -> {result.output} in {result.seconds:.1f}s")
+    for spec in result.signature["inputs"]:
+        click.echo(f"  input  {spec['name']}: {spec['dtype']} {spec['shape']}")
+    for spec in result.signature["outputs"]:
+        click.echo(f"  output {spec['name']}: {spec['dtype']} {spec['shape']}")
+    for name, info in result.signature["dims"].items():
+        click.echo(f"  dim    {name}: {info['min']}..{info['max']} (example {info['example']})")
+    for spec in result.signature.get("state", ()):
+        click.echo(f"  state  {spec['name']}: {spec['dtype']} {spec['shape']} (forward updates it; the package keeps it between calls)")
+    for name, value in result.signature.get("constants", {}).items():
+        click.echo(f"  const  {name} = {value!r} (baked into the program)")
+    for name in result.signature.get("dropped_outputs", ()):
+        click.echo(f"note: output {name} is None on the example inputs; it is left out of the package's outputs", err=True)

@@ -1,0 +1,88 @@
+"""The `aotc` command line: parse flags, build a config, call one aotc.api function, print the result.
+
+Heavy imports (torch) happen inside commands so `aotc --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from aotc.errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
+from aotc.quiet import VERBOSE_ENV
+from aotc.cli.bench import bench
+from aotc.cli.build import build
+from aotc.cli.explain import explain
+from aotc.cli.export import export
+from aotc.cli.run import run
+from aotc.cli.types import exit_codes_epilog
+
+
+class AotcGroup(click.Group):
+    """click.Group whose main() maps errors to the exit-code table (also under CliRunner)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        code = run_reporting_errors(
+            lambda: super(AotcGroup, self).main(args, prog_name, complete_var, standalone_mode=False, **extra),
+            verbose="--verbose" in args,
+        )
+        sys.exit(code)
+
+
+@click.group(cls=AotcGroup, epilog=exit_codes_epilog(), context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="aotc", prog_name="aotc")
+@click.option("--verbose", is_flag=True, help="Show torch's logs and full tracebacks.")
+def cli(verbose):
+    """aotc: export a PyTorch model, compile it ahead of time, run it with no compile and no warm-up.
+
+    \b
+      aotc export model.py --input-shape 32x128 -o model.pt2
+      aotc build model.pt2 --mode max-autotune   (-> model_pkg/, on the GPU when there is one)
+      aotc run model_pkg/ --iters 100
+    """
+    # Set or cleared on every invocation: one --verbose must not leak into the next in-process call.
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+    else:
+        os.environ.pop(VERBOSE_ENV, None)
+
+
+for command in (export, build, run, bench, explain):
+    cli.add_command(command)
+
+
+def run_reporting_errors(invoke, verbose: bool) -> int:
+    """Run a CLI invocation; turn every failure into a one-line error and a documented exit code."""
+    try:
+        invoke()
+        return 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted; nothing was written", err=True)
+        return INTERRUPTED_EXIT_CODE
+    except (AotcError, AotcRuntimeError) as exc:
+        if verbose:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except Exception as exc:  # our own bug: say so, briefly
+        if verbose:
+            raise
+        click.echo(f"error: internal error in aotc: {type(exc).__name__}: {exc}; rerun with --verbose and report it", err=True)
+        return 1
+
+
+def main(argv=None) -> int:
+    """Console entry point (`aotc`, `python -m aotc`)."""
+    cli.main(args=argv, prog_name="aotc")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Command-line value types: syntax is checked at the edge, by the same parsers the library uses."""
+
+from __future__ import annotations
+
+import click
+
+
+def exit_codes_epilog() -> str:
+    """The exit-code table under every command's --help (the same rows as README's table)."""
+    from aotc.errors import EXIT_CODES
+
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES)
+
+
+class ParsedType(click.ParamType):
+    """A click type that runs `parse(text)` and turns its ValueError into a usage error (exit 2)."""
+
+    def __init__(self, name: str, parse):
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value  # already converted (defaults, repeated conversion)
+        try:
+            return self._parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _inductor_option(text: str):
+    from aotc.build.inductor_options import parse_option
+
+    return parse_option(text)
+
+
+def shape_type() -> ParsedType:
+    from aotc.export.shapes import parse_input_shape
+
+    return ParsedType("[NAME=]SHAPE", parse_input_shape)
+
+
+def dim_type() -> ParsedType:
+    from aotc.export.shapes import parse_dim
+
+    return ParsedType("NAME=MIN:MAX[:EXAMPLE]", parse_dim)
+
+
+def option_type() -> ParsedType:
+    return ParsedType("KEY=VALUE", _inductor_option)
+
+
+def model_options(command):
+    """The flags that say which model and which inputs: shared by `aotc export` and `aotc explain`."""
+    from pathlib import Path
+
+    options = [
+        click.argument("model"),
+        click.option("--input-shape", "input_shapes", type=shape_type(), multiple=True,
+                     help="Shape of one input: 16x3x128x128 or Bx128 (positional), input_ids=8x128 (keyword); repeat per input."),
+        click.option("--dim", "dims", type=dim_type(), multiple=True,
+                     help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range); "
+                          "with example_inputs(), the axes it makes dynamic: B=1:64@input_ids:0,attention_mask:0."),
+        click.option("--dtype", "dtypes", multiple=True,
+                     help="Input dtype: one for all or one per input (float32, float16, bfloat16, int64, int32, bool...)."),
+        click.option("--entry", help="Name of the model class, factory, instance or function in the file."),
+        click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first (torch.save file or .safetensors)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

@@ -1,0 +1,126 @@
+"""The export artifact: a torch.export .pt2 with aotc's metadata (aotc.json) beside the program.
+
+The one module that writes and reads it; build and bench load artifacts only through load_artifact.
+Loading never runs code from the file: torch.export.load reads tensors and a serialized graph, and
+a type it does not know is refused, not imported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotc.errors import UserInputError
+from aotc.export.user_frames import first_line
+from aotc.quiet import quiet_torch
+
+ARTIFACT_META = "aotc.json"
+ARTIFACT_KIND = "aotc-export"
+
+
+@dataclass(frozen=True)
+class ArtifactMeta:
+    """What `aotc export` stores beside the program: who made it, from which model, and the signature."""
+
+    aotc_version: str
+    torch: str
+    model: str | None
+    created: str
+    signature: dict  # the JSON form of docs/package-format.md's `signature`
+    kind: str = ARTIFACT_KIND
+
+    @classmethod
+    def new(cls, model: str, signature: dict) -> "ArtifactMeta":
+        import torch
+
+        from aotc import __version__
+
+        return cls(__version__, torch.__version__, model, time.strftime("%Y-%m-%dT%H:%M:%S%z"), signature)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "aotc_version": self.aotc_version, "torch": self.torch, "model": self.model,
+                "created": self.created, "signature": self.signature}
+
+    @classmethod
+    def from_json(cls, data) -> "ArtifactMeta | None":
+        """The metadata, or None when `data` is not aotc's (another tool's .pt2, or a damaged entry)."""
+        if not isinstance(data, dict) or data.get("kind") != ARTIFACT_KIND or not isinstance(data.get("signature"), dict):
+            return None
+        return cls(str(data.get("aotc_version", "")), str(data.get("torch", "")), data.get("model"),
+                   str(data.get("created", "")), data["signature"])
+
+
+def save_artifact(ep, meta: ArtifactMeta, output: Path) -> None:
+    """torch.export.save to a temporary name beside the target, then rename (never half-written)."""
+    import torch
+
+    from aotc_runtime import replaced_atomically
+
+    with replaced_atomically(output, suffix=".pt2") as tmp, quiet_torch():  # torch.export.save wants a .pt2 name
+        torch.export.save(ep, str(tmp), extra_files={ARTIFACT_META: json.dumps(meta.to_json())})
+
+
+def load_artifact(path: Path):
+    """(ExportedProgram, ArtifactMeta) or a UserInputError that says this is not an aotc export artifact."""
+    import torch
+
+    extra = {ARTIFACT_META: ""}
+    try:
+        with quiet_torch():
+            ep = torch.export.load(str(path), extra_files=extra)
+    except Exception as exc:
+        raise UserInputError(_unloadable_reason(path, exc)) from None
+    try:
+        meta = ArtifactMeta.from_json(json.loads(extra[ARTIFACT_META]))
+    except (json.JSONDecodeError, TypeError):
+        meta = None
+    if meta is None:
+        raise UserInputError(f"{path} is an ExportedProgram but not one written by `aotc export` (no signature); re-export it with `aotc export`")
+    return ep, meta
+
+
+def _unloadable_reason(path: Path, exc: Exception) -> str:
+    """Why torch.export.load refused the file, told apart: not an export archive at all, or one that
+    names Python types this process does not know (an artifact from an older aotc, or from plain
+    torch.export, whose call spec holds the model's own output class)."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return f"{path} is not a torch.export artifact (not a .pt2 archive); create one with `aotc export MODEL -o {path.name}`"
+    unknown = next((text for text in _load_errors(path, exc) if "not registered" in text), None)
+    if unknown:
+        return (f"{path} is an export artifact whose inputs or outputs use Python types this process has not imported "
+                f"({' '.join(unknown.split())[:160]}); re-export it with this aotc, whose artifacts hold only tensors and builtins")
+    return (f"{path} is a .pt2 archive that torch {_torch_version()} cannot load as an ExportedProgram "
+            f"({type(exc).__name__}: {first_line(exc)[:120]}); re-export it with `aotc export` on this torch")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _load_errors(path: Path, exc: Exception) -> list:
+    """The texts of the failure's exception chain, and of the archive reader's own error.
+
+    torch.export.load only logs the reader's error (which names a type it cannot rebuild) and then
+    raises "check the warnings above"; reading the archive again, on this error path only, recovers it.
+    """
+    texts, seen = [], exc
+    while seen is not None and len(texts) < 10:
+        texts.append(" ".join(str(seen).split()))
+        seen = seen.__cause__ or seen.__context__
+    try:
+        from torch.export.pt2_archive._package import load_pt2
+
+        with quiet_torch():
+            load_pt2(str(path))
+    except Exception as inner:  # the reader's own error: what the log line would have shown
+        seen = inner
+        while seen is not None and len(texts) < 20:
+            texts.append(" ".join(str(seen).split()))
+            seen = seen.__cause__ or seen.__context__
+    return texts

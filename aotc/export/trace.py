@@ -1,0 +1,174 @@
+"""`aotc export`: user model -> ExportedProgram saved with torch.export.save (+ aotc's signature).
+
+Steps: load the model, make the example call, run it eagerly once (a model that fails by itself is
+reported as such, at the user's line; its buffers are restored after, so the artifact holds the
+model's initial state), export the flat wrapper of aotc/export/call_structure.py with torch.export Dims,
+lift the buffers forward mutates out as state, save atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotc.export.call_structure import TENSOR, OutputLayout, call_model, make_flat_call, output_layout
+from aotc.config import ExportConfig
+from aotc.errors import ExportError, ModelError, UserInputError
+from aotc.export.artifact import ArtifactMeta, save_artifact
+from aotc.export.dim_ranges import check_dim_ranges
+from aotc.export.example_call import ExampleCall, describe, example_call
+from aotc.export.problems import diagnose
+from aotc.export.loading import LoadedModel, load_model
+from aotc.quiet import quiet_torch
+from aotc.export.shapes import export_dynamic_shapes
+from aotc.export.signature import make_signature
+from aotc.export.user_frames import first_line, innermost_user_frame
+
+STATE_PREFIX = "model."  # FlatCall holds the user's module as `model`: its buffer FQNs start with this
+
+
+@dataclass
+class ExportResult:
+    output: Path
+    model: str
+    signature: dict
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"artifact": str(self.output), "model": self.model, "signature": self.signature, "seconds": round(self.seconds, 3)}
+
+
+def export_model(cfg: ExportConfig) -> ExportResult:
+    cfg.validate()
+    started = time.perf_counter()
+    import torch
+
+    loaded, call = prepare_model(cfg)
+    with torch.no_grad():
+        layout = output_layout(check_eager(loaded, call))
+    ep, state = export_with_state(loaded, call, layout, cfg.strict)
+    signature = make_signature(ep, call, layout, state)
+    if call.dims:
+        check_dim_ranges(ep, signature, call)
+    meta = ArtifactMeta.new(model=loaded.description, signature=signature)
+    save_artifact(ep, meta, cfg.output)
+    return ExportResult(cfg.output, loaded.description, signature, time.perf_counter() - started)
+
+
+def prepare_model(cfg: ExportConfig) -> tuple[LoadedModel, ExampleCall]:
+    """(loaded model with its weights, the example call to trace)."""
+    loaded = load_model(cfg.model, cfg.entry)
+    if cfg.weights:
+        load_weights(loaded.module, cfg.weights)
+    return loaded, example_call(cfg, loaded)
+
+
+def load_weights(module, path: Path) -> None:
+    import torch
+
+    try:
+        if path.suffix == ".safetensors":
+            try:
+                from safetensors.torch import load_file
+            except ImportError:
+                raise UserInputError("--weights is a .safetensors file but safetensors is not installed; pip install safetensors") from None
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except UserInputError:
+        raise
+    except Exception as exc:
+        raise UserInputError(f"--weights {path} could not be read as a state_dict: {first_line(exc)}") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        raise UserInputError(f"--weights {path} does not fit the model: {' '.join(str(exc).split())[:400]}") from None
+
+
+@contextlib.contextmanager
+def buffers_restored(module):
+    """Put every buffer back as it was on leaving: a forward that updates a counter or a cache must
+    not leave the artifact one call ahead of the model as constructed."""
+    import torch
+
+    saved = {name: buf.detach().clone() for name, buf in module.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in saved.items():
+                owner_name, _, leaf = name.rpartition(".")
+                owner = module.get_submodule(owner_name)
+                current = owner._buffers.get(leaf)
+                if current is not None and current.shape == value.shape and current.dtype == value.dtype:
+                    current.copy_(value)  # in place: other references to the buffer see the restore too
+                else:
+                    owner._buffers[leaf] = value  # forward rebound it with another shape (a growing cache)
+
+
+def check_eager(loaded: LoadedModel, call: ExampleCall):
+    """Run the model once as plain PyTorch (state restored after) and return its output.
+
+    If it fails here, the model is wrong, not the export.
+    """
+    try:
+        with buffers_restored(loaded.module):
+            return call_model(loaded.module, call.tensors, call.n_positional, call.keywords, call.constants)
+    except Exception as exc:
+        where = innermost_user_frame(exc, loaded.source_files)
+        at = f" at {where}" if where else ""
+        raise ModelError(
+            f"the model itself fails on inputs ({describe(call)}){at}: {type(exc).__name__}: {first_line(exc)}; "
+            "fix the model or the --input-shape"
+        ) from exc
+
+
+def flat_module(loaded: LoadedModel, call: ExampleCall, layout: OutputLayout, state: tuple = ()):
+    return make_flat_call(loaded.module, call.n_positional, call.keywords, call.constants, layout.structure == TENSOR, state)
+
+
+def export_with_state(loaded: LoadedModel, call: ExampleCall, layout: OutputLayout, strict: bool):
+    """(ExportedProgram, [(name, initial value)] of the state lifted out of it).
+
+    A first export shows which buffers forward mutates; if any, the model is exported again with
+    those buffers as extra inputs and outputs (see aotc/export/call_structure.py).
+    """
+    ep = export_program(loaded, flat_module(loaded, call, layout), call.tensors, call.shapes, call.dims, strict)
+    mutated = mutated_buffers(ep)
+    if not mutated:
+        return ep, []
+    names = tuple(name[len(STATE_PREFIX):] for name in mutated)
+    initial = [loaded.module.get_buffer(name).detach().clone() for name in names]
+    ep = export_program(loaded, flat_module(loaded, call, layout, names), call.tensors + initial, call.shapes,
+                        call.dims, strict, extra_static=len(initial))
+    return ep, list(zip(names, initial))
+
+
+def mutated_buffers(ep) -> list:
+    """FQNs of the buffers the program writes. torch.export's graph keeps in-place ops (`add_` on
+    the buffer) and records mutations only once functionalized, so ask a functionalized copy (no
+    decompositions: an empty table, well under a second for small models)."""
+    with quiet_torch():
+        functional = ep.run_decompositions({})
+    return sorted(set(functional.graph_signature.buffers_to_mutate.values()))
+
+
+def export_program(loaded: LoadedModel, module, inputs, shapes, dims, strict: bool, extra_static: int = 0):
+    import torch
+
+    try:
+        with quiet_torch(), buffers_restored(loaded.module):
+            return torch.export.export(module, tuple(inputs), dynamic_shapes=export_dynamic_shapes(shapes, dims, extra_static),
+                                       strict=strict)
+    except Exception as exc:
+        problem = diagnose(exc, loaded.source_files, dims, shapes)
+        raise ExportError(
+            f"torch.export cannot capture {loaded.description}: {problem.one_line()}; "
+            f"`aotc explain` with the same arguments lists every problem"
+        ) from exc
+
+

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The maintained checks on a GPU machine, in one unattended run: the GPU tests, the model zoo on the GPU,
+# the `aotc bench` suite on the GPU. Logs and results go to RESULTS_DIR; RESULTS_DIR/DONE appears at the end.
+# usage: setsid nohup scripts/gpu_checks.sh RESULTS_DIR WORKDIR STEP... &
+# steps, run in the order given:
+#   tests           the GPU tests (pytest -m gpu) except the densenet121 max-autotune round trip
+#   tests_autotune  that round trip alone (its build takes about 7 minutes on an H100)
+#   zoo             scripts/zoo.py on the realistic-size GPU list (tests/zoo/gpu), reduce-overhead, with the
+#                   torch.compile reduce-overhead column; merged into docs/models.md (copied to RESULTS_DIR/docs/)
+#   zoo_small       scripts/zoo.py on the small transformers zoo, reduce-overhead, without the torch.compile column
+#   suite[=M1,M2]   scripts/bench_suite.py on the GPU models (or those given), reduce-overhead packages;
+#                   docs/bench_suite_cuda.md and docs/bench/ copied to RESULTS_DIR/docs/
+# Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled.
+set -u
+if [ $# -lt 3 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
+  sed -n '2,13p' "$0" | cut -c3-
+  exit 2
+fi
+RESULTS=$1
+WORK=$2
+shift 2
+mkdir -p "$RESULTS/docs" "$WORK"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$WORK/inductor_cache
+mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
+log() { echo "[$(date +%T)] $*" | tee -a "$RESULTS/session.log"; }
+
+log "install"
+python3 -m pip install -q --no-deps --no-build-isolation -e ./runtime -e . > "$RESULTS/install.log" 2>&1 || log "install failed"
+nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1
+python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" >> "$RESULTS/gpu.txt" 2>&1
+python3 -c "from aotc.build import toolchain as t; print('compiler choice:', t.choose_compiler())" >> "$RESULTS/gpu.txt" 2>&1
+
+for step in "$@"; do
+  log "start $step"
+  rc=0
+  case $step in
+    tests) python3 -m pytest -q -m gpu tests -k "not max-autotune" -p no:cacheprovider > "$RESULTS/tests.log" 2>&1 || rc=$? ;;
+    tests_autotune) python3 -m pytest -q -m gpu tests -k "max-autotune" -p no:cacheprovider > "$RESULTS/tests_autotune.log" 2>&1 || rc=$? ;;
+    zoo) python3 scripts/zoo.py --device cuda --set gpu --mode reduce-overhead --jobs 4 --iters 100 --work "$WORK/zoo" --merge \
+           > "$RESULTS/zoo.log" 2>&1 || rc=$?
+         cp docs/models.md docs/models.json "$RESULTS/docs/" ;;
+    zoo_small) python3 scripts/zoo.py --device cuda --set zoo --mode reduce-overhead --jobs 6 --iters 100 --no-compile \
+                 --work "$WORK/zoo" --merge > "$RESULTS/zoo_small.log" 2>&1 || rc=$?
+               cp docs/models.md docs/models.json "$RESULTS/docs/" ;;
+    suite|suite=*)
+      models=()
+      [ "$step" != suite ] && models=(--models "${step#suite=}")
+      python3 scripts/bench_suite.py --device cuda --out docs --work "$WORK/suite" ${models[@]+"${models[@]}"} \
+        --mode reduce-overhead --against eager,compile:default,compile:reduce-overhead --cold-runs 1 >> "$RESULTS/suite.log" 2>&1 || rc=$?
+      cp -r docs/bench docs/bench_suite_cuda.md "$RESULTS/docs/" ;;
+    *) log "unknown step $step"; rc=2 ;;
+  esac
+  log "end $step rc=$rc"
+done
+log "done"
+touch "$RESULTS/DONE"
