@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from aotc.bench.harness import BenchConfig
 from aotc.build.pipeline import BuildResult, build_package
@@ -23,8 +23,13 @@ def build(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
     return build_package(cfg, progress)
 
 
-def run(package: str | Path, input_files: Sequence[str | Path] = (), output: str | Path | None = None, iters: int = 0,
-        seed: int = 0) -> dict:
+def run(
+    package: str | Path,
+    input_files: Sequence[str | Path] = (),
+    output: str | Path | None = None,
+    iters: int = 0,
+    seed: int = 0,
+) -> dict:
     """Load a package through the thin runtime and run it (never compiles)."""
     from aotc_runtime import run_package
 
@@ -54,5 +59,17 @@ def explain(cfg: ExplainConfig) -> ExplainReport:
     return explain_model(cfg)
 
 
-__all__ = ["export", "build", "run", "bench", "explain", "ExportConfig", "BuildConfig", "BenchConfig", "ExplainConfig",
-           "ExportResult", "BuildResult", "ExplainReport"]
+__all__ = [
+    "export",
+    "build",
+    "run",
+    "bench",
+    "explain",
+    "ExportConfig",
+    "BuildConfig",
+    "BenchConfig",
+    "ExplainConfig",
+    "ExportResult",
+    "BuildResult",
+    "ExplainReport",
+]

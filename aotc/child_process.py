@@ -7,7 +7,8 @@ import os
 import re
 import sys
 
-CHILD_TIMEOUT_S = 1800  # a max-autotune torch.compile cold start on a large model takes many minutes
+# a max-autotune torch.compile cold start on a large model takes many minutes
+CHILD_TIMEOUT_S = 1800
 
 
 def child_command(module: str, *args: str) -> list:
@@ -26,5 +27,10 @@ def failure_line(stderr: str, returncode: int) -> str:
     line that names an error, not the last line.
     """
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line) and not line.startswith("Exception raised from")]
+    errors = [
+        line
+        for line in lines
+        if re.match(r"[\w.]*(Error|Exception)\b", line)
+        and not line.startswith("Exception raised from")
+    ]
     return (errors[-1] if errors else lines[-1] if lines else f"exit status {returncode}")[:300]

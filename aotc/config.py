@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aotc.errors import UserInputError
 
+
 def _configs_dir() -> Path:
     """The mode presets: aotc/configs inside an installed wheel (pyproject.toml maps the top-level
     configs/ there), else the checkout's configs/ (an editable install, or running from the tree)."""
@@ -58,13 +59,22 @@ class ExportConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.dtypes and len(self.dtypes) not in (1, len(self.input_shapes)) and self.input_shapes:
-            problems.append(f"{len(self.dtypes)} --dtype for {len(self.input_shapes)} --input-shape; give one for all or one per input")
+        if (
+            self.dtypes
+            and len(self.dtypes) not in (1, len(self.input_shapes))
+            and self.input_shapes
+        ):
+            problems.append(
+                f"{len(self.dtypes)} --dtype for {len(self.input_shapes)} --input-shape; give one for "
+                "all or one per input"
+            )
         for dtype in self.dtypes:
             if dtype not in INPUT_DTYPES:
                 problems.append(f"--dtype {dtype} is not one of {', '.join(INPUT_DTYPES)}")
         if self.output.exists() and not self.force:
-            problems.append(f"output {self.output} exists; pass --force to overwrite it or choose another -o")
+            problems.append(
+                f"output {self.output} exists; pass --force to overwrite it or choose another -o"
+            )
         if self.weights is not None and not self.weights.is_file():
             problems.append(f"--weights {self.weights} does not exist")
         if problems:
@@ -80,7 +90,8 @@ class BuildConfig:
     output: Path  # the CLI's default: default_package_folder(artifact)
     mode: Mode = Mode.DEFAULT
     device: str = "auto"  # auto, cpu or cuda; resolve_device() turns auto into cpu or cuda
-    requested_device: str | None = None  # what was asked (auto/cpu/cuda), set by resolve_device(); in the manifest
+    # what was asked (auto/cpu/cuda), set by resolve_device(); in the manifest
+    requested_device: str | None = None
     precision: Precision = Precision.FP32
     options: dict = field(default_factory=dict)  # Inductor options layered over the mode preset
     atol: float | None = None
@@ -93,14 +104,24 @@ class BuildConfig:
     def validate(self) -> None:
         problems = []
         if not self.artifact.is_file():
-            problems.append(f"artifact {self.artifact} does not exist; create one with `aotc export MODEL -o {self.artifact}`")
+            problems.append(
+                f"artifact {self.artifact} does not exist; create one with `aotc export MODEL -o {self.artifact}`"
+            )
         if self.output.exists() and not self.force:
-            problems.append(f"output {self.output} exists; pass --force to replace it or choose another -o")
+            problems.append(
+                f"output {self.output} exists; pass --force to replace it or choose another -o"
+            )
         if self.device not in DEVICES:
             problems.append(f"--device {self.device} is not one of {', '.join(DEVICES)}")
         if self.precision == Precision.TF32 and self.device == "cpu":
-            why = "; --device auto chose cpu: this machine has no CUDA GPU" if self.requested_device == "auto" else ""
-            problems.append(f"--precision tf32 needs --device cuda (TF32 is a GPU tensor-core format){why}")
+            why = (
+                "; --device auto chose cpu: this machine has no CUDA GPU"
+                if self.requested_device == "auto"
+                else ""
+            )
+            problems.append(
+                f"--precision tf32 needs --device cuda (TF32 is a GPU tensor-core format){why}"
+            )
         for name, value in (("--atol", self.atol), ("--rtol", self.rtol)):
             if value is not None and value < 0:
                 problems.append(f"{name} must be >= 0, got {value}")
@@ -109,7 +130,8 @@ class BuildConfig:
 
 
 def default_package_folder(artifact: Path) -> Path:
-    """Where `aotc build` writes without -o: beside the artifact, named after it (demo_out/mlp.pt2 -> demo_out/mlp_pkg)."""
+    """Where `aotc build` writes without -o: beside the artifact, named after it (demo_out/mlp.pt2
+    -> demo_out/mlp_pkg)."""
     artifact = Path(artifact)
     return artifact.parent / f"{artifact.stem}_pkg"
 
@@ -130,10 +152,21 @@ def resolve_device(config: BuildConfig) -> tuple[BuildConfig, str]:
         device, why = "cuda", torch.cuda.get_device_name(0)
     else:
         device, why = "cpu", "no CUDA GPU"
-    return replace(config, device=device, requested_device="auto"), f"device auto -> {device} ({why})"
+    return replace(
+        config, device=device, requested_device="auto"
+    ), f"device auto -> {device} ({why})"
 
 
-BUILD_FILE_KEYS = {"mode", "device", "precision", "options", "atol", "rtol", "allow_mismatch", "bsymbolic"}
+BUILD_FILE_KEYS = {
+    "mode",
+    "device",
+    "precision",
+    "options",
+    "atol",
+    "rtol",
+    "allow_mismatch",
+    "bsymbolic",
+}
 
 
 def load_yaml(path: Path) -> dict:
@@ -144,7 +177,9 @@ def load_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise UserInputError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise UserInputError(
+            f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}"
+        ) from None
     if not isinstance(data, dict):
         raise UserInputError(f"config file {path} must hold a mapping of keys to values")
     return data
@@ -154,7 +189,11 @@ def reject_unknown(keys, allowed, where: str) -> None:
     for key in keys:
         if key not in allowed:
             close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else f"; known keys: {', '.join(sorted(allowed))}"
+            hint = (
+                f" (did you mean '{close[0]}'?)"
+                if close
+                else f"; known keys: {', '.join(sorted(allowed))}"
+            )
             raise UserInputError(f"{where}: unknown key '{key}'{hint}")
 
 
@@ -172,7 +211,9 @@ def apply_config_file(config: BuildConfig, path: Path, flags_given: set) -> Buil
             value = _enum(Precision, value, path)
         elif key == "options":
             if not isinstance(value, dict):
-                raise UserInputError(f"config file {path}: 'options' must be a mapping of Inductor options")
+                raise UserInputError(
+                    f"config file {path}: 'options' must be a mapping of Inductor options"
+                )
             value = {**value, **config.options}
         changes[key] = value
     return replace(config, **changes)
@@ -182,7 +223,9 @@ def _enum(kind, value, path):
     try:
         return kind(value)
     except ValueError:
-        raise UserInputError(f"config file {path}: '{value}' is not one of {', '.join(m.value for m in kind)}") from None
+        raise UserInputError(
+            f"config file {path}: '{value}' is not one of {', '.join(m.value for m in kind)}"
+        ) from None
 
 
 def mode_preset(mode: Mode) -> dict:
@@ -191,7 +234,9 @@ def mode_preset(mode: Mode) -> dict:
     if not path.is_file():
         from aotc.errors import InternalError
 
-        raise InternalError(f"mode preset {path} is missing from the aotc installation; reinstall aotc from its checkout")
+        raise InternalError(
+            f"mode preset {path} is missing from the aotc installation; reinstall aotc from its checkout"
+        )
     data = load_yaml(path)
     reject_unknown(data, {"description", "inductor", "runtime"}, f"preset {path}")
     return data

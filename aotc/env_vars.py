@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

@@ -67,6 +67,16 @@ EXIT_CODES = (
 )
 
 __all__ = [
-    "AotcError", "UserInputError", "ModelError", "ExportError", "BuildError", "NumericMismatchError",
-    "InternalError", "AotcRuntimeError", "PackageError", "InputMismatchError", "EXIT_CODES", "INTERRUPTED_EXIT_CODE",
+    "AotcError",
+    "UserInputError",
+    "ModelError",
+    "ExportError",
+    "BuildError",
+    "NumericMismatchError",
+    "InternalError",
+    "AotcRuntimeError",
+    "PackageError",
+    "InputMismatchError",
+    "EXIT_CODES",
+    "INTERRUPTED_EXIT_CODE",
 ]

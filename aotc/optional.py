@@ -15,7 +15,8 @@ from aotc.errors import UserInputError
 def require(module: str, extra: str, purpose: str):
     """Import and return `module`, or raise UserInputError saying that `purpose` needs it and how to install it.
 
-    require("matplotlib", "bench", "--plot") -> "--plot needs matplotlib, which is not installed; pip install 'aotc[bench]'"
+    require("matplotlib", "bench", "--plot")
+    -> "--plot needs matplotlib, which is not installed; pip install 'aotc[bench]'"
     """
     try:
         return importlib.import_module(module)
@@ -23,6 +24,10 @@ def require(module: str, extra: str, purpose: str):
         install = f"pip install 'aotc[{extra}]'"
         # exc.name is the module that was not found: this one (or its parent), or one of its own imports.
         if exc.name is None or exc.name == module or module.startswith(f"{exc.name}."):
-            raise UserInputError(f"{purpose} needs {module}, which is not installed; {install}") from None
-        raise UserInputError(f"{purpose} needs {module}, which is installed but fails to import ({exc}); "
-                             f"reinstall it: {install} --force-reinstall") from None
+            raise UserInputError(
+                f"{purpose} needs {module}, which is not installed; {install}"
+            ) from None
+        raise UserInputError(
+            f"{purpose} needs {module}, which is installed but fails to import ({exc}); "
+            f"reinstall it: {install} --force-reinstall"
+        ) from None

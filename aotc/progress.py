@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class Progress:
@@ -23,7 +23,11 @@ class Progress:
 
     def _say(self, text: str) -> None:
         if self.enabled:
-            print(f"[aotc {time.perf_counter() - self.started:6.1f}s] {text}", file=self.stream, flush=True)
+            print(
+                f"[aotc {time.perf_counter() - self.started:6.1f}s] {text}",
+                file=self.stream,
+                flush=True,
+            )
 
     def note(self, text: str) -> None:
         self._say(text)
@@ -38,7 +42,9 @@ class Progress:
         self._say(f"{name} ...")
         began = time.perf_counter()
         stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(name, began, stop, detail), daemon=True)
+        beat = threading.Thread(
+            target=self._heartbeat, args=(name, began, stop, detail), daemon=True
+        )
         if self.enabled:
             beat.start()
         try:
@@ -50,7 +56,9 @@ class Progress:
     def _heartbeat(self, name: str, began: float, stop: threading.Event, detail) -> None:
         while not stop.wait(self.heartbeat_s):
             extra = detail() if detail else ""
-            self._say(f"{name}: still working ({time.perf_counter() - began:.0f}s{', ' + extra if extra else ''})")
+            self._say(
+                f"{name}: still working ({time.perf_counter() - began:.0f}s{', ' + extra if extra else ''})"
+            )
 
 
 class ProgressBar(Progress):
@@ -82,8 +90,10 @@ class ProgressBar(Progress):
         if not self.enabled:
             return
         filled = round(self.width * self.done / self.total)
-        line = (f"[aotc bench] {'#' * filled}{'.' * (self.width - filled)} {100 * self.done / self.total:3.0f}% "
-                f"{time.perf_counter() - self.started:6.1f}s  {label}")
+        line = (
+            f"[aotc bench] {'#' * filled}{'.' * (self.width - filled)} {100 * self.done / self.total:3.0f}% "
+            f"{time.perf_counter() - self.started:6.1f}s  {label}"
+        )
         if self.tty:
             columns = 120
             with contextlib.suppress(OSError):

@@ -1,6 +1,6 @@
 """The torch.compile tutorials' feed-forward network: 128 -> 256 -> 10 (the demo model).
 
-    aotc export examples/mlp.py --input-shape 32x128 -o mlp.pt2
+aotc export examples/mlp.py --input-shape 32x128 -o mlp.pt2
 """
 
 import torch

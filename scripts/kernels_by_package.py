@@ -14,8 +14,20 @@ import collections
 import json
 from pathlib import Path
 
-FAMILIES = ("triton_tem", "triton_poi", "triton_per", "triton_red", "cudnn", "sm90_xmma", "sm80_xmma", "cutlass",
-            "cublasLt", "gemm", "Memcpy", "Memset")
+FAMILIES = (
+    "triton_tem",
+    "triton_poi",
+    "triton_per",
+    "triton_red",
+    "cudnn",
+    "sm90_xmma",
+    "sm80_xmma",
+    "cutlass",
+    "cublasLt",
+    "gemm",
+    "Memcpy",
+    "Memset",
+)
 
 
 def family(kernel: str) -> str:
@@ -63,18 +75,31 @@ def main() -> None:
     for folder in args.packages:
         package = aotc_runtime.load(folder)
         if package.device.type != "cuda":
-            parser.error(f"{folder} is a {package.device.type} package; this profiles CUDA kernels: pass packages built with --device cuda")
-        inputs = package.signature.random_inputs(seed=0, device=package.device)  # the same input for every package
+            parser.error(
+                f"{folder} is a {package.device.type} package; this profiles CUDA kernels: pass "
+                "packages built with --device cuda"
+            )
+        # the same input for every package
+        inputs = package.signature.random_inputs(seed=0, device=package.device)
         per_kernel = kernel_ms_per_call(package, inputs, args.calls)
         families: dict[str, float] = collections.defaultdict(float)
         for name, ms in per_kernel.items():
             families[family(name)] += ms
         top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]
-        result[folder.name] = {"gpu_ms_per_call": round(sum(per_kernel.values()), 4),
-                               "families_ms": {k: round(v, 4) for k, v in sorted(families.items(), key=lambda kv: -kv[1])},
-                               "top_kernels_ms": [[round(ms, 4), name[:120]] for name, ms in top]}
-        print(f"{folder.name}: {result[folder.name]['gpu_ms_per_call']:.3f} ms of GPU time per call")
-        print("  by family: " + ", ".join(f"{k} {v:.3f}" for k, v in result[folder.name]["families_ms"].items()))
+        result[folder.name] = {
+            "gpu_ms_per_call": round(sum(per_kernel.values()), 4),
+            "families_ms": {
+                k: round(v, 4) for k, v in sorted(families.items(), key=lambda kv: -kv[1])
+            },
+            "top_kernels_ms": [[round(ms, 4), name[:120]] for name, ms in top],
+        }
+        print(
+            f"{folder.name}: {result[folder.name]['gpu_ms_per_call']:.3f} ms of GPU time per call"
+        )
+        print(
+            "  by family: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in result[folder.name]["families_ms"].items())
+        )
         for ms, name in result[folder.name]["top_kernels_ms"]:
             print(f"  {ms:8.4f}  {name}")
     if args.json:

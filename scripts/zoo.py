@@ -52,7 +52,10 @@ def select_models(args) -> list:
     by_name = {m.name: m for m in cat.ZOO + cat.GPU_ZOO}
     unknown = [n for n in args.only if n not in by_name]
     if unknown:
-        print(f"error: --only {' '.join(unknown)}: not in tests/zoo/catalog.py (known: {', '.join(by_name)})", file=sys.stderr)
+        print(
+            f"error: --only {' '.join(unknown)}: not in tests/zoo/catalog.py (known: {', '.join(by_name)})",
+            file=sys.stderr,
+        )
         sys.exit(2)
     return [by_name[n] for n in args.only]
 
@@ -63,23 +66,43 @@ def error_line(stderr: str, code: int) -> str:
     errors = [line for line in lines if line.startswith("error:")]
     if errors:
         return errors[-1]
-    return f"error: exit {code} without an error line; stderr ends: {(lines or ['(empty)'])[-1][:300]}"
+    return (
+        f"error: exit {code} without an error line; stderr ends: {(lines or ['(empty)'])[-1][:300]}"
+    )
 
 
 def run_step(command: list, timeout: float, env=None) -> dict:
-    """Run one step in a fresh process (its own process group, all killed on timeout): {status, wall_s, stdout, error}."""
+    """Run one step in a fresh process (its own process group, all killed on timeout): {status,
+    wall_s, stdout, error}."""
     started = time.perf_counter()
-    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    ) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # the step and its compile workers
             proc.communicate()
-            return {"status": "fail", "wall_s": timeout, "stdout": "", "error": f"error: timed out after {timeout:.0f} s"}
+            return {
+                "status": "fail",
+                "wall_s": timeout,
+                "stdout": "",
+                "error": f"error: timed out after {timeout:.0f} s",
+            }
     wall = time.perf_counter() - started
     if proc.returncode != 0:
-        return {"status": "fail", "wall_s": wall, "stdout": stdout, "error": error_line(stderr, proc.returncode)}
+        return {
+            "status": "fail",
+            "wall_s": wall,
+            "stdout": stdout,
+            "error": error_line(stderr, proc.returncode),
+        }
     return {"status": "ok", "wall_s": wall, "stdout": stdout, "error": None}
 
 
@@ -96,19 +119,61 @@ def export_and_build(model, args, work: Path, env) -> dict:
     """The export and build steps of one model: {'export': {...}, 'build': {...} or None}."""
     artifact, package = work / f"{model.name}.pt2", work / f"{model.name}_pkg"
     dims = [flag for dim in model.dims for flag in ("--dim", dim)]
-    step = run_step([*AOTC, "export", f"tests/zoo/{model.file}", *dims, "-o", str(artifact), "--force", "--json"], args.timeout, env)
-    export = {"status": step["status"], "seconds": last_json(step["stdout"]).get("seconds", step["wall_s"]), "error": step["error"]}
+    step = run_step(
+        [
+            *AOTC,
+            "export",
+            f"tests/zoo/{model.file}",
+            *dims,
+            "-o",
+            str(artifact),
+            "--force",
+            "--json",
+        ],
+        args.timeout,
+        env,
+    )
+    export = {
+        "status": step["status"],
+        "seconds": last_json(step["stdout"]).get("seconds", step["wall_s"]),
+        "error": step["error"],
+    }
     result = {"export": export, "build": None, "package": str(package)}
     if step["status"] != "ok":
         return result
-    step = run_step([*AOTC, "build", str(artifact), "-o", str(package), "--device", args.device, "--mode", args.mode,
-                         "--force", "--json", "--quiet"], args.timeout, env)
-    build = {"status": step["status"], "seconds": None, "size_bytes": None, "check_max_abs": None, "error": step["error"]}
+    step = run_step(
+        [
+            *AOTC,
+            "build",
+            str(artifact),
+            "-o",
+            str(package),
+            "--device",
+            args.device,
+            "--mode",
+            args.mode,
+            "--force",
+            "--json",
+            "--quiet",
+        ],
+        args.timeout,
+        env,
+    )
+    build = {
+        "status": step["status"],
+        "seconds": None,
+        "size_bytes": None,
+        "check_max_abs": None,
+        "error": step["error"],
+    }
     if step["status"] == "ok":
         report = last_json(step["stdout"]) or last_json((package / "manifest.json").read_text())
         outputs = (report.get("numeric_check") or {}).get("outputs") or []
-        build.update(seconds=report.get("build_seconds"), size_bytes=report.get("size_bytes"),
-                     check_max_abs=max((o["max_abs"] for o in outputs), default=None))
+        build.update(
+            seconds=report.get("build_seconds"),
+            size_bytes=report.get("size_bytes"),
+            check_max_abs=max((o["max_abs"] for o in outputs), default=None),
+        )
     result["build"] = build
     return result
 
@@ -116,18 +181,39 @@ def export_and_build(model, args, work: Path, env) -> dict:
 def measure_step(model, package: str, args) -> dict:
     """The run step: this script's _measure subcommand in a fresh process, which prints one JSON line."""
     compile_flag = "no-compile" if args.no_compile else "compile"
-    step = run_step([sys.executable, __file__, "_measure", model.name, package, args.device, str(args.iters), compile_flag], args.timeout)
+    step = run_step(
+        [
+            sys.executable,
+            __file__,
+            "_measure",
+            model.name,
+            package,
+            args.device,
+            str(args.iters),
+            compile_flag,
+        ],
+        args.timeout,
+    )
     if step["status"] != "ok":
         return {"status": "fail", "error": step["error"]}
     lines = [line for line in step["stdout"].splitlines() if line.startswith("{")]
-    return last_json(lines[-1]) if lines else {"status": "fail", "error": "error: _measure printed no result"}
+    return (
+        last_json(lines[-1])
+        if lines
+        else {"status": "fail", "error": "error: _measure printed no result"}
+    )
 
 
 def split_inputs(produced) -> tuple:
     """example_inputs() as (args, kwargs): a tensor, a tuple (positional), a dict (keywords) or a (tuple, dict) pair."""
     if isinstance(produced, dict):
         return (), produced
-    if isinstance(produced, tuple) and len(produced) == 2 and isinstance(produced[0], tuple) and isinstance(produced[1], dict):
+    if (
+        isinstance(produced, tuple)
+        and len(produced) == 2
+        and isinstance(produced[0], tuple)
+        and isinstance(produced[1], dict)
+    ):
         return produced
     return (tuple(produced) if isinstance(produced, (tuple, list)) else (produced,)), {}
 
@@ -145,11 +231,16 @@ def max_abs_error(eager_out, package_out) -> tuple:
         got = [package_out] if isinstance(package_out, torch.Tensor) else list(package_out)
     if len(got) != len(expected):
         raise ValueError(f"the package returned {len(got)} outputs, eager {len(expected)}")
-    diffs = [((e.double() - g.double()).abs().max().item() if e.numel() else 0.0, n) for e, g, n in zip(expected, got, names)]
+    diffs = [
+        ((e.double() - g.double()).abs().max().item() if e.numel() else 0.0, n)
+        for e, g, n in zip(expected, got, names)
+    ]
     return max(diffs)
 
 
-def measure(name: str, package: str, device_type: str, iters: int, with_compile: bool = True) -> dict:
+def measure(
+    name: str, package: str, device_type: str, iters: int, with_compile: bool = True
+) -> dict:
     """Eager vs package (and torch.compile on CUDA) on the model file's example inputs, in this process."""
     import torch
 
@@ -160,20 +251,32 @@ def measure(name: str, package: str, device_type: str, iters: int, with_compile:
     cat = catalog()
     model_entry = next(m for m in cat.ZOO + cat.GPU_ZOO if m.name == name)
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
-    loaded = load_model(f"tests/zoo/{model_entry.file}")  # constructed after torch.manual_seed(0), as aotc export does
+    # constructed after torch.manual_seed(0), as aotc export does
+    loaded = load_model(f"tests/zoo/{model_entry.file}")
     model = loaded.module.to(device)
-    move = (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
+
+    def move(v):
+        return v.to(device) if isinstance(v, torch.Tensor) else v
+
     args, kwargs = split_inputs(loaded.example_inputs())
     args, kwargs = [move(a) for a in args], {k: move(v) for k, v in kwargs.items()}
-    tensor_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}  # constants are baked into the package
+    # constants are baked into the package
+    tensor_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
     result = {"status": "ok", "error": None, "compile_error": None}
     with torch.inference_mode():
-        with strict_fp32():  # fp32 on both sides for the error; latency below runs with the process's default flags
+        with (
+            strict_fp32()
+        ):  # fp32 on both sides for the error; latency below runs with the process's default flags
             checked = aotc_runtime.load(package)
-            result["max_abs"], result["worst_output"] = max_abs_error(model(*args, **kwargs), checked(*args, **tensor_kwargs))
+            result["max_abs"], result["worst_output"] = max_abs_error(
+                model(*args, **kwargs), checked(*args, **tensor_kwargs)
+            )
         del checked  # a CUDA graph captured with TF32 off would keep it off: time a fresh load
         pkg = aotc_runtime.load(package)
-        contenders = {"eager": lambda: model(*args, **kwargs), "package": lambda: pkg(*args, **tensor_kwargs)}
+        contenders = {
+            "eager": lambda: model(*args, **kwargs),
+            "package": lambda: pkg(*args, **tensor_kwargs),
+        }
         if device.type == "cuda" and with_compile:
             compiled = torch.compile(model, mode="reduce-overhead")
             try:
@@ -185,7 +288,9 @@ def measure(name: str, package: str, device_type: str, iters: int, with_compile:
     return result
 
 
-def interleaved_latency(contenders: dict, device, iters: int, warmup: int = 10, rounds: int = 10) -> dict:
+def interleaved_latency(
+    contenders: dict, device, iters: int, warmup: int = 10, rounds: int = 10
+) -> dict:
     """{name: latency summary + first_call_ms} of callables `fn()`, measured in this process.
 
     Each callable's first call and `warmup` untimed calls, then `iters` timed calls split into `rounds`
@@ -209,7 +314,10 @@ def interleaved_latency(contenders: dict, device, iters: int, warmup: int = 10, 
             aotc_runtime.time_calls(fn, 0, device, warmup=warmup)
         timed = [SimpleNamespace(name=name, call=fn) for name, fn in contenders.items()]
         samples = interleaved(timed, [], iters, rounds, device, ProgressBar(enabled=False), "")
-    return {name: {**aotc_runtime.summarize(times), "first_call_ms": first_call[name]} for name, times in samples.items()}
+    return {
+        name: {**aotc_runtime.summarize(times), "first_call_ms": first_call[name]}
+        for name, times in samples.items()
+    }
 
 
 def one_line(exc: Exception) -> str:
@@ -217,7 +325,9 @@ def one_line(exc: Exception) -> str:
     return f"error: {type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
-def measure_main(name: str, package: str, device: str, iters: str, compile_flag: str = "compile") -> int:
+def measure_main(
+    name: str, package: str, device: str, iters: str, compile_flag: str = "compile"
+) -> int:
     """`zoo.py _measure NAME PKG DEVICE ITERS`: prints one JSON line, a failure as aotc's one-line error."""
     from aotc.errors import AotcError, AotcRuntimeError
 
@@ -235,15 +345,29 @@ def machine(device_type: str) -> dict:
 
     from aotc.bench.machine import machine_description
 
-    info = machine_description(torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu"))
+    info = machine_description(
+        torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    )
     name = info["gpu"] if device_type == "cuda" else f"{info['cpu']}, {info['cpu_count']} cores"
     return {"machine": name, "torch": info["torch"]}
 
 
 def new_record(model, args, host: dict, command: str) -> dict:
-    return {"model": model.name, "family": model.family, "source": model.source, "dims": list(model.dims),
-            "expected_failure": model.expected_failure, "device": args.device, "mode": args.mode, **host,
-            "date": time.strftime("%Y-%m-%d"), "command": command, "export": None, "build": None, "run": None}
+    return {
+        "model": model.name,
+        "family": model.family,
+        "source": model.source,
+        "dims": list(model.dims),
+        "expected_failure": model.expected_failure,
+        "device": args.device,
+        "mode": args.mode,
+        **host,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": command,
+        "export": None,
+        "build": None,
+        "run": None,
+    }
 
 
 def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda records: None) -> list:
@@ -255,14 +379,20 @@ def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda reco
     host = machine(args.device)
     env = dict(os.environ)
     if args.jobs > 1:  # N builds at once share the cores among their Inductor compile workers
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+        env.setdefault(
+            "TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs))
+        )
     records = {m.name: new_record(m, args, host, command) for m in models}
 
     def one(model):
         steps = export_and_build(model, args, work, env)
         records[model.name].update(export=steps["export"], build=steps["build"])
-        print(f"[zoo] {model.name}: export {steps['export']['status']}, build {(steps['build'] or {}).get('status', '-')}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[zoo] {model.name}: export {steps['export']['status']}, build "
+            f"{(steps['build'] or {}).get('status', '-')}",
+            file=sys.stderr,
+            flush=True,
+        )
         return steps["package"]
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -271,7 +401,8 @@ def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda reco
     for model in models:
         record = records[model.name]
         if (record["build"] or {}).get("status") == "ok":
-            load = os.getloadavg()[0]  # other processes on the machine skew latency (a 2-core CI box: by 100x)
+            # other processes on the machine skew latency (a 2-core CI box: by 100x)
+            load = os.getloadavg()[0]
             record["run"] = {**measure_step(model, packages[model.name], args), "load_before": load}
             print(f"[zoo] {model.name}: run {record['run']['status']}", file=sys.stderr, flush=True)
             checkpoint(list(records.values()))
@@ -304,9 +435,21 @@ def table_row(r: dict, cuda: bool) -> list:
     median = lambda name: (lat.get(name) or {}).get("median_ms")  # noqa: E731
     eager, package = median("eager"), median("package")
     size = build.get("size_bytes")
-    row = [r["model"], r["family"], r["source"], _dims(r["dims"]), step(r["export"]), step(r["build"]), step(r["run"]),
-           _cell(run.get("max_abs"), "{:.1e}"), _cell(build.get("seconds")), _cell(size / 1e6 if size else None),
-           _cell(eager, "{:.3f}"), _cell(package, "{:.3f}"), _cell(eager / package if eager and package else None, "{:.2f}x")]
+    row = [
+        r["model"],
+        r["family"],
+        r["source"],
+        _dims(r["dims"]),
+        step(r["export"]),
+        step(r["build"]),
+        step(r["run"]),
+        _cell(run.get("max_abs"), "{:.1e}"),
+        _cell(build.get("seconds")),
+        _cell(size / 1e6 if size else None),
+        _cell(eager, "{:.3f}"),
+        _cell(package, "{:.3f}"),
+        _cell(eager / package if eager and package else None, "{:.2f}x"),
+    ]
     if cuda:
         row.append("fail" if run.get("compile_error") else _cell(median(COMPILE), "{:.3f}"))
     return row
@@ -321,9 +464,15 @@ def failures(records: list) -> list:
                 expected = f" (expected: {r['expected_failure']})" if r["expected_failure"] else ""
                 lines.append(f"- **{r['model']}** ({name}){expected}: `{step['error']}`")
         if r["run"] and r["run"].get("compile_error"):
-            lines.append(f"- **{r['model']}** (torch.compile reduce-overhead, baseline only): `{r['run']['compile_error']}`")
-        if r["expected_failure"] and all(r[s] and r[s]["status"] == "ok" for s in ("export", "build", "run")):
-            lines.append(f"- **{r['model']}** passes although the catalog expects a failure: {r['expected_failure']}")
+            lines.append(
+                f"- **{r['model']}** (torch.compile reduce-overhead, baseline only): `{r['run']['compile_error']}`"
+            )
+        if r["expected_failure"] and all(
+            r[s] and r[s]["status"] == "ok" for s in ("export", "build", "run")
+        ):
+            lines.append(
+                f"- **{r['model']}** passes although the catalog expects a failure: {r['expected_failure']}"
+            )
     return lines or ["- none"]
 
 
@@ -333,28 +482,62 @@ def render(records: list, json_name: str) -> str:
     order = {m.name: i for i, m in enumerate(cat.ZOO + cat.GPU_ZOO)}
     for r in sorted(records, key=lambda r: order.get(r["model"], len(order))):
         groups.setdefault((r["device"], r["machine"], r["torch"], r["mode"]), []).append(r)
-    lines = ["# aotc model zoo: compatibility matrix", "",
-             "Each model of tests/zoo/catalog.py (random weights, small configs on CPU, realistic sizes in the GPU set) "
-             "goes through `aotc export` (with the catalog's dynamic dims), `aotc build` (which runs its own numeric "
-             "check at the example sizes and at the min and max of every dim) and a run of the package against "
-             "eager on the model file's example_inputs(): max abs error over all outputs (fp32, TF32 off on CUDA), "
-             "then median latency of eager and the package (and torch.compile reduce-overhead on CUDA), timed "
-             "interleaved in one process. A failed step is `fail` with aotc's one-line error under Failures; later "
-             "steps show `-`. Generated by `scripts/zoo.py` (the commands are under each table; records in "
-             f"{json_name}).", ""]
+    lines = [
+        "# aotc model zoo: compatibility matrix",
+        "",
+        "Each model of tests/zoo/catalog.py (random weights, small configs on CPU, realistic sizes in the GPU set) "
+        "goes through `aotc export` (with the catalog's dynamic dims), `aotc build` (which runs its own numeric "
+        "check at the example sizes and at the min and max of every dim) and a run of the package against "
+        "eager on the model file's example_inputs(): max abs error over all outputs (fp32, TF32 off on CUDA), "
+        "then median latency of eager and the package (and torch.compile reduce-overhead on CUDA), timed "
+        "interleaved in one process. A failed step is `fail` with aotc's one-line error under Failures; later "
+        "steps show `-`. Generated by `scripts/zoo.py` (the commands are under each table; records in "
+        f"{json_name}).",
+        "",
+    ]
     for (device, host, torch_version, mode), rows in sorted(groups.items()):
         cuda = device == "cuda"
         date = max(r["date"] for r in rows)
-        header = ["model", "family", "source", "dynamic dims", "export", "build", "run", "max abs err", "build s",
-                  "package MB", "eager ms", "package ms", "speedup"] + (["compile r-o ms"] if cuda else [])
+        header = [
+            "model",
+            "family",
+            "source",
+            "dynamic dims",
+            "export",
+            "build",
+            "run",
+            "max abs err",
+            "build s",
+            "package MB",
+            "eager ms",
+            "package ms",
+            "speedup",
+        ] + (["compile r-o ms"] if cuda else [])
         lines += [f"## {device.upper()}: {host}; torch {torch_version}; {date}; mode {mode}", ""]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in table_row(r, cuda)) + " |" for r in rows]
+        lines += [
+            "| " + " | ".join(c.replace("|", "\\|") for c in table_row(r, cuda)) + " |"
+            for r in rows
+        ]
         commands = sorted({r["command"] for r in rows})
         loads = [r["run"]["load_before"] for r in rows if r["run"] and "load_before" in r["run"]]
-        load = f" 1-minute load average before each measurement: {min(loads):.1f} to {max(loads):.1f} on this machine." if loads else ""
-        lines += ["", f"Latency: medians on the example inputs; speedup = eager / package.{load} Made by: "
-                  + "; ".join(f"`{c}`" for c in commands), "", "Failures:", ""] + failures(rows) + [""]
+        load = (
+            f" 1-minute load average before each measurement: {min(loads):.1f} to {max(loads):.1f} on this machine."
+            if loads
+            else ""
+        )
+        lines += (
+            [
+                "",
+                f"Latency: medians on the example inputs; speedup = eager / package.{load} Made by: "
+                + "; ".join(f"`{c}`" for c in commands),
+                "",
+                "Failures:",
+                "",
+            ]
+            + failures(rows)
+            + [""]
+        )
     return "\n".join(lines)
 
 
@@ -362,16 +545,28 @@ def parse_args(argv: list):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--set", choices=("zoo", "gpu", "all"), default="zoo")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="these models (any set) instead of --set")
+    parser.add_argument(
+        "--only", nargs="+", metavar="NAME", help="these models (any set) instead of --set"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "models.md")
     parser.add_argument("--json", type=Path, help="records file [default: --out with .json]")
-    parser.add_argument("--merge", action="store_true", help="keep the JSON's other records (other devices/models)")
-    parser.add_argument("--work", type=Path, help="folder for artifacts and packages [default: a temporary one, removed]")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the JSON's other records (other devices/models)"
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="folder for artifacts and packages [default: a temporary one, removed]",
+    )
     parser.add_argument("--mode", default="default", help="aotc build --mode")
     parser.add_argument("--jobs", type=int, default=1, help="export+build steps run at once")
     parser.add_argument("--iters", type=int, default=100, help="timed calls per contender")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per step")
-    parser.add_argument("--no-compile", action="store_true", help="on CUDA, leave out the torch.compile reduce-overhead column (its compile takes minutes per model)")
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="on CUDA, leave out the torch.compile reduce-overhead column (its compile takes minutes per model)",
+    )
     return parser.parse_args(argv)
 
 

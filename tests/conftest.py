@@ -57,7 +57,12 @@ def assert_manifest_matches_schema(package: Path) -> None:
 
 class Built:
     def __init__(self, name: str, artifact: Path, package: Path, model_file: Path):
-        self.name, self.artifact, self.package, self.model_file = name, artifact, package, model_file
+        self.name, self.artifact, self.package, self.model_file = (
+            name,
+            artifact,
+            package,
+            model_file,
+        )
 
 
 class PackageCache:
@@ -72,7 +77,9 @@ class PackageCache:
             package = self.root / f"{name}_pkg"
             result = invoke("export", MODELS / model, *flags, "-o", artifact)
             assert result.exit_code == 0, result.stderr
-            result = invoke("build", artifact, "--device", "cpu", "--mode", "default", "-o", package, "--quiet")
+            result = invoke(
+                "build", artifact, "--device", "cpu", "--mode", "default", "-o", package, "--quiet"
+            )
             assert result.exit_code == 0, result.stderr
             self.built[name] = Built(name, artifact, package, MODELS / model)
         return self.built[name]
@@ -92,7 +99,6 @@ def eager_model(name: str):
     return load_model(str(MODELS / model), entry).module
 
 
-
 MANIFEST_SCHEMA = Path(__file__).parent.parent / "docs" / "manifest.schema.json"
 
 
@@ -103,7 +109,10 @@ def manifest_problems(manifest: dict) -> list:
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(json.loads(MANIFEST_SCHEMA.read_text()))
-    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(manifest)]
+    return [
+        f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+        for e in validator.iter_errors(manifest)
+    ]
 
 
 def pytest_collection_modifyitems(config, items):

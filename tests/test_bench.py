@@ -3,16 +3,14 @@
 import json
 
 import pytest
-
 from conftest import invoke
-
-from aotc_runtime import Signature
 
 from aotc.api import BenchConfig, bench
 from aotc.bench.harness import resolve_batch_sizes
 from aotc.bench.plot import write_plot
 from aotc.bench.report import format_table
 from aotc.errors import UserInputError
+from aotc_runtime import Signature
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LATENCY_KEYS = {"n", "median_ms", "p90_ms", "p99_ms", "min_ms", "stdev_ms"}
@@ -37,14 +35,31 @@ def assert_one_line_error(result, code, *fragments):
 def test_bench_cli_against_eager_and_compile(packages, tmp_path):
     built = packages.get("mlp")
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
-    result = invoke("bench", built.package, "--against", "eager,compile:default", "--iters", 6, "--warmup", 1, "--rounds", 2,
-                    "--no-cold-start", "--json", out_json, "--plot", out_png)
+    result = invoke(
+        "bench",
+        built.package,
+        "--against",
+        "eager,compile:default",
+        "--iters",
+        6,
+        "--warmup",
+        1,
+        "--rounds",
+        2,
+        "--no-cold-start",
+        "--json",
+        out_json,
+        "--plot",
+        out_png,
+    )
     assert result.exit_code == 0, result.stderr
     report = json.loads(out_json.read_text())
 
     assert report["package"]["mode"] == "default" and report["package"]["device"]["type"] == "cpu"
     assert report["artifact"] == str(built.artifact.resolve())
-    assert {"cpu", "cpu_count", "torch", "python", "aotc", "torch_threads"} <= set(report["machine"])
+    assert {"cpu", "cpu_count", "torch", "python", "aotc", "torch_threads"} <= set(
+        report["machine"]
+    )
     settings = report["settings"]
     assert settings["batch_sizes"] == [32] and settings["iters"] == 6 and settings["rounds"] == 2
     assert settings["timer"] == "perf_counter" and settings["cold_start"] is False
@@ -56,12 +71,30 @@ def test_bench_cli_against_eager_and_compile(packages, tmp_path):
     for row in rows.values():
         assert row["batch_size"] == 32
         assert set(row["latency"]) == LATENCY_KEYS and row["latency"]["n"] == 6
-        assert row["latency"]["min_ms"] <= row["latency"]["median_ms"] <= row["latency"]["p90_ms"] <= row["latency"]["p99_ms"]
-        assert row["throughput_items_per_s"] > 0 and row["first_call_ms"] > 0 and row["package_speedup"] > 0
+        assert (
+            row["latency"]["min_ms"]
+            <= row["latency"]["median_ms"]
+            <= row["latency"]["p90_ms"]
+            <= row["latency"]["p99_ms"]
+        )
+        assert (
+            row["throughput_items_per_s"] > 0
+            and row["first_call_ms"] > 0
+            and row["package_speedup"] > 0
+        )
         assert row["memory_mb"] is not None
     assert rows["package"]["package_speedup"] == 1.0
 
-    for text in ("batch 32", "median ms", "p90 ms", "items/s", "package is", "compile:default", "build", "torch threads"):
+    for text in (
+        "batch 32",
+        "median ms",
+        "p90 ms",
+        "items/s",
+        "package is",
+        "compile:default",
+        "build",
+        "torch threads",
+    ):
         assert text in result.stdout, result.stdout
     assert f"wrote plot {out_png}" in result.stdout
     assert "[aotc bench]" in result.stderr and "done in" in result.stderr
@@ -76,17 +109,28 @@ def test_a_baseline_that_cannot_start_costs_only_its_row(packages, tmp_path, mon
 
     def eager_cannot_start(case, *args):
         if case.name == "eager":
-            raise ModelError("the cold-start process of eager failed: RuntimeError: view size is not compatible")
+            raise ModelError(
+                "the cold-start process of eager failed: RuntimeError: view size is not compatible"
+            )
         return real_run_child(case, *args)
 
     monkeypatch.setattr(bench_cold, "run_child", eager_cannot_start)
     plot = tmp_path / "cold.png"
-    cfg = BenchConfig(package=packages.get("mlp").package, against=("eager",), iters=3, warmup=0, rounds=1, cold_runs=2,
-                      plot_path=plot)
+    cfg = BenchConfig(
+        package=packages.get("mlp").package,
+        against=("eager",),
+        iters=3,
+        warmup=0,
+        rounds=1,
+        cold_runs=2,
+        plot_path=plot,
+    )
     report = bench(cfg)
     cold = {entry["label"]: entry for entry in report["cold_start"]}
     assert len(cold["package"]["runs_ms"]) == 2 and cold["package"]["median_ms"] > 0
-    assert "view size is not compatible" in cold["eager"]["error"] and "median_ms" not in cold["eager"]
+    assert (
+        "view size is not compatible" in cold["eager"]["error"] and "median_ms" not in cold["eager"]
+    )
     assert {r["contender"] for r in report["results"]} == {"package", "eager"}  # steady state kept
     assert "eager: the cold-start process of eager failed" in format_table(report)
     assert_png(plot)
@@ -96,13 +140,30 @@ def test_a_baseline_that_cannot_start_costs_only_its_row(packages, tmp_path, mon
 
     monkeypatch.setattr(bench_cold, "run_child", package_cannot_start)
     with pytest.raises(PackageError):
-        bench(BenchConfig(package=packages.get("mlp").package, against=(), iters=2, warmup=0, rounds=1, cold_runs=1))
+        bench(
+            BenchConfig(
+                package=packages.get("mlp").package,
+                against=(),
+                iters=2,
+                warmup=0,
+                rounds=1,
+                cold_runs=1,
+            )
+        )
 
 
 def test_bench_api_with_cold_start(packages, tmp_path):
     built = packages.get("mlp")
     plot = tmp_path / "cold.png"
-    cfg = BenchConfig(package=built.package, against=("eager",), iters=3, warmup=0, rounds=1, cold_runs=1, plot_path=plot)
+    cfg = BenchConfig(
+        package=built.package,
+        against=("eager",),
+        iters=3,
+        warmup=0,
+        rounds=1,
+        cold_runs=1,
+        plot_path=plot,
+    )
     report = bench(cfg)
     cold = {entry["label"]: entry for entry in report["cold_start"]}
     assert set(cold) == {"package", "eager"}
@@ -119,12 +180,15 @@ def test_bench_refuses_batch_sizes_on_a_static_batch(packages):
     assert_one_line_error(result, 2, "--batch-sizes 1,8", "static (32)", "--dim B=MIN:MAX")
 
 
-@pytest.mark.parametrize("flags, code, fragments", [
-    (["--against", "eagr"], 2, ["'eagr' is not a contender"]),
-    (["--batch-sizes", "0,4"], 2, ["'0' is not a positive integer"]),
-    (["--plot", "bench.jpg"], 2, ["--plot bench.jpg must end in .png"]),
-    (["--iters", "0"], 2, ["--iters"]),
-])
+@pytest.mark.parametrize(
+    "flags, code, fragments",
+    [
+        (["--against", "eagr"], 2, ["'eagr' is not a contender"]),
+        (["--batch-sizes", "0,4"], 2, ["'0' is not a positive integer"]),
+        (["--plot", "bench.jpg"], 2, ["--plot bench.jpg must end in .png"]),
+        (["--iters", "0"], 2, ["--iters"]),
+    ],
+)
 def test_bench_bad_flags(packages, flags, code, fragments):
     result = invoke("bench", packages.get("mlp").package, *flags)
     assert result.exit_code == code, result.stderr
@@ -146,13 +210,24 @@ def test_bench_refuses_a_folder_that_is_not_a_package(tmp_path):
 
 
 def test_batch_sizes_need_a_dynamic_first_dim_in_range():
-    dynamic = Signature.from_json({"inputs": [{"name": "x", "dtype": "float32", "shape": ["B", 128]}], "outputs": [],
-                                   "dims": {"B": {"min": 1, "max": 64, "example": 16}}})
+    dynamic = Signature.from_json(
+        {
+            "inputs": [{"name": "x", "dtype": "float32", "shape": ["B", 128]}],
+            "outputs": [],
+            "dims": {"B": {"min": 1, "max": 64, "example": 16}},
+        }
+    )
     assert resolve_batch_sizes(dynamic, ()) == (16,)
     assert resolve_batch_sizes(dynamic, (1, 8, 64)) == (1, 8, 64)
     with pytest.raises(UserInputError, match="ranges 1..64"):
         resolve_batch_sizes(dynamic, (1, 128))
-    static = Signature.from_json({"inputs": [{"name": "x", "dtype": "float32", "shape": [32, 128]}], "outputs": [], "dims": {}})
+    static = Signature.from_json(
+        {
+            "inputs": [{"name": "x", "dtype": "float32", "shape": [32, 128]}],
+            "outputs": [],
+            "dims": {},
+        }
+    )
     assert resolve_batch_sizes(static, (32,)) == (32,)
 
 
@@ -162,25 +237,89 @@ def synthetic_report(sizes, cold=True) -> dict:
     rows = []
     for size in sizes:
         for index, name in enumerate(names):
-            median = 0.1 * (index + 1) * size ** 0.5
-            rows.append({"contender": name, "batch_size": size, "first_call_ms": 1.0 + 1000 * (name == "compile:default"),
-                         "memory_mb": 1.5, "throughput_items_per_s": size * 1e3 / median, "package_speedup": index + 1.0,
-                         "latency": {"n": 10, "median_ms": median, "p90_ms": median * 1.2, "p99_ms": median * 1.5,
-                                     "min_ms": median * 0.9, "stdev_ms": median * 0.1}})
-    cold_rows = [{"contender": n, "cache": c, "label": n if c is None else f"{n} ({c} cache)", "runs_ms": [900.0 * (i + 1)],
-                  "median_ms": 900.0 * (i + 1), "min_ms": 900.0 * (i + 1), "max_ms": 900.0 * (i + 1), "startup_ms": 50.0,
-                  "import_ms": 600.0, "load_ms": 100.0 * i, "first_call_ms": 150.0 + 800 * i, "peak_rss_mb": 300.0}
-                 for i, (n, c) in enumerate([("package", None), ("eager", None), ("compile:default", "cold"), ("compile:default", "warm")])]
+            median = 0.1 * (index + 1) * size**0.5
+            rows.append(
+                {
+                    "contender": name,
+                    "batch_size": size,
+                    "first_call_ms": 1.0 + 1000 * (name == "compile:default"),
+                    "memory_mb": 1.5,
+                    "throughput_items_per_s": size * 1e3 / median,
+                    "package_speedup": index + 1.0,
+                    "latency": {
+                        "n": 10,
+                        "median_ms": median,
+                        "p90_ms": median * 1.2,
+                        "p99_ms": median * 1.5,
+                        "min_ms": median * 0.9,
+                        "stdev_ms": median * 0.1,
+                    },
+                }
+            )
+    cold_rows = [
+        {
+            "contender": n,
+            "cache": c,
+            "label": n if c is None else f"{n} ({c} cache)",
+            "runs_ms": [900.0 * (i + 1)],
+            "median_ms": 900.0 * (i + 1),
+            "min_ms": 900.0 * (i + 1),
+            "max_ms": 900.0 * (i + 1),
+            "startup_ms": 50.0,
+            "import_ms": 600.0,
+            "load_ms": 100.0 * i,
+            "first_call_ms": 150.0 + 800 * i,
+            "peak_rss_mb": 300.0,
+        }
+        for i, (n, c) in enumerate(
+            [
+                ("package", None),
+                ("eager", None),
+                ("compile:default", "cold"),
+                ("compile:default", "warm"),
+            ]
+        )
+    ]
     return {
-        "report_version": 1, "created": "2026-01-01T00:00:00+0000", "artifact": "m.pt2",
-        "package": {"path": "pkg", "model": "m.py:M", "device": {"type": "cpu"}, "mode": "default", "precision": "fp32",
-                    "build_seconds": 30.0, "size_bytes": 2_000_000},
-        "machine": {"cpu": "test cpu", "cpu_count": 2, "platform": "linux-x86_64", "torch_threads": 2, "torch": "2.x",
-                    "python": "3.x", "aotc": "0.1.0", "cuda": None, "gpu": None},
-        "settings": {"iters": 10, "warmup": 1, "rounds": 2, "batch_sizes": list(sizes), "timer": "perf_counter",
-                     "memory": "rss-growth", "cold_start": cold, "cold_runs": 1 if cold else 0, "seed": 0},
-        "contenders": [{"name": n, "kind": n.split(":")[0], "mode": None, "setup_ms": 1.0} for n in names],
-        "results": rows, "cold_start": cold_rows if cold else None,
+        "report_version": 1,
+        "created": "2026-01-01T00:00:00+0000",
+        "artifact": "m.pt2",
+        "package": {
+            "path": "pkg",
+            "model": "m.py:M",
+            "device": {"type": "cpu"},
+            "mode": "default",
+            "precision": "fp32",
+            "build_seconds": 30.0,
+            "size_bytes": 2_000_000,
+        },
+        "machine": {
+            "cpu": "test cpu",
+            "cpu_count": 2,
+            "platform": "linux-x86_64",
+            "torch_threads": 2,
+            "torch": "2.x",
+            "python": "3.x",
+            "aotc": "0.1.0",
+            "cuda": None,
+            "gpu": None,
+        },
+        "settings": {
+            "iters": 10,
+            "warmup": 1,
+            "rounds": 2,
+            "batch_sizes": list(sizes),
+            "timer": "perf_counter",
+            "memory": "rss-growth",
+            "cold_start": cold,
+            "cold_runs": 1 if cold else 0,
+            "seed": 0,
+        },
+        "contenders": [
+            {"name": n, "kind": n.split(":")[0], "mode": None, "setup_ms": 1.0} for n in names
+        ],
+        "results": rows,
+        "cold_start": cold_rows if cold else None,
     }
 
 

@@ -5,14 +5,29 @@ import sys
 
 import pytest
 import torch
+from conftest import invoke
 
 import aotc.build.pipeline
 import aotc.build.verify
 from aotc_runtime import hash_package_files
-from conftest import invoke
 
-REQUIRED = ["format_version", "aotc_version", "created", "toolchain", "device", "mode", "precision", "inductor_options",
-            "runtime", "signature", "files", "build_seconds", "numeric_check", "source", "size_bytes"]
+REQUIRED = [
+    "format_version",
+    "aotc_version",
+    "created",
+    "toolchain",
+    "device",
+    "mode",
+    "precision",
+    "inductor_options",
+    "runtime",
+    "signature",
+    "files",
+    "build_seconds",
+    "numeric_check",
+    "source",
+    "size_bytes",
+]
 
 
 def leftovers(folder):
@@ -26,8 +41,11 @@ def test_manifest_records_the_build(packages):
         assert key in manifest, key
     assert manifest["files"] == hash_package_files(built.package)
     assert manifest["toolchain"]["torch"] == torch.__version__
-    assert manifest["toolchain"]["python"] == "%d.%d.%d" % sys.version_info[:3]
-    assert "g++" in manifest["toolchain"]["cxx_version"] or "gcc" in manifest["toolchain"]["cxx_version"]
+    assert manifest["toolchain"]["python"] == "{}.{}.{}".format(*sys.version_info[:3])
+    assert (
+        "g++" in manifest["toolchain"]["cxx_version"]
+        or "gcc" in manifest["toolchain"]["cxx_version"]
+    )
     assert manifest["device"] == {"type": "cpu", "requested": "cpu"}
     assert manifest["mode"] == "default" and manifest["inductor_options"] == {}
     check = manifest["numeric_check"]
@@ -51,7 +69,11 @@ def test_manifest_says_where_the_build_time_went(packages):
 def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypatch):
     artifact = packages.get("sincos").artifact  # built before the check is sabotaged
     real = aotc.build.verify.eager_outputs
-    monkeypatch.setattr(aotc.build.verify, "eager_outputs", lambda ep, cases, signature: [[t + 0.5 for t in out] for out in real(ep, cases, signature)])
+    monkeypatch.setattr(
+        aotc.build.verify,
+        "eager_outputs",
+        lambda ep, cases, signature: [[t + 0.5 for t in out] for out in real(ep, cases, signature)],
+    )
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 6, result.stderr
     assert "package output 'output_0' differs from eager by max abs 0.5" in result.stderr
@@ -90,7 +112,9 @@ def test_force_replaces_a_package_only_when_the_new_one_is_whole(packages, tmp_p
     target = tmp_path / "pkg"
     target.mkdir()
     (target / "old.txt").write_text("old")
-    monkeypatch.setattr(aotc.build.verify, "check_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"])
+    monkeypatch.setattr(
+        aotc.build.verify, "check_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"]
+    )
     result = invoke("build", artifact, "-o", target, "--force", "--quiet")
     assert result.exit_code == 5
     assert (target / "old.txt").read_text() == "old"  # the failed build did not touch it
@@ -103,8 +127,18 @@ def test_force_replaces_a_package_only_when_the_new_one_is_whole(packages, tmp_p
 def test_config_file_and_flags_precedence(packages, tmp_path):
     config = tmp_path / "build.yaml"
     config.write_text("mode: max-autotune\natol: 0.5\noptions:\n  freezing: true\n")
-    result = invoke("build", packages.get("sincos").artifact, "-o", tmp_path / "pkg", "--config", config,
-                    "--atol", "0.25", "--quiet", "--json")
+    result = invoke(
+        "build",
+        packages.get("sincos").artifact,
+        "-o",
+        tmp_path / "pkg",
+        "--config",
+        config,
+        "--atol",
+        "0.25",
+        "--quiet",
+        "--json",
+    )
     assert result.exit_code == 0, result.stderr
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
     assert manifest["mode"] == "max-autotune"  # from the file
@@ -121,10 +155,14 @@ def test_compiler_choice_skips_a_gxx_with_newer_headers(tmp_path, monkeypatch):
     if library is None or toolchain.compiler_gcc_release("g++") is None:
         pytest.skip("needs Linux and g++")
     fake = tmp_path / "newer-g++"
-    fake.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = "-dM" ] && echo "#define _GLIBCXX_RELEASE 99" && exit 0; done\nexec g++ "$@"\n')
+    fake.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = "-dM" ] && echo "#define _GLIBCXX_RELEASE 99" && exit '
+        '0; done\nexec g++ "$@"\n'
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
-    monkeypatch.setattr(toolchain, "compiler_beside", lambda library: None)  # exercise the header check
+    # exercise the header check
+    monkeypatch.setattr(toolchain, "compiler_beside", lambda library: None)
     path, record = toolchain.choose_compiler()
     assert path != str(fake)
     assert record["cxx_headers_gcc_release"] <= record["libstdcxx_gcc_release"]
@@ -145,10 +183,19 @@ def test_compiler_beside_the_loaded_libstdcxx_comes_first(tmp_path, monkeypatch)
 
 
 def test_bf16_package_keeps_the_exported_signature(packages, tmp_path):
-    result = invoke("build", packages.get("cnn_bn").artifact, "--precision", "bf16", "-o", tmp_path / "pkg", "--quiet")
+    result = invoke(
+        "build",
+        packages.get("cnn_bn").artifact,
+        "--precision",
+        "bf16",
+        "-o",
+        tmp_path / "pkg",
+        "--quiet",
+    )
     assert result.exit_code == 0, result.stderr
-    import aotc_runtime
     from conftest import eager_model
+
+    import aotc_runtime
 
     package = aotc_runtime.load(tmp_path / "pkg")
     assert package.manifest.precision == "bf16" and package.manifest.numeric_check.atol == 5e-2

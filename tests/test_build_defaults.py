@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 import torch
+from conftest import MODELS, invoke
 
 import aotc.api
+from aotc.build.precision import move_program, name_graph_devices, target_device
 from aotc.config import BuildConfig, default_package_folder, resolve_device
 from aotc.errors import UserInputError
 from aotc.optional import require
-from aotc.build.precision import move_program, name_graph_devices, target_device
-from conftest import MODELS, invoke
 
 NO_GPU = not torch.cuda.is_available()
 PLOT_ERROR = "error: --plot needs matplotlib, which is not installed; pip install 'aotc[bench]'"
@@ -73,7 +73,8 @@ def test_device_auto_is_resolved_said_and_recorded(default_build, packages):
     assert f"device auto -> {resolved}" in result.stderr  # the progress line
     if NO_GPU:
         assert "device auto -> cpu (no CUDA GPU)" in result.stderr
-    explicit = json.loads((packages.get("mlp").package / "manifest.json").read_text())  # conftest builds with --device cpu
+    # conftest builds with --device cpu
+    explicit = json.loads((packages.get("mlp").package / "manifest.json").read_text())
     assert explicit["device"] == {"type": "cpu", "requested": "cpu"}
 
 
@@ -82,12 +83,22 @@ def test_resolve_device(monkeypatch, tmp_path):
     assert cfg.device == "auto"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     resolved, line = resolve_device(cfg)
-    assert (resolved.device, resolved.requested_device, line) == ("cpu", "auto", "device auto -> cpu (no CUDA GPU)")
+    assert (resolved.device, resolved.requested_device, line) == (
+        "cpu",
+        "auto",
+        "device auto -> cpu (no CUDA GPU)",
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H100")
     resolved, line = resolve_device(cfg)
-    assert (resolved.device, resolved.requested_device, line) == ("cuda", "auto", "device auto -> cuda (NVIDIA H100)")
-    resolved, line = resolve_device(BuildConfig(artifact=tmp_path / "m.pt2", output=tmp_path / "pkg", device="cpu"))
+    assert (resolved.device, resolved.requested_device, line) == (
+        "cuda",
+        "auto",
+        "device auto -> cuda (NVIDIA H100)",
+    )
+    resolved, line = resolve_device(
+        BuildConfig(artifact=tmp_path / "m.pt2", output=tmp_path / "pkg", device="cpu")
+    )
     assert (resolved.device, resolved.requested_device, line) == ("cpu", "cpu", "")
 
 
@@ -102,14 +113,23 @@ def test_tf32_with_auto_on_a_cpu_machine_is_refused(packages, tmp_path, how):
     result = invoke("build", packages.get("mlp").artifact, "-o", tmp_path / "pkg", *args)
     assert result.exit_code == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert ("error: --precision tf32 needs --device cuda (TF32 is a GPU tensor-core format); "
-            "--device auto chose cpu: this machine has no CUDA GPU") in result.stderr
+    assert (
+        "error: --precision tf32 needs --device cuda (TF32 is a GPU tensor-core format); "
+        "--device auto chose cpu: this machine has no CUDA GPU"
+    ) in result.stderr
     assert not (tmp_path / "pkg").exists()
 
 
 def test_unknown_device_in_a_config_file(packages, tmp_path):
     (tmp_path / "build.yaml").write_text("device: gpu\n")
-    result = invoke("build", packages.get("mlp").artifact, "-o", tmp_path / "pkg", "--config", tmp_path / "build.yaml")
+    result = invoke(
+        "build",
+        packages.get("mlp").artifact,
+        "-o",
+        tmp_path / "pkg",
+        "--config",
+        tmp_path / "build.yaml",
+    )
     assert result.exit_code == 2 and "--device gpu is not one of auto, cpu, cuda" in result.stderr
 
 
@@ -124,7 +144,9 @@ def device_arguments(ep) -> dict:
     """{op name: [device arguments]} of the graph, positional (aten.to.device) and keyword."""
     found = {}
     for node in ep.graph.nodes:
-        values = [a for a in node.args if isinstance(a, (torch.device, str))] + [v for k, v in node.kwargs.items() if k == "device"]
+        values = [a for a in node.args if isinstance(a, (torch.device, str))] + [
+            v for k, v in node.kwargs.items() if k == "device"
+        ]
         if node.op == "call_function" and values:
             found.setdefault(str(node.target), []).extend(values)
     return found
@@ -136,16 +158,26 @@ def test_cuda_target_names_device_index_0():
 
 
 def test_placed_graph_names_cuda_0_everywhere():
-    """What move_to_device_pass(ep, "cuda") left (device=cuda, no index) becomes cuda:0; no CUDA needed, nothing runs."""
+    """What move_to_device_pass(ep, "cuda") left (device=cuda, no index) becomes cuda:0; no CUDA
+    needed, nothing runs."""
     ids = torch.randint(0, 50, (2, 5))
     ep = torch.export.export(positions_model(), (ids,), strict=False)
     name_graph_devices(ep.graph_module, torch.device("cuda"))  # the bug: a bare "cuda" in the graph
     assert torch.device("cuda") in device_arguments(ep)["aten._assert_tensor_metadata.default"]
     changed = name_graph_devices(ep.graph_module, target_device("cuda"))
     found = device_arguments(ep)
-    assert {"aten.arange.default", "aten._assert_tensor_metadata.default", "aten.ones.default", "aten.to.device"} <= set(found)
+    assert {
+        "aten.arange.default",
+        "aten._assert_tensor_metadata.default",
+        "aten.ones.default",
+        "aten.to.device",
+    } <= set(found)
     assert changed == sum(len(values) for values in found.values())
-    assert all(isinstance(v, torch.device) and v == torch.device("cuda", 0) for values in found.values() for v in values)
+    assert all(
+        isinstance(v, torch.device) and v == torch.device("cuda", 0)
+        for values in found.values()
+        for v in values
+    )
 
 
 def test_move_program_keeps_the_graph_runnable():
@@ -174,11 +206,16 @@ def test_require_names_the_extra(tmp_path, monkeypatch):
     from aotc.bench.plot import write_plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(UserInputError, match=r"--plot needs matplotlib, which is not installed; pip install 'aotc\[bench\]'"):
+    with pytest.raises(
+        UserInputError,
+        match=r"--plot needs matplotlib, which is not installed; pip install 'aotc\[bench\]'",
+    ):
         write_plot({}, tmp_path / "b.png")  # the library path (aotc.api.bench) says the same
-    (tmp_path / "broken_dep.py").write_text(textwrap.dedent("""\
+    (tmp_path / "broken_dep.py").write_text(
+        textwrap.dedent("""\
         import a_module_that_is_not_there
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(tmp_path)
     with pytest.raises(UserInputError, match="installed but fails to import") as error:
         require("broken_dep", "bench", "--plot")

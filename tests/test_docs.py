@@ -23,8 +23,14 @@ def test_readme_exit_codes_match_the_code():
 
 def test_every_error_class_has_a_documented_exit_code():
     documented = {code for code, _text in errors.EXIT_CODES}
-    classes = [getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)]
-    classes += [aotc_runtime.PackageError, aotc_runtime.InputMismatchError, aotc_runtime.AotcRuntimeError]
+    classes = [
+        getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)
+    ]
+    classes += [
+        aotc_runtime.PackageError,
+        aotc_runtime.InputMismatchError,
+        aotc_runtime.AotcRuntimeError,
+    ]
     for cls in classes:
         assert cls.exit_code in documented, cls
 
@@ -35,7 +41,9 @@ def test_readme_layout_names_every_subpackage():
     assert subpackages, "aotc has no subpackages"
     for name in subpackages:
         assert f"aotc/{name}/" in layout, f"README's Layout does not mention aotc/{name}/"
-    for folder in re.findall(r"`((?:aotc|runtime|configs|scripts|tests|examples|docs)/[\w/]*)`", layout):
+    for folder in re.findall(
+        r"`((?:aotc|runtime|configs|scripts|tests|examples|docs)/[\w/]*)`", layout
+    ):
         assert (ROOT / folder).exists(), f"README's Layout names {folder}, which does not exist"
 
 

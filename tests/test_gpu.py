@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MLP, MODELS, eager_model, invoke
 
 import aotc_runtime
-from conftest import MLP, MODELS, eager_model, invoke
 
 pytestmark = pytest.mark.gpu
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -40,7 +40,9 @@ def export_once(workdir: Path, name: str, *args) -> Path:
 def build_once(workdir: Path, artifact: Path, name: str, *flags) -> Path:
     package = workdir / name
     if not (package / "manifest.json").exists():
-        result = invoke("build", artifact, "--device", "cuda", "-o", package, "--quiet", "--force", *flags)
+        result = invoke(
+            "build", artifact, "--device", "cuda", "-o", package, "--quiet", "--force", *flags
+        )
         assert result.exit_code == 0, result.stderr
     return package
 
@@ -48,7 +50,13 @@ def build_once(workdir: Path, artifact: Path, name: str, *flags) -> Path:
 @pytest.fixture(scope="session")
 def densenet(gpu_workdir):
     pytest.importorskip("torchvision")
-    artifact = export_once(gpu_workdir, "densenet121", "torchvision.models:densenet121", "--input-shape", "16x3x128x128")
+    artifact = export_once(
+        gpu_workdir,
+        "densenet121",
+        "torchvision.models:densenet121",
+        "--input-shape",
+        "16x3x128x128",
+    )
     return artifact
 
 
@@ -60,33 +68,48 @@ def test_densenet121_round_trip(gpu_workdir, densenet, mode):
     package = aotc_runtime.load(package_dir)
     manifest = package.manifest
     assert manifest.device.type == "cuda" and manifest.device.compute_capability
-    assert manifest.toolchain.cuda and manifest.toolchain.build_tools["triton"] and manifest.toolchain.build_tools["ptxas"]
+    assert (
+        manifest.toolchain.cuda
+        and manifest.toolchain.build_tools["triton"]
+        and manifest.toolchain.build_tools["ptxas"]
+    )
     assert manifest.numeric_check.passed
     assert manifest.runtime.cuda_graphs == (mode != "default")
     torch.manual_seed(0)
     model = torchvision.models.densenet121().eval().cuda()
     for seed in (1, 2):  # two different inputs: a CUDA-graph replay must see the new values
-        x = torch.randn(16, 3, 128, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        x = torch.randn(
+            16, 3, 128, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)
+        )
         with torch.no_grad():
             torch.testing.assert_close(package(x), model(x), atol=2e-3, rtol=2e-3)
     if mode != "default":
         assert package.cuda_graphs_captured == 1
         first, second = package(x), package(x)
-        assert first.data_ptr() != second.data_ptr()  # fresh outputs by default: a caller may keep them
+        # fresh outputs by default: a caller may keep them
+        assert first.data_ptr() != second.data_ptr()
 
 
 def test_reuse_outputs_returns_the_graph_buffers(gpu_workdir, densenet):
     import torchvision
 
-    package = aotc_runtime.load(build_once(gpu_workdir, densenet, "densenet121_reduce-overhead", "--mode", "reduce-overhead"),
-                                reuse_outputs=True)
+    package = aotc_runtime.load(
+        build_once(
+            gpu_workdir, densenet, "densenet121_reduce-overhead", "--mode", "reduce-overhead"
+        ),
+        reuse_outputs=True,
+    )
     torch.manual_seed(0)
     model = torchvision.models.densenet121().eval().cuda()
-    x1, x2 = torch.randn(16, 3, 128, 128, device="cuda"), torch.randn(16, 3, 128, 128, device="cuda")
+    x1, x2 = (
+        torch.randn(16, 3, 128, 128, device="cuda"),
+        torch.randn(16, 3, 128, 128, device="cuda"),
+    )
     out1 = package(x1)
     kept = out1.clone()
     out2 = package(x2)
-    assert out1.data_ptr() == out2.data_ptr()  # the same static buffer, overwritten by the second call
+    # the same static buffer, overwritten by the second call
+    assert out1.data_ptr() == out2.data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(kept, model(x1), atol=2e-3, rtol=2e-3)
         torch.testing.assert_close(out2, model(x2), atol=2e-3, rtol=2e-3)
@@ -94,7 +117,9 @@ def test_reuse_outputs_returns_the_graph_buffers(gpu_workdir, densenet):
 
 def test_dynamic_batch_on_gpu(gpu_workdir):
     artifact = export_once(gpu_workdir, "mlp_dyn", MLP, "--input-shape", "Bx128", "--dim", "B=1:64")
-    package = aotc_runtime.load(build_once(gpu_workdir, artifact, "mlp_dyn_ro", "--mode", "reduce-overhead"))
+    package = aotc_runtime.load(
+        build_once(gpu_workdir, artifact, "mlp_dyn_ro", "--mode", "reduce-overhead")
+    )
     model = eager_model("dynamic_mlp").cuda()
     for batch in (1, 33, 64):
         x = torch.randn(batch, 128, device="cuda")
@@ -119,8 +144,12 @@ def test_two_inputs_on_gpu(gpu_workdir):
 def test_reduced_precision_package(gpu_workdir, precision):
     from aotc.build.tolerances import DEFAULTS
 
-    artifact = export_once(gpu_workdir, "cnn_bn", MODELS / "cnn_bn.py", "--input-shape", "16x3x128x128")
-    package = aotc_runtime.load(build_once(gpu_workdir, artifact, f"cnn_{precision}", "--precision", precision))
+    artifact = export_once(
+        gpu_workdir, "cnn_bn", MODELS / "cnn_bn.py", "--input-shape", "16x3x128x128"
+    )
+    package = aotc_runtime.load(
+        build_once(gpu_workdir, artifact, f"cnn_{precision}", "--precision", precision)
+    )
     tol = DEFAULTS[precision][0]
     assert package.manifest.precision == precision
     assert package.manifest.numeric_check.atol == tol and package.manifest.numeric_check.passed
@@ -148,7 +177,9 @@ def test_other_gpu_architecture_is_refused(gpu_workdir, tmp_path):
 def test_without_bsymbolic_a_crash_is_a_clear_error(gpu_workdir, tmp_path):
     """On machines where the unpatched .so crashes on load, build says so (exit 5) instead of dying."""
     artifact = export_once(gpu_workdir, "two_input", MODELS / "two_input.py")
-    result = invoke("build", artifact, "--device", "cuda", "--no-bsymbolic", "-o", tmp_path / "pkg", "--quiet")
+    result = invoke(
+        "build", artifact, "--device", "cuda", "--no-bsymbolic", "-o", tmp_path / "pkg", "--quiet"
+    )
     if result.exit_code == 5:
         assert "crashed when loaded" in result.stderr and "Bsymbolic" in result.stderr
         assert not (tmp_path / "pkg").exists()

@@ -17,8 +17,12 @@ def heartbeat_lines(detail) -> list:
 
 def test_heartbeat_says_how_far_the_stage_got():
     lines = heartbeat_lines(lambda: "3 GEMM/conv ops autotuned")
-    assert lines and all(line.endswith("compiling: still working (0s, 3 GEMM/conv ops autotuned)") for line in lines)
-    assert all(line.endswith("compiling: still working (0s)") for line in heartbeat_lines(lambda: ""))
+    assert lines and all(
+        line.endswith("compiling: still working (0s, 3 GEMM/conv ops autotuned)") for line in lines
+    )
+    assert all(
+        line.endswith("compiling: still working (0s)") for line in heartbeat_lines(lambda: "")
+    )
     assert all(line.endswith("compiling: still working (0s)") for line in heartbeat_lines(None))
 
 

@@ -5,16 +5,19 @@ import json
 import numpy
 import pytest
 import torch
+from conftest import MLP, MODELS, eager_model, invoke
 
 import aotc_runtime
-from conftest import MLP, MODELS, eager_model, invoke
 
 INPUTS = {
     "mlp": lambda g: [torch.randn(32, 128, generator=g)],
     "feature_pyramid": lambda g: [torch.randn(1, 3, 224, 224, generator=g)],
     "sincos": lambda g: [torch.randn(10, 10, generator=g), torch.randn(10, 10, generator=g)],
     "cnn_bn": lambda g: [torch.randn(16, 3, 128, 128, generator=g)],
-    "two_input": lambda g: [torch.randn(8, 16, generator=g), torch.randint(0, 100, (8, 5), generator=g)],
+    "two_input": lambda g: [
+        torch.randn(8, 16, generator=g),
+        torch.randint(0, 100, (8, 5), generator=g),
+    ],
 }
 
 
@@ -34,14 +37,24 @@ def test_package_matches_eager(packages, name):
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
     check = package.manifest.numeric_check.to_json()
-    assert check["passed"] and all(o["max_abs"] <= o["atol"] + 1e-12 or o["ok"] for o in check["outputs"])
+    assert check["passed"] and all(
+        o["max_abs"] <= o["atol"] + 1e-12 or o["ok"] for o in check["outputs"]
+    )
 
 
 def test_cli_run_on_mlp_matches_eager_within_1e5(packages, tmp_path):
     built = packages.get("mlp")
     x = numpy.random.default_rng(7).standard_normal((32, 128), dtype=numpy.float32)
     numpy.save(tmp_path / "x.npy", x)
-    result = invoke("run", built.package, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npz", "--json")
+    result = invoke(
+        "run",
+        built.package,
+        "--input",
+        tmp_path / "x.npy",
+        "--output",
+        tmp_path / "y.npz",
+        "--json",
+    )
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["outputs"] == [{"name": "output_0", "shape": [32, 10], "dtype": "float32"}]
@@ -60,13 +73,17 @@ def test_cli_run_two_inputs_from_npz_and_pt(packages, tmp_path):
     with torch.no_grad():
         expected = eager_model("two_input")(features, ids)
     for source, out in (("in.npz", "out.npz"), ("in.pt", "out.pt")):
-        result = invoke("run", built.package, "--input", tmp_path / source, "--output", tmp_path / out)
+        result = invoke(
+            "run", built.package, "--input", tmp_path / source, "--output", tmp_path / out
+        )
         assert result.exit_code == 0, result.stderr
     npz = numpy.load(tmp_path / "out.npz")
     assert sorted(npz.files) == ["output_0", "output_1"]
     pt = torch.load(tmp_path / "out.pt")
     for index, want in enumerate(expected):
-        torch.testing.assert_close(torch.from_numpy(npz[f"output_{index}"]), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            torch.from_numpy(npz[f"output_{index}"]), want, atol=1e-4, rtol=1e-4
+        )
         torch.testing.assert_close(pt[f"output_{index}"], want, atol=1e-4, rtol=1e-4)
 
 
@@ -104,7 +121,14 @@ def test_export_records_signature_with_dynamic_ranges(packages):
 def test_import_path_target(tmp_path, monkeypatch):
     """MODEL as package.module:attr (here a module on sys.path; torchvision works the same way)."""
     monkeypatch.syspath_prepend(str(MODELS))
-    result = invoke("export", "feature_pyramid:FeaturePyramid", "--input-shape", "2x3x32x32", "-o", tmp_path / "fp.pt2")
+    result = invoke(
+        "export",
+        "feature_pyramid:FeaturePyramid",
+        "--input-shape",
+        "2x3x32x32",
+        "-o",
+        tmp_path / "fp.pt2",
+    )
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "fp.pt2").is_file()
 
@@ -125,7 +149,9 @@ def test_weights_are_loaded_before_export(tmp_path, suffix):
         from safetensors.torch import save_file
 
         save_file(trained.state_dict(), str(weights))
-    result = invoke("export", MLP, "--input-shape", "4x128", "--weights", weights, "-o", tmp_path / "w.pt2")
+    result = invoke(
+        "export", MLP, "--input-shape", "4x128", "--weights", weights, "-o", tmp_path / "w.pt2"
+    )
     assert result.exit_code == 0, result.stderr
     ep = torch.export.load(str(tmp_path / "w.pt2"))
     x = torch.randn(4, 128)
@@ -135,6 +161,19 @@ def test_weights_are_loaded_before_export(tmp_path, suffix):
 
 def test_weights_that_do_not_fit_are_refused(tmp_path):
     torch.save({"fc1.weight": torch.zeros(3, 3)}, tmp_path / "bad.pt")
-    result = invoke("export", MLP, "--input-shape", "4x128", "--weights", tmp_path / "bad.pt", "-o", tmp_path / "w.pt2")
-    assert result.exit_code == 2 and "does not fit the model" in result.stderr and "Traceback" not in result.stderr
+    result = invoke(
+        "export",
+        MLP,
+        "--input-shape",
+        "4x128",
+        "--weights",
+        tmp_path / "bad.pt",
+        "-o",
+        tmp_path / "w.pt2",
+    )
+    assert (
+        result.exit_code == 2
+        and "does not fit the model" in result.stderr
+        and "Traceback" not in result.stderr
+    )
     assert not (tmp_path / "w.pt2").exists()

@@ -9,9 +9,9 @@ import zipfile
 
 import pytest
 import torch
+from conftest import invoke
 
 import aotc_runtime
-from conftest import invoke
 
 
 def copy_package(packages, tmp_path, name="mlp"):
@@ -51,28 +51,50 @@ def _edit_manifest(pkg, edit):
     (pkg / "manifest.json").write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize("edit, fragment", [
-    (lambda m: m.pop("precision"), "precision is missing"),
-    (lambda m: m.update(device="cpu"), "device is not an object"),
-    (lambda m: m["device"].update(type="tpu"), "device.type is 'tpu', not one of cpu, cuda"),
-    (lambda m: m.update(files={}), "files does not list model.pt2"),
-    (lambda m: m["toolchain"].update(torch=2), "toolchain.torch is not a string"),
-    (lambda m: m.pop("runtime"), "runtime is missing"),
-    (lambda m: m["runtime"].update(tf32="yes"), "runtime.tf32 is not true or false"),
-    (lambda m: m["numeric_check"].update(passed=None), "numeric_check.passed is not true or false"),
-    (lambda m: m["signature"].update(inputs="x"), "signature.inputs is not a list"),
-    (lambda m: m["signature"]["inputs"][0].update(dtype="complex32"), "signature.inputs[0].dtype is 'complex32', not one of"),
-    (lambda m: m["signature"]["inputs"][0].update(shape=[32, None]), "signature.inputs[0].shape is not a list of sizes"),
-    (lambda m: m["signature"]["inputs"][0].update(shape=["B", 128]), "name dims with no range in signature.dims: B"),
-    (lambda m: m["signature"].update(dims={"B": {"min": 8, "max": 4, "example": 6}}), "signature.dims.B range is not min <= example <= max"),
-])
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda m: m.pop("precision"), "precision is missing"),
+        (lambda m: m.update(device="cpu"), "device is not an object"),
+        (lambda m: m["device"].update(type="tpu"), "device.type is 'tpu', not one of cpu, cuda"),
+        (lambda m: m.update(files={}), "files does not list model.pt2"),
+        (lambda m: m["toolchain"].update(torch=2), "toolchain.torch is not a string"),
+        (lambda m: m.pop("runtime"), "runtime is missing"),
+        (lambda m: m["runtime"].update(tf32="yes"), "runtime.tf32 is not true or false"),
+        (
+            lambda m: m["numeric_check"].update(passed=None),
+            "numeric_check.passed is not true or false",
+        ),
+        (lambda m: m["signature"].update(inputs="x"), "signature.inputs is not a list"),
+        (
+            lambda m: m["signature"]["inputs"][0].update(dtype="complex32"),
+            "signature.inputs[0].dtype is 'complex32', not one of",
+        ),
+        (
+            lambda m: m["signature"]["inputs"][0].update(shape=[32, None]),
+            "signature.inputs[0].shape is not a list of sizes",
+        ),
+        (
+            lambda m: m["signature"]["inputs"][0].update(shape=["B", 128]),
+            "name dims with no range in signature.dims: B",
+        ),
+        (
+            lambda m: m["signature"].update(dims={"B": {"min": 8, "max": 4, "example": 6}}),
+            "signature.dims.B range is not min <= example <= max",
+        ),
+    ],
+)
 def test_malformed_manifest_is_a_package_error(packages, tmp_path, edit, fragment):
     """A hand-edited manifest is refused as a package (exit 7) naming the field, never an internal error."""
     pkg = copy_package(packages, tmp_path)
     _edit_manifest(pkg, edit)
     result = invoke("run", pkg)
     assert result.exit_code == 7, result.stderr
-    assert fragment in result.stderr and "internal error" not in result.stderr and "Traceback" not in result.stderr
+    assert (
+        fragment in result.stderr
+        and "internal error" not in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 def test_deeply_nested_manifest_is_a_package_error(packages, tmp_path):
@@ -90,7 +112,10 @@ def test_other_torch_version_is_refused(packages, tmp_path):
     (pkg / "manifest.json").write_text(json.dumps(manifest))
     result = invoke("run", pkg)
     assert result.exit_code == 7
-    assert "built with torch 2.11.0+cu130" in result.stderr and f"runs torch {torch.__version__}" in result.stderr
+    assert (
+        "built with torch 2.11.0+cu130" in result.stderr
+        and f"runs torch {torch.__version__}" in result.stderr
+    )
 
 
 def test_cuda_package_refused_without_gpu(packages, tmp_path):
@@ -98,21 +123,35 @@ def test_cuda_package_refused_without_gpu(packages, tmp_path):
         pytest.skip("this machine has a GPU")
     pkg = copy_package(packages, tmp_path)
     manifest = json.loads((pkg / "manifest.json").read_text())
-    manifest["device"] = {"type": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    manifest["device"] = {
+        "type": "cuda",
+        "gpu_name": "NVIDIA H100 80GB HBM3",
+        "compute_capability": "9.0",
+    }
     (pkg / "manifest.json").write_text(json.dumps(manifest))
     result = invoke("run", pkg)
     assert result.exit_code == 7 and "no usable GPU" in result.stderr
 
 
-@pytest.mark.parametrize("make_inputs, fragment", [
-    (lambda: [torch.randn(32, 128), torch.randn(1)], "takes 1 input(s) (x), 2 given"),
-    (lambda: [torch.randn(32, 128, dtype=torch.float64)], "input 'x' (#0) must be float32, got float64"),
-    (lambda: [torch.randn(32, 128, 1)], "must have 2 dims [32, 128], got 3 dims [32, 128, 1]"),
-    (lambda: [torch.randn(31, 128)], "must have shape [32, 128], got [31, 128]: dim 0 is static 32"),
-])
+@pytest.mark.parametrize(
+    "make_inputs, fragment",
+    [
+        (lambda: [torch.randn(32, 128), torch.randn(1)], "takes 1 input(s) (x), 2 given"),
+        (
+            lambda: [torch.randn(32, 128, dtype=torch.float64)],
+            "input 'x' (#0) must be float32, got float64",
+        ),
+        (lambda: [torch.randn(32, 128, 1)], "must have 2 dims [32, 128], got 3 dims [32, 128, 1]"),
+        (
+            lambda: [torch.randn(31, 128)],
+            "must have shape [32, 128], got [31, 128]: dim 0 is static 32",
+        ),
+    ],
+)
 def test_wrong_inputs_are_refused(packages, make_inputs, fragment):
     package = aotc_runtime.load(packages.get("mlp").package)
-    package(torch.randn(32, 128))  # a good call first: remembered signatures must not let bad ones through
+    # a good call first: remembered signatures must not let bad ones through
+    package(torch.randn(32, 128))
     with pytest.raises(aotc_runtime.InputMismatchError) as info:
         package(*make_inputs())
     assert fragment in str(info.value)
@@ -143,7 +182,9 @@ def test_runtime_imports_neither_aotc_nor_compiler_side(packages):
         "bad = [m for m in ('aotc', 'click', 'yaml', 'torch._inductor') if m in sys.modules]\n"
         "print(','.join(bad) or 'clean')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "clean"
 
 
@@ -166,15 +207,21 @@ def test_model_so_is_linked_bsymbolic(packages, tmp_path):
         names = [n for n in archive.namelist() if n.endswith(".so")]
         assert names
         archive.extract(names[0], tmp_path)
-    dynamic = subprocess.run([readelf, "-d", str(tmp_path / names[0])], capture_output=True, text=True, check=True).stdout
+    dynamic = subprocess.run(
+        [readelf, "-d", str(tmp_path / names[0])], capture_output=True, text=True, check=True
+    ).stdout
     assert "SYMBOLIC" in dynamic
     manifest = aotc_runtime.load(packages.get("mlp").package).manifest
     assert manifest.toolchain.build_tools["link_flags"] == ["-Wl,-Bsymbolic"]
 
 
 def test_python_module_runner(packages):
-    out = subprocess.run([sys.executable, "-m", "aotc_runtime", str(packages.get("sincos").package), "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "aotc_runtime", str(packages.get("sincos").package), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert json.loads(out)["outputs"][0]["shape"] == [10, 10]
 
 
@@ -183,7 +230,8 @@ def test_tf32_package_sets_tf32_around_its_calls_only(packages, tmp_path):
     package_dir = copy_package(packages, tmp_path)
     manifest_path = package_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest["runtime"]["tf32"] = True  # what a --precision tf32 build records (CUDA only; the flags exist on CPU too)
+    # what a --precision tf32 build records (CUDA only; the flags exist on CPU too)
+    manifest["runtime"]["tf32"] = True
     manifest_path.write_text(json.dumps(manifest))
     flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # noqa: E731
     before = flags()

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy
 import pytest
 import torch
-
 from conftest import invoke
 
 ZOO_DIR = Path(__file__).parent / "zoo"
@@ -52,7 +51,9 @@ class ZooBuilds:
             result = invoke("export", ZOO_DIR / model.file, *dims, "-o", artifact)
             assert result.exit_code == 0, result.stderr
             # No -o: the package folder is named after the artifact, beside it (the design's command).
-            result = invoke("build", artifact, "--device", "cpu", "--quiet", "--atol", model.atol, "--json")
+            result = invoke(
+                "build", artifact, "--device", "cpu", "--quiet", "--atol", model.atol, "--json"
+            )
             assert result.exit_code == 0, result.stderr
             self.built[name] = Path(json.loads(result.stdout)["package"])
         return self.built[name]
@@ -85,12 +86,17 @@ def assert_matches_eager(package, module, inputs: dict, atol: float) -> None:
     got = got if isinstance(got, dict) else {"output_0": got}
     assert list(got) == list(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got[name], want[name], atol=atol, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def other_sizes(signature, pick: str) -> dict:
     """Random inputs with every dynamic dim at its min (or max), drawn from the signature's value ranges."""
-    sizes = {name: max(2, info["min"]) if pick == "min" else info["max"] for name, info in signature.dims.items()}
+    sizes = {
+        name: max(2, info["min"]) if pick == "min" else info["max"]
+        for name, info in signature.dims.items()
+    }
     return dict(zip(signature.input_names, signature.random_inputs(seed=3, sizes=sizes)))
 
 
@@ -117,7 +123,11 @@ def test_zoo_run_writes_outputs_by_name(zoo, tmp_path):
     manifest = json.loads((package / "manifest.json").read_text())
     assert numpy.load(tmp_path / "out.npz").files == ["last_hidden_state", "pooler_output"]
     ids = next(spec for spec in manifest["signature"]["inputs"] if spec["name"] == "input_ids")
-    assert ids["keyword"] and ids["value_range"] == [0, 999]  # the embedding's rows, not the example's range
+    # the embedding's rows, not the example's range
+    assert ids["keyword"] and ids["value_range"] == [
+        0,
+        999,
+    ]
 
 
 @pytest.mark.slow
@@ -135,7 +145,9 @@ def test_zoo_artifact_and_package_load_without_transformers(zoo, tmp_path):
         "out = pkg(**dict(zip(pkg.signature.input_names, pkg.signature.random_inputs())))\n"
         "print(sorted(out))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "['last_hidden_state', 'pooler_output']"
 
@@ -143,8 +155,16 @@ def test_zoo_artifact_and_package_load_without_transformers(zoo, tmp_path):
 def test_dim_range_past_the_position_embeddings_names_the_range_that_works(tmp_path):
     """GPT-2 with 64 positions exports fine for S up to 128 (no shape guard covers an index), then
     fails at run time: export runs the edges of each range and names the largest S that works."""
-    result = invoke("export", ZOO_DIR / "gpt2.py", "--dim", "B=1:8@input_ids:0,attention_mask:0",
-                    "--dim", "S=2:128@input_ids:1,attention_mask:1", "-o", tmp_path / "g.pt2")
+    result = invoke(
+        "export",
+        ZOO_DIR / "gpt2.py",
+        "--dim",
+        "B=1:8@input_ids:0,attention_mask:0",
+        "--dim",
+        "S=2:128@input_ids:1,attention_mask:1",
+        "-o",
+        tmp_path / "g.pt2",
+    )
     assert result.exit_code == 2, result.stderr
     assert "the model fails with S=128, the max of --dim S (IndexError" in result.stderr
     assert "it runs up to S=64: --dim S=2:64@input_ids:1,attention_mask:1" in result.stderr
@@ -178,8 +198,14 @@ def test_zoo_model_on_cuda_reduce_overhead(tmp_path, name):
 def test_dim_range_torch_refuses_gives_dim_flags_only(tmp_path):
     """BERT slices its position ids, so torch.export itself bounds S by the 64 positions: the error
     gives the --dim flags that work, with their @ axes, and no --input-shape (the model has examples)."""
-    result = invoke("export", ZOO_DIR / "bert.py", "--dim", "S=2:128@input_ids:1,attention_mask:1,token_type_ids:1",
-                    "-o", tmp_path / "b.pt2")
+    result = invoke(
+        "export",
+        ZOO_DIR / "bert.py",
+        "--dim",
+        "S=2:128@input_ids:1,attention_mask:1,token_type_ids:1",
+        "-o",
+        tmp_path / "b.pt2",
+    )
     assert result.exit_code == 4, result.stderr
     assert "(flags: --dim S=2:64@input_ids:1,attention_mask:1,token_type_ids:1)" in result.stderr
     assert "--input-shape" not in result.stderr and not (tmp_path / "b.pt2").exists()

@@ -1,11 +1,12 @@
 """Cold start in fresh processes, compile caches, and the memory a contender needs.
 
-Each cold run is `python -m aotc.bench.cold_child SPEC` (aotc/bench/cold_child.py): import torch, load the contender, make inputs, call once,
-synchronize, print one JSON line. The parent's clock runs from just before the spawn to the moment
-that line arrives, so interpreter start, imports, loading and the first call (compilation, for
-torch.compile) all count. torch.compile runs twice over: with a cold cache (a fresh, empty
-TORCHINDUCTOR_CACHE_DIR per run) and with a warm one (the folder the first cold run filled). The
-child then reports its own peak memory: a fresh process holding only that contender.
+Each cold run is `python -m aotc.bench.cold_child SPEC` (aotc/bench/cold_child.py): import torch,
+load the contender, make inputs, call once, synchronize, print one JSON line. The parent's clock
+runs from just before the spawn to the moment that line arrives, so interpreter start, imports,
+loading and the first call (compilation, for torch.compile) all count. torch.compile runs twice
+over: with a cold cache (a fresh, empty TORCHINDUCTOR_CACHE_DIR per run) and with a warm one (the
+folder the first cold run filled). The child then reports its own peak memory: a fresh process
+holding only that contender.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from aotc_runtime import Manifest
 
 
-
 @dataclass(frozen=True)
 class ColdCase:
     name: str  # "package", "eager", "compile:default"
@@ -50,11 +50,17 @@ def cold_start_plan(names, runs: int) -> list:
     """[(run index, ColdCase)], run by run so drift hits every case alike; cold before warm in each run."""
     cases = []
     for name in names:
-        cases += [ColdCase(name, "cold"), ColdCase(name, "warm")] if name.startswith("compile:") else [ColdCase(name)]
+        cases += (
+            [ColdCase(name, "cold"), ColdCase(name, "warm")]
+            if name.startswith("compile:")
+            else [ColdCase(name)]
+        )
     return [(run, case) for run in range(runs) for case in cases]
 
 
-def measure_cold_starts(plan, package: Path, artifact: Path | None, manifest: Manifest, bar) -> list:
+def measure_cold_starts(
+    plan, package: Path, artifact: Path | None, manifest: Manifest, bar
+) -> list:
     """Run the plan; return one summary per case (times in ms, medians over runs).
 
     A baseline that cannot start in a fresh process (eager or torch.compile failing on this model)
@@ -77,19 +83,36 @@ def measure_cold_starts(plan, package: Path, artifact: Path | None, manifest: Ma
             if case.cache == "cold":
                 warm_dirs.setdefault(case.name, cache)
             try:
-                runs.setdefault(case, []).append(run_child(case, package, artifact, manifest, cache))
-            except (ModelError, BuildError) as exc:  # a baseline's failure (the package's is a PackageError)
+                runs.setdefault(case, []).append(
+                    run_child(case, package, artifact, manifest, cache)
+                )
+            except (
+                ModelError,
+                BuildError,
+            ) as exc:  # a baseline's failure (the package's is a PackageError)
                 failed[case.name] = str(exc)
             if case.cache is None:
                 shutil.rmtree(cache, ignore_errors=True)
-    summaries = [summarize_cold(case, results) for case, results in runs.items() if case.name not in failed]
-    return summaries + [{"contender": name, "cache": None, "label": name, "error": error} for name, error in failed.items()]
+    summaries = [
+        summarize_cold(case, results) for case, results in runs.items() if case.name not in failed
+    ]
+    return summaries + [
+        {"contender": name, "cache": None, "label": name, "error": error}
+        for name, error in failed.items()
+    ]
 
 
 def summarize_cold(case: ColdCase, results: list) -> dict:
     totals = [r["total_ms"] for r in results]
-    summary = {"contender": case.name, "cache": case.cache, "label": case.label, "runs_ms": totals,
-               "median_ms": statistics.median(totals), "min_ms": min(totals), "max_ms": max(totals)}
+    summary = {
+        "contender": case.name,
+        "cache": case.cache,
+        "label": case.label,
+        "runs_ms": totals,
+        "median_ms": statistics.median(totals),
+        "min_ms": min(totals),
+        "max_ms": max(totals),
+    }
     for key in ("startup_ms", "import_ms", "load_ms", "first_call_ms"):
         summary[key] = statistics.median(r[key] for r in results)
     for key in results[-1]["memory"]:
@@ -99,10 +122,16 @@ def summarize_cold(case: ColdCase, results: list) -> dict:
 
 def child_spec(case: ColdCase, package: Path, artifact, manifest: Manifest) -> dict:
     device = manifest.device.type
-    return {"kind": case.name.split(":")[0], "mode": case.name.partition(":")[2] or None, "package": str(package),
-            "artifact": str(artifact) if artifact else None, "device": "cuda:0" if device == "cuda" else "cpu",
-            "precision": manifest.precision, "tf32": manifest.precision == "tf32",
-            "signature": manifest.signature.to_json()}
+    return {
+        "kind": case.name.split(":")[0],
+        "mode": case.name.partition(":")[2] or None,
+        "package": str(package),
+        "artifact": str(artifact) if artifact else None,
+        "device": "cuda:0" if device == "cuda" else "cpu",
+        "precision": manifest.precision,
+        "tf32": manifest.precision == "tf32",
+        "signature": manifest.signature.to_json(),
+    }
 
 
 def run_child(case: ColdCase, package: Path, artifact, manifest: Manifest, cache: Path) -> dict:
@@ -111,7 +140,13 @@ def run_child(case: ColdCase, package: Path, artifact, manifest: Manifest, cache
     spec = json.dumps(child_spec(case, package, artifact, manifest))
     with tempfile.TemporaryFile("w+") as errors:
         started = time.perf_counter()
-        proc = subprocess.Popen(child_command("aotc.bench.cold_child", spec), stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+        proc = subprocess.Popen(
+            child_command("aotc.bench.cold_child", spec),
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=env,
+        )
         killer = threading.Timer(CHILD_TIMEOUT_S, proc.kill)
         killer.start()
         try:
@@ -146,7 +181,10 @@ def fresh_compile_cache():
     with tempfile.TemporaryDirectory(prefix="aotc-bench-cache-") as folder:
         try:
             from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-        except ImportError:  # older torch: the variable alone (read when Inductor first needs its cache)
+        except (
+            ImportError
+        ):  # older torch: the variable alone (read when Inductor first needs its cache)
+
             def temporary_cache_dir(folder):
                 return env_set(TORCHINDUCTOR_CACHE_DIR=folder)
 

@@ -27,13 +27,19 @@ def main(spec: dict) -> None:
     loaded = time.perf_counter()
     import aotc_runtime
 
-    inputs = aotc_runtime.Signature.from_json(spec["signature"]).random_inputs(seed=0, device=device)
+    inputs = aotc_runtime.Signature.from_json(spec["signature"]).random_inputs(
+        seed=0, device=device
+    )
     with torch.inference_mode():
         model(*inputs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     done = time.perf_counter()
-    phases = {"import_ms": (imported - began) * 1e3, "load_ms": (loaded - imported) * 1e3, "first_call_ms": (done - loaded) * 1e3}
+    phases = {
+        "import_ms": (imported - began) * 1e3,
+        "load_ms": (loaded - imported) * 1e3,
+        "first_call_ms": (done - loaded) * 1e3,
+    }
     print(json.dumps(phases), flush=True)
     memory = {"peak_rss_mb": peak_rss_mb()}
     if device.type == "cuda":
@@ -58,7 +64,9 @@ def load_contender(spec: dict, device):
         from aotc.build.precision import place_program
         from aotc.config import Precision
 
-        program = place_program(program, device.type, Precision(spec["precision"]), spec["signature"])
+        program = place_program(
+            program, device.type, Precision(spec["precision"]), spec["signature"]
+        )
     model = program.module()
     return torch.compile(model, mode=spec["mode"]) if spec["kind"] == "compile" else model
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aotc.build.precision import tf32_matmuls
 from aotc.config import Mode
 from aotc.errors import AotcError, AotcRuntimeError, BuildError, ModelError, UserInputError
-from aotc.build.precision import tf32_matmuls
-from aotc.quiet import quiet_torch
 from aotc.export.user_frames import first_line
+from aotc.quiet import quiet_torch
 
 if TYPE_CHECKING:
     from aotc_runtime import Manifest, Signature
@@ -39,7 +39,9 @@ def parse_against(text: str) -> tuple:
             continue
         if item == "compile":
             item = "compile:default"
-        if item != "eager" and not (item.startswith("compile:") and item.split(":", 1)[1] in COMPILE_MODES):
+        if item != "eager" and not (
+            item.startswith("compile:") and item.split(":", 1)[1] in COMPILE_MODES
+        ):
             known = ", ".join(("eager", "none") + tuple(f"compile:{m}" for m in COMPILE_MODES))
             raise ValueError(f"'{item}' is not a contender; use a comma-separated list of {known}")
         if item not in names:
@@ -62,7 +64,8 @@ def parse_batch_sizes(text: str) -> tuple:
 @dataclass(frozen=True)
 class BenchConfig:
     package: Path
-    against: tuple | str | None = None  # None: eager, compile:default and compile at the package's mode
+    # None: eager, compile:default and compile at the package's mode
+    against: tuple | str | None = None
     artifact: Path | None = None  # None: the artifact the manifest names
     iters: int = 100  # timed calls per contender and batch size
     warmup: int = 10  # untimed calls per contender and batch size, after the first call
@@ -93,12 +96,18 @@ class BenchConfig:
         except ValueError as exc:
             problems.append(f"--against: {exc}")
         if any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
-            problems.append(f"--batch-sizes must be positive integers, got {list(self.batch_sizes)}")
+            problems.append(
+                f"--batch-sizes must be positive integers, got {list(self.batch_sizes)}"
+            )
         if self.artifact is not None and not Path(self.artifact).is_file():
-            problems.append(f"--artifact {self.artifact} does not exist; pass the .pt2 the package was built from")
+            problems.append(
+                f"--artifact {self.artifact} does not exist; pass the .pt2 the package was built from"
+            )
         for flag, path in (("--json", self.json_path), ("--plot", self.plot_path)):
             if path is not None and str(path) != "-" and not Path(path).resolve().parent.is_dir():
-                problems.append(f"{flag} {path}: folder {Path(path).parent} does not exist; create it or choose another path")
+                problems.append(
+                    f"{flag} {path}: folder {Path(path).parent} does not exist; create it or choose another path"
+                )
         if self.plot_path is not None and Path(self.plot_path).suffix.lower() not in PLOT_SUFFIXES:
             problems.append(f"--plot {self.plot_path} must end in {', '.join(PLOT_SUFFIXES)}")
         if problems:
@@ -116,7 +125,11 @@ class Contender:
 
 def contender_names(cfg: BenchConfig, manifest: Manifest) -> tuple:
     """The package first, then the baselines (default: eager, compile:default, compile at the package's mode)."""
-    against = cfg.against_text() if cfg.against is not None else f"eager,compile:default,compile:{manifest.mode}"
+    against = (
+        cfg.against_text()
+        if cfg.against is not None
+        else f"eager,compile:default,compile:{manifest.mode}"
+    )
     return ("package",) + parse_against(against)
 
 
@@ -125,11 +138,10 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     cfg.validate()
     import torch
 
-    from aotc_runtime import read_manifest
-
     from aotc.bench.cold import cold_start_plan, fresh_compile_cache, measure_cold_starts
     from aotc.bench.machine import machine_description
     from aotc.progress import ProgressBar
+    from aotc_runtime import read_manifest
 
     manifest = read_manifest(Path(cfg.package))
     names = contender_names(cfg, manifest)
@@ -138,14 +150,22 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     artifact = resolve_artifact(cfg, manifest) if len(names) > 1 else None
     device = torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserInputError(f"package {cfg.package} is a CUDA package but this machine has no usable GPU; bench it on a GPU machine")
+        raise UserInputError(
+            f"package {cfg.package} is a CUDA package but this machine has no usable GPU; bench it on a GPU machine"
+        )
     rounds = min(cfg.rounds, cfg.iters)
     cold_plan = cold_start_plan(names, cfg.cold_runs) if cfg.cold_start else []
     bar = bar or ProgressBar(enabled=False)
     compiles = sum(name.startswith("compile:") for name in names)
-    bar.begin(len(names) + len(batch_sizes) * (len(names) * (1 + rounds) + compiles * COMPILE_WEIGHT)
-              + sum(case.weight for _run, case in cold_plan))
-    with fresh_compile_cache(), tf32_matmuls(manifest.precision == "tf32"):  # baselines of a tf32 package use TF32 too
+    bar.begin(
+        len(names)
+        + len(batch_sizes) * (len(names) * (1 + rounds) + compiles * COMPILE_WEIGHT)
+        + sum(case.weight for _run, case in cold_plan)
+    )
+    with (
+        fresh_compile_cache(),
+        tf32_matmuls(manifest.precision == "tf32"),
+    ):  # baselines of a tf32 package use TF32 too
         ep = None
         if artifact is not None:
             bar.note(f"loading {artifact}")
@@ -155,28 +175,55 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
             for name in names:
                 bar.step(f"loading {name}")
                 contenders.append(setup_contender(name, ep, Path(cfg.package)))
-            rows = [row for batch in batch_sizes for row in measure_batch(contenders, signature, batch, cfg, device, bar)]
-    cold = measure_cold_starts(cold_plan, Path(cfg.package), artifact, manifest, bar) if cold_plan else None
+            rows = [
+                row
+                for batch in batch_sizes
+                for row in measure_batch(contenders, signature, batch, cfg, device, bar)
+            ]
+    cold = (
+        measure_cold_starts(cold_plan, Path(cfg.package), artifact, manifest, bar)
+        if cold_plan
+        else None
+    )
     bar.finish()
     return {
         "report_version": REPORT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "package": {"path": str(cfg.package), "model": manifest.model, "device": manifest.device.to_json(), "mode": manifest.mode,
-                    "precision": manifest.precision, "build_seconds": manifest.build_seconds, "size_bytes": manifest.size_bytes},
+        "package": {
+            "path": str(cfg.package),
+            "model": manifest.model,
+            "device": manifest.device.to_json(),
+            "mode": manifest.mode,
+            "precision": manifest.precision,
+            "build_seconds": manifest.build_seconds,
+            "size_bytes": manifest.size_bytes,
+        },
         "artifact": str(artifact) if artifact else None,
         "machine": machine_description(device),
-        "settings": {"iters": cfg.iters, "warmup": cfg.warmup, "rounds": rounds, "batch_sizes": list(batch_sizes),
-                     "example_batch_size": batch_axis(signature)[1], "seed": cfg.seed,
-                     "timer": "cuda-events" if device.type == "cuda" else "perf_counter",
-                     "memory": "cuda-allocator-peak" if device.type == "cuda" else "rss-growth",
-                     "cold_start": cfg.cold_start, "cold_runs": cfg.cold_runs if cfg.cold_start else 0},
-        "contenders": [{"name": c.name, "kind": c.kind, "mode": c.mode, "setup_ms": c.setup_ms} for c in contenders],
+        "settings": {
+            "iters": cfg.iters,
+            "warmup": cfg.warmup,
+            "rounds": rounds,
+            "batch_sizes": list(batch_sizes),
+            "example_batch_size": batch_axis(signature)[1],
+            "seed": cfg.seed,
+            "timer": "cuda-events" if device.type == "cuda" else "perf_counter",
+            "memory": "cuda-allocator-peak" if device.type == "cuda" else "rss-growth",
+            "cold_start": cfg.cold_start,
+            "cold_runs": cfg.cold_runs if cfg.cold_start else 0,
+        },
+        "contenders": [
+            {"name": c.name, "kind": c.kind, "mode": c.mode, "setup_ms": c.setup_ms}
+            for c in contenders
+        ],
         "results": rows,
         "cold_start": cold,
     }
 
 
-def measure_batch(contenders: list, signature: Signature, batch: int, cfg: BenchConfig, device, bar) -> list:
+def measure_batch(
+    contenders: list, signature: Signature, batch: int, cfg: BenchConfig, device, bar
+) -> list:
     """First call, warm-up and interleaved timed calls of every contender at one batch size."""
     from aotc_runtime import summarize
 
@@ -186,17 +233,30 @@ def measure_batch(contenders: list, signature: Signature, batch: int, cfg: Bench
     firsts = {}
     for contender in contenders:
         compiles = " (compiling)" if contender.kind == "compile" else ""
-        bar.step(f"batch {batch}: first call and warm-up of {contender.name}{compiles}", 1 + COMPILE_WEIGHT * bool(compiles))
+        bar.step(
+            f"batch {batch}: first call and warm-up of {contender.name}{compiles}",
+            1 + COMPILE_WEIGHT * bool(compiles),
+        )
         firsts[contender.name] = first_call_and_warmup(contender, inputs, cfg.warmup, device)
     samples = interleaved(contenders, inputs, cfg.iters, cfg.rounds, device, bar, f"batch {batch}")
     latency = {name: summarize(times) for name, times in samples.items()}
     package_median = latency["package"]["median_ms"]
-    return [{
-        "contender": c.name, "batch_size": batch, **firsts[c.name], "latency": latency[c.name],
-        "throughput_items_per_s": batch * 1e3 / latency[c.name]["median_ms"] if latency[c.name]["median_ms"] > 0 else None,
-        # > 1: the package is that many times faster than this contender (medians).
-        "package_speedup": latency[c.name]["median_ms"] / package_median if package_median > 0 else None,
-    } for c in contenders]
+    return [
+        {
+            "contender": c.name,
+            "batch_size": batch,
+            **firsts[c.name],
+            "latency": latency[c.name],
+            "throughput_items_per_s": batch * 1e3 / latency[c.name]["median_ms"]
+            if latency[c.name]["median_ms"] > 0
+            else None,
+            # > 1: the package is that many times faster than this contender (medians).
+            "package_speedup": latency[c.name]["median_ms"] / package_median
+            if package_median > 0
+            else None,
+        }
+        for c in contenders
+    ]
 
 
 def resolve_artifact(cfg: BenchConfig, manifest: Manifest) -> Path:
@@ -209,12 +269,19 @@ def resolve_artifact(cfg: BenchConfig, manifest: Manifest) -> Path:
     elif source is not None:
         path = Path(source.artifact)
         if not path.is_file():
-            raise UserInputError(f"{path}, the artifact package {cfg.package} was built from, is gone; pass --artifact PATH to a copy of it")
+            raise UserInputError(
+                f"{path}, the artifact package {cfg.package} was built from, is gone; pass --artifact "
+                "PATH to a copy of it"
+            )
     else:
-        raise UserInputError(f"package {cfg.package} does not say which artifact it was built from; pass --artifact MODEL.pt2")
+        raise UserInputError(
+            f"package {cfg.package} does not say which artifact it was built from; pass --artifact MODEL.pt2"
+        )
     if source is not None and sha256_file(path) != source.sha256:
-        raise UserInputError(f"{path} is not the artifact package {cfg.package} was built from (sha256 differs); "
-                             "pass --artifact with that .pt2, or rebuild the package from this one")
+        raise UserInputError(
+            f"{path} is not the artifact package {cfg.package} was built from (sha256 differs); "
+            "pass --artifact with that .pt2, or rebuild the package from this one"
+        )
     return path
 
 
@@ -237,13 +304,18 @@ def resolve_batch_sizes(signature: Signature, requested: tuple) -> tuple:
         low, high = signature.dims[axis]["min"], signature.dims[axis]["max"]
         outside = [b for b in requested if not low <= b <= high]
         if outside:
-            raise UserInputError(f"--batch-sizes {','.join(map(str, outside))}: the package's batch dim {axis} ranges {low}..{high}; "
-                                 f"re-export with a wider --dim {axis}=MIN:MAX or choose sizes in that range")
+            raise UserInputError(
+                f"--batch-sizes {','.join(map(str, outside))}: the package's batch dim {axis} ranges {low}..{high}; "
+                f"re-export with a wider --dim {axis}=MIN:MAX or choose sizes in that range"
+            )
         return tuple(requested)
     if any(b != example for b in requested):
         name = signature.inputs[0].name if signature.inputs else "the input"
-        raise UserInputError(f"--batch-sizes {','.join(map(str, requested))}: the first axis of {name} is static ({axis}) in this package; "
-                             f"re-export with a named dim (--input-shape Bx... --dim B=MIN:MAX) or leave --batch-sizes out")
+        raise UserInputError(
+            f"--batch-sizes {','.join(map(str, requested))}: the first axis of {name} is static "
+            f"({axis}) in this package; "
+            f"re-export with a named dim (--input-shape Bx... --dim B=MIN:MAX) or leave --batch-sizes out"
+        )
     return tuple(requested)
 
 
@@ -267,20 +339,21 @@ def setup_contender(name: str, ep, package_path: Path) -> Contender:
 
 def place_baseline(artifact: Path, manifest: Manifest, device):
     """The ExportedProgram on the package's device and precision, so baselines compute alike."""
+    from aotc.build.precision import place_program
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
-    from aotc.build.precision import place_program
 
     ep, _meta = load_artifact(artifact)
     with quiet_torch():
-        return place_program(ep, device.type, Precision(manifest.precision), manifest.signature.to_json())
+        return place_program(
+            ep, device.type, Precision(manifest.precision), manifest.signature.to_json()
+        )
 
 
 def first_call_and_warmup(contender: Contender, inputs, warmup: int, device) -> dict:
     """The first call at this batch size (compilation for torch.compile), then untimed warm-up calls."""
-    from aotc_runtime import synchronize
-
     from aotc.bench.memory import MemoryWatch
+    from aotc_runtime import synchronize
 
     with MemoryWatch(device) as memory:
         started = time.perf_counter()
@@ -302,10 +375,17 @@ def first_call_and_warmup(contender: Contender, inputs, warmup: int, device) -> 
 def _contender_error(contender: Contender, exc: Exception) -> Exception:
     text = f"{type(exc).__name__}: {first_line(exc)[:300]}"
     if contender.kind == "compile":
-        return BuildError(f"torch.compile(mode={contender.mode!r}) failed on the artifact: {text}; leave {contender.name} out of --against")
+        return BuildError(
+            f"torch.compile(mode={contender.mode!r}) failed on the artifact: {text}; leave "
+            f"{contender.name} out of --against"
+        )
     if contender.kind == "eager":
-        return ModelError(f"the artifact fails when run eagerly: {text}; re-export it with `aotc export`")
-    return BuildError(f"the package fails on its own signature's inputs: {text}; rebuild it with `aotc build --force`")
+        return ModelError(
+            f"the artifact fails when run eagerly: {text}; re-export it with `aotc export`"
+        )
+    return BuildError(
+        f"the package fails on its own signature's inputs: {text}; rebuild it with `aotc build --force`"
+    )
 
 
 def interleaved(contenders: list, inputs, iters: int, rounds: int, device, bar, label: str) -> dict:
@@ -320,5 +400,7 @@ def interleaved(contenders: list, inputs, iters: int, rounds: int, device, bar, 
         for contender in contenders[shift:] + contenders[:shift]:
             bar.step(f"{label}: timed round {index + 1}/{rounds}: {contender.name}")
             # One untimed call per slice: the switch between contenders costs each of them alike.
-            samples[contender.name] += time_calls(functools.partial(contender.call, *inputs), count, device, warmup=1)
+            samples[contender.name] += time_calls(
+                functools.partial(contender.call, *inputs), count, device, warmup=1
+            )
     return samples

@@ -22,7 +22,10 @@ def _grid(header: list, rows: list) -> list:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = []
     for row in [header] + rows:
-        cells = [str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        cells = [
+            str(cell).ljust(w) if i == 0 else str(cell).rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        ]
         lines.append("  ".join(cells).rstrip())
     return lines
 
@@ -30,45 +33,94 @@ def _grid(header: list, rows: list) -> list:
 def describe_machine(report: dict) -> str:
     m = report["machine"]
     where = f"{m['gpu']} ({m.get('gpu_memory_gb')} GB), CUDA {m['cuda']}; " if m.get("gpu") else ""
-    return (f"{where}{m['cpu']}, {m['cpu_count']} CPUs, {m['platform']}; torch {m['torch']}, python {m['python']}, "
-            f"aotc {m['aotc']}; {m['torch_threads']} torch threads")
+    return (
+        f"{where}{m['cpu']}, {m['cpu_count']} CPUs, {m['platform']}; torch {m['torch']}, python {m['python']}, "
+        f"aotc {m['aotc']}; {m['torch_threads']} torch threads"
+    )
 
 
 def format_table(report: dict) -> str:
     pkg, s = report["package"], report["settings"]
     size = f", {pkg['size_bytes'] / 1e6:.1f} MB" if pkg.get("size_bytes") else ""
     lines = [
-        f"aotc bench {pkg['path']} ({pkg['model']}; {pkg['device']['type']}, mode {pkg['mode']}, {pkg['precision']}) {report['created']}",
+        f"aotc bench {pkg['path']} ({pkg['model']}; {pkg['device']['type']}, mode {pkg['mode']}, "
+        f"{pkg['precision']}) {report['created']}",
         f"machine  {describe_machine(report)}",
         f"timing   {s['timer']}; per contender and batch size: first call, {s['warmup']} warm-up, "
         f"{s['iters']} timed calls in {s['rounds']} interleaved rounds",
-        f"build    {pkg['build_seconds']:.1f} s once, ahead of time (AOTInductor){size}" if pkg.get("build_seconds") is not None else "build    -",
+        f"build    {pkg['build_seconds']:.1f} s once, ahead of time (AOTInductor){size}"
+        if pkg.get("build_seconds") is not None
+        else "build    -",
     ]
-    memory = "CUDA allocator peak above the start" if s["memory"].startswith("cuda") else "RSS growth"
-    header = ["", "median ms", "p90 ms", "p99 ms", "min ms", "stdev ms", "items/s", "first call ms", "mem MB", "package is"]
+    memory = (
+        "CUDA allocator peak above the start" if s["memory"].startswith("cuda") else "RSS growth"
+    )
+    header = [
+        "",
+        "median ms",
+        "p90 ms",
+        "p99 ms",
+        "min ms",
+        "stdev ms",
+        "items/s",
+        "first call ms",
+        "mem MB",
+        "package is",
+    ]
     for batch in s["batch_sizes"]:
         rows = []
         for r in (row for row in report["results"] if row["batch_size"] == batch):
             lat = r["latency"]
             mem = "-" if r["memory_mb"] is None else f"{r['memory_mb']:.1f}"
             speed = "-" if r["contender"] == "package" else _speedup(r["package_speedup"])
-            rows.append([r["contender"], format_ms(lat["median_ms"]), format_ms(lat["p90_ms"]), format_ms(lat["p99_ms"]), format_ms(lat["min_ms"]),
-                         format_ms(lat["stdev_ms"]), f"{r['throughput_items_per_s']:,.0f}", format_ms(r["first_call_ms"]), mem, speed])
+            rows.append(
+                [
+                    r["contender"],
+                    format_ms(lat["median_ms"]),
+                    format_ms(lat["p90_ms"]),
+                    format_ms(lat["p99_ms"]),
+                    format_ms(lat["min_ms"]),
+                    format_ms(lat["stdev_ms"]),
+                    f"{r['throughput_items_per_s']:,.0f}",
+                    format_ms(r["first_call_ms"]),
+                    mem,
+                    speed,
+                ]
+            )
         lines += ["", f"batch {batch}"] + _grid(header, rows)
     lines.append(f"(mem: {memory} during the first call and warm-up; package is: ratio of medians)")
     if report.get("cold_start"):
         cuda = s["memory"].startswith("cuda")
-        header = ["cold start (fresh process)", "median ms", "min..max ms", "start+import", "load", "first call",
-                  "GPU MB" if cuda else "peak RSS MB"]
+        header = [
+            "cold start (fresh process)",
+            "median ms",
+            "min..max ms",
+            "start+import",
+            "load",
+            "first call",
+            "GPU MB" if cuda else "peak RSS MB",
+        ]
         rows = []
         for c in report["cold_start"]:
             if "error" in c:
                 rows.append([c["label"], "failed", "-", "-", "-", "-", "-"])
                 continue
             mem = c.get("cuda_device_used_mb") if cuda else c.get("peak_rss_mb")
-            rows.append([c["label"], format_ms(c["median_ms"]), f"{format_ms(c['min_ms'])}..{format_ms(c['max_ms'])}", format_ms(c["startup_ms"] + c["import_ms"]),
-                         format_ms(c["load_ms"]), format_ms(c["first_call_ms"]), "-" if mem is None else f"{mem:.0f}"])
-        lines += ["", f"cold start: process start -> first output, median of {s['cold_runs']} run(s)"] + _grid(header, rows)
+            rows.append(
+                [
+                    c["label"],
+                    format_ms(c["median_ms"]),
+                    f"{format_ms(c['min_ms'])}..{format_ms(c['max_ms'])}",
+                    format_ms(c["startup_ms"] + c["import_ms"]),
+                    format_ms(c["load_ms"]),
+                    format_ms(c["first_call_ms"]),
+                    "-" if mem is None else f"{mem:.0f}",
+                ]
+            )
+        lines += [
+            "",
+            f"cold start: process start -> first output, median of {s['cold_runs']} run(s)",
+        ] + _grid(header, rows)
         lines += [f"{c['label']}: {c['error']}" for c in report["cold_start"] if "error" in c]
     return "\n".join(lines)
 

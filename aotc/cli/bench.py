@@ -17,21 +17,87 @@ from aotc.cli.types import ParsedType, exit_codes_epilog
 
 @click.command(epilog=exit_codes_epilog())
 @click.argument("package", type=click.Path(path_type=Path))
-@click.option("--against", type=ParsedType("LIST", parse_against), default=None,
-              help="Baselines, comma-separated: eager, compile:default, compile:reduce-overhead, compile:max-autotune, or none "
-                   "[default: eager, compile:default and compile at the package's mode].")
-@click.option("--artifact", type=click.Path(path_type=Path), help="The .pt2 the package was built from [default: the one its manifest names].")
-@click.option("--iters", type=click.IntRange(min=1), default=100, show_default=True, help="Timed calls per contender and batch size.")
-@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="Untimed calls after the first, per contender and batch size.")
-@click.option("--rounds", type=click.IntRange(min=1), default=10, show_default=True, help="Interleaved rounds the timed calls are split into.")
-@click.option("--batch-sizes", type=ParsedType("N,N,...", parse_batch_sizes), default=None, help="Batch sizes to measure, e.g. 1,8,16 (needs a dynamic first dim) [default: the exported one].")
-@click.option("--cold-start/--no-cold-start", default=True, show_default=True, help="Also time fresh processes from start to first output.")
-@click.option("--cold-runs", type=click.IntRange(min=1), default=3, show_default=True, help="Fresh processes per cold-start case.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the report as JSON to this file ('-': print it instead of the table).")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write the plot (.png, .svg or .pdf).")
+@click.option(
+    "--against",
+    type=ParsedType("LIST", parse_against),
+    default=None,
+    help="Baselines, comma-separated: eager, compile:default, compile:reduce-overhead, compile:max-autotune, or none "
+    "[default: eager, compile:default and compile at the package's mode].",
+)
+@click.option(
+    "--artifact",
+    type=click.Path(path_type=Path),
+    help="The .pt2 the package was built from [default: the one its manifest names].",
+)
+@click.option(
+    "--iters",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Timed calls per contender and batch size.",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Untimed calls after the first, per contender and batch size.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Interleaved rounds the timed calls are split into.",
+)
+@click.option(
+    "--batch-sizes",
+    type=ParsedType("N,N,...", parse_batch_sizes),
+    default=None,
+    help="Batch sizes to measure, e.g. 1,8,16 (needs a dynamic first dim) [default: the exported one].",
+)
+@click.option(
+    "--cold-start/--no-cold-start",
+    default=True,
+    show_default=True,
+    help="Also time fresh processes from start to first output.",
+)
+@click.option(
+    "--cold-runs",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Fresh processes per cold-start case.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path),
+    help="Write the report as JSON to this file ('-': print it instead of the table).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=Path),
+    help="Write the plot (.png, .svg or .pdf).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr.")
-def bench(package, against, artifact, iters, warmup, rounds, batch_sizes, cold_start, cold_runs, json_path, plot_path, seed, quiet):
+def bench(
+    package,
+    against,
+    artifact,
+    iters,
+    warmup,
+    rounds,
+    batch_sizes,
+    cold_start,
+    cold_runs,
+    json_path,
+    plot_path,
+    seed,
+    quiet,
+):
     """Time PACKAGE against eager and torch.compile of the artifact it was built from.
 
     \b
@@ -48,9 +114,20 @@ def bench(package, against, artifact, iters, warmup, rounds, batch_sizes, cold_s
     from aotc.bench.report import format_table
     from aotc.progress import ProgressBar
 
-    cfg = BenchConfig(package=package, against=against, artifact=artifact, iters=iters, warmup=warmup, rounds=rounds,
-                      batch_sizes=batch_sizes or (), cold_start=cold_start, cold_runs=cold_runs, json_path=json_path,
-                      plot_path=plot_path, seed=seed)
+    cfg = BenchConfig(
+        package=package,
+        against=against,
+        artifact=artifact,
+        iters=iters,
+        warmup=warmup,
+        rounds=rounds,
+        batch_sizes=batch_sizes or (),
+        cold_start=cold_start,
+        cold_runs=cold_runs,
+        json_path=json_path,
+        plot_path=plot_path,
+        seed=seed,
+    )
     report = bench_api(cfg, ProgressBar(enabled=not quiet))
     if json_path is not None and str(json_path) == "-":
         click.echo(json.dumps(report, indent=2))

@@ -13,20 +13,80 @@ from aotc.cli.types import exit_codes_epilog, option_type
 
 @click.command(epilog=exit_codes_epilog())
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Package folder to write [default: <artifact>_pkg/ beside the artifact].")
-@click.option("--mode", type=click.Choice(["default", "reduce-overhead", "max-autotune"]), default=None, help="Mode preset (configs/modes/) [default: default].")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help="Target device; auto: cuda if torch sees a GPU, else cpu [default: auto].")
-@click.option("--precision", type=click.Choice(["fp32", "tf32", "bf16", "fp16"]), default=None, help="Compute precision [default: fp32].")
-@click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML with build settings (flags override it).")
-@click.option("--option", "options", type=option_type(), multiple=True, help="Inductor option over the preset, e.g. freezing=false; repeatable.")
-@click.option("--atol", type=float, help="Absolute tolerance of the numeric check [default per precision].")
-@click.option("--rtol", type=float, help="Relative tolerance of the numeric check [default per precision].")
-@click.option("--allow-mismatch", is_flag=True, default=None, help="Keep the package even if the numeric check fails.")
-@click.option("--no-bsymbolic", is_flag=True, help="Do not link the model .so with -Wl,-Bsymbolic (see docs/build-internals.md).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Package folder to write [default: <artifact>_pkg/ beside the artifact].",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["default", "reduce-overhead", "max-autotune"]),
+    default=None,
+    help="Mode preset (configs/modes/) [default: default].",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default=None,
+    help="Target device; auto: cuda if torch sees a GPU, else cpu [default: auto].",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "tf32", "bf16", "fp16"]),
+    default=None,
+    help="Compute precision [default: fp32].",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    help="YAML with build settings (flags override it).",
+)
+@click.option(
+    "--option",
+    "options",
+    type=option_type(),
+    multiple=True,
+    help="Inductor option over the preset, e.g. freezing=false; repeatable.",
+)
+@click.option(
+    "--atol", type=float, help="Absolute tolerance of the numeric check [default per precision]."
+)
+@click.option(
+    "--rtol", type=float, help="Relative tolerance of the numeric check [default per precision]."
+)
+@click.option(
+    "--allow-mismatch",
+    is_flag=True,
+    default=None,
+    help="Keep the package even if the numeric check fails.",
+)
+@click.option(
+    "--no-bsymbolic",
+    is_flag=True,
+    help="Do not link the model .so with -Wl,-Bsymbolic (see docs/build-internals.md).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing package.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def build(artifact, output, mode, device, precision, config_file, options, atol, rtol, allow_mismatch, no_bsymbolic, force, as_json, quiet):
+def build(
+    artifact,
+    output,
+    mode,
+    device,
+    precision,
+    config_file,
+    options,
+    atol,
+    rtol,
+    allow_mismatch,
+    no_bsymbolic,
+    force,
+    as_json,
+    quiet,
+):
     """Compile ARTIFACT ahead of time into a package folder (AOTInductor + manifest.json)."""
     from aotc.api import build as build_api
     from aotc.config import BuildConfig, Mode, Precision, apply_config_file, default_package_folder
@@ -34,11 +94,28 @@ def build(artifact, output, mode, device, precision, config_file, options, atol,
 
     if output is None:
         output = default_package_folder(artifact)
-    flags = {"mode": mode, "device": device, "precision": precision, "atol": atol, "rtol": rtol, "allow_mismatch": allow_mismatch}
+    flags = {
+        "mode": mode,
+        "device": device,
+        "precision": precision,
+        "atol": atol,
+        "rtol": rtol,
+        "allow_mismatch": allow_mismatch,
+    }
     given = {key for key, value in flags.items() if value is not None}
-    cfg = BuildConfig(artifact=artifact, output=output, options=dict(options), force=force, bsymbolic=not no_bsymbolic,
-                      mode=Mode(mode or "default"), device=device or "auto", precision=Precision(precision or "fp32"),
-                      atol=atol, rtol=rtol, allow_mismatch=bool(allow_mismatch))
+    cfg = BuildConfig(
+        artifact=artifact,
+        output=output,
+        options=dict(options),
+        force=force,
+        bsymbolic=not no_bsymbolic,
+        mode=Mode(mode or "default"),
+        device=device or "auto",
+        precision=Precision(precision or "fp32"),
+        atol=atol,
+        rtol=rtol,
+        allow_mismatch=bool(allow_mismatch),
+    )
     if config_file:
         cfg = apply_config_file(cfg, config_file, given)
     result = build_api(cfg, Progress(enabled=not quiet))
@@ -47,8 +124,14 @@ def build(artifact, output, mode, device, precision, config_file, options, atol,
         return
     m = result.manifest
     target = m.device.type if m.device.requested != "auto" else f"auto -> {m.device.type}"
-    click.echo(f"built {result.output} ({m.mode}, {target}, {m.precision}) in {m.build_seconds:.1f}s, {(m.size_bytes or 0) / 1e6:.1f} MB")
+    click.echo(
+        f"built {result.output} ({m.mode}, {target}, {m.precision}) in {m.build_seconds:.1f}s, "
+        f"{(m.size_bytes or 0) / 1e6:.1f} MB"
+    )
     for out in m.numeric_check.outputs if m.numeric_check else ():
         status = "ok" if out.ok else "MISMATCH"
-        click.echo(f"  check {out.name}: max abs {out.max_abs:.3g}, max rel {out.max_rel:.3g} (atol {out.atol:g}, rtol {out.rtol:g}) {status}")
+        click.echo(
+            f"  check {out.name}: max abs {out.max_abs:.3g}, max rel {out.max_rel:.3g} (atol "
+            f"{out.atol:g}, rtol {out.rtol:g}) {status}"
+        )
     click.echo(f"run it: aotc run {shlex.quote(str(result.output) + '/')}")

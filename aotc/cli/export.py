@@ -12,7 +12,13 @@ from aotc.cli.types import exit_codes_epilog, model_options
 
 @click.command(epilog=exit_codes_epilog())
 @model_options
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Artifact path [default: <model>.pt2].")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Artifact path [default: <model>.pt2].",
+)
 @click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -23,8 +29,17 @@ def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, fo
 
     if output is None:
         output = Path(Path(model.split(":")[-1]).stem + ".pt2")
-    cfg = ExportConfig(model=model, output=output, input_shapes=tuple(input_shapes), dims=tuple(dims), dtypes=tuple(dtypes),
-                       entry=entry, weights=weights, strict=strict, force=force)
+    cfg = ExportConfig(
+        model=model,
+        output=output,
+        input_shapes=tuple(input_shapes),
+        dims=tuple(dims),
+        dtypes=tuple(dtypes),
+        entry=entry,
+        weights=weights,
+        strict=strict,
+        force=force,
+    )
     result = export_api(cfg)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -37,8 +52,14 @@ def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, fo
     for name, info in result.signature["dims"].items():
         click.echo(f"  dim    {name}: {info['min']}..{info['max']} (example {info['example']})")
     for spec in result.signature.get("state", ()):
-        click.echo(f"  state  {spec['name']}: {spec['dtype']} {spec['shape']} (forward updates it; the package keeps it between calls)")
+        click.echo(
+            f"  state  {spec['name']}: {spec['dtype']} {spec['shape']} (forward updates it; the "
+            "package keeps it between calls)"
+        )
     for name, value in result.signature.get("constants", {}).items():
         click.echo(f"  const  {name} = {value!r} (baked into the program)")
     for name in result.signature.get("dropped_outputs", ()):
-        click.echo(f"note: output {name} is None on the example inputs; it is left out of the package's outputs", err=True)
+        click.echo(
+            f"note: output {name} is None on the example inputs; it is left out of the package's outputs",
+            err=True,
+        )

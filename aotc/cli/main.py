@@ -10,14 +10,14 @@ import sys
 
 import click
 
-from aotc.errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
-from aotc.quiet import VERBOSE_ENV
 from aotc.cli.bench import bench
 from aotc.cli.build import build
 from aotc.cli.explain import explain
 from aotc.cli.export import export
 from aotc.cli.run import run
 from aotc.cli.types import exit_codes_epilog
+from aotc.errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
+from aotc.quiet import VERBOSE_ENV
 
 
 class AotcGroup(click.Group):
@@ -26,13 +26,19 @@ class AotcGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = list(sys.argv[1:] if args is None else args)
         code = run_reporting_errors(
-            lambda: super(AotcGroup, self).main(args, prog_name, complete_var, standalone_mode=False, **extra),
+            lambda: super(AotcGroup, self).main(
+                args, prog_name, complete_var, standalone_mode=False, **extra
+            ),
             verbose="--verbose" in args,
         )
         sys.exit(code)
 
 
-@click.group(cls=AotcGroup, epilog=exit_codes_epilog(), context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=AotcGroup,
+    epilog=exit_codes_epilog(),
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
 @click.version_option(package_name="aotc", prog_name="aotc")
 @click.option("--verbose", is_flag=True, help="Show torch's logs and full tracebacks.")
 def cli(verbose):
@@ -75,7 +81,10 @@ def run_reporting_errors(invoke, verbose: bool) -> int:
     except Exception as exc:  # our own bug: say so, briefly
         if verbose:
             raise
-        click.echo(f"error: internal error in aotc: {type(exc).__name__}: {exc}; rerun with --verbose and report it", err=True)
+        click.echo(
+            f"error: internal error in aotc: {type(exc).__name__}: {exc}; rerun with --verbose and report it",
+            err=True,
+        )
         return 1
 
 

@@ -12,16 +12,30 @@ from aotc.cli.types import exit_codes_epilog
 
 @click.command(epilog=exit_codes_epilog())
 @click.argument("package", type=click.Path(path_type=Path))
-@click.option("--input", "inputs", multiple=True, type=click.Path(path_type=Path), help=".npy, .npz or .pt in positional order; default: seeded random inputs.")
-@click.option("--output", type=click.Path(path_type=Path), help="Write outputs to .npz (output_0, ...) or .pt.")
-@click.option("--iters", type=click.IntRange(min=0), default=0, help="Timed calls after the first (median/p90/p99).")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help=".npy, .npz or .pt in positional order; default: seeded random inputs.",
+)
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Write outputs to .npz (output_0, ...) or .pt.",
+)
+@click.option(
+    "--iters",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Timed calls after the first (median/p90/p99).",
+)
 @click.option("--seed", type=int, default=0, help="Seed of the random inputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(package, inputs, output, iters, seed, as_json):
     """Run PACKAGE through the thin runtime: no compile, no warm-up."""
-    from aotc_runtime import format_report
-
     from aotc.api import run as run_api
+    from aotc_runtime import format_report
 
     report = run_api(package, inputs, output, iters, seed)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

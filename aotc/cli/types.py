@@ -56,15 +56,35 @@ def model_options(command):
 
     options = [
         click.argument("model"),
-        click.option("--input-shape", "input_shapes", type=shape_type(), multiple=True,
-                     help="Shape of one input: 16x3x128x128 or Bx128 (positional), input_ids=8x128 (keyword); repeat per input."),
-        click.option("--dim", "dims", type=dim_type(), multiple=True,
-                     help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range); "
-                          "with example_inputs(), the axes it makes dynamic: B=1:64@input_ids:0,attention_mask:0."),
-        click.option("--dtype", "dtypes", multiple=True,
-                     help="Input dtype: one for all or one per input (float32, float16, bfloat16, int64, int32, bool...)."),
-        click.option("--entry", help="Name of the model class, factory, instance or function in the file."),
-        click.option("--weights", type=click.Path(path_type=Path), help="state_dict to load first (torch.save file or .safetensors)."),
+        click.option(
+            "--input-shape",
+            "input_shapes",
+            type=shape_type(),
+            multiple=True,
+            help="Shape of one input: 16x3x128x128 or Bx128 (positional), input_ids=8x128 (keyword); repeat per input.",
+        ),
+        click.option(
+            "--dim",
+            "dims",
+            type=dim_type(),
+            multiple=True,
+            help="Range of a named dim: B=1:64 or B=1:64:16 (example size; default 16 clamped into the range); "
+            "with example_inputs(), the axes it makes dynamic: B=1:64@input_ids:0,attention_mask:0.",
+        ),
+        click.option(
+            "--dtype",
+            "dtypes",
+            multiple=True,
+            help="Input dtype: one for all or one per input (float32, float16, bfloat16, int64, int32, bool...).",
+        ),
+        click.option(
+            "--entry", help="Name of the model class, factory, instance or function in the file."
+        ),
+        click.option(
+            "--weights",
+            type=click.Path(path_type=Path),
+            help="state_dict to load first (torch.save file or .safetensors).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)

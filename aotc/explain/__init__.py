@@ -1,2 +1,1 @@
-"""`aotc explain`: why a model does or does not export (TorchDynamo graph breaks, torch.export problems).
-"""
+"""`aotc explain`: why a model does or does not export (TorchDynamo graph breaks, torch.export problems)."""

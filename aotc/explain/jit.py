@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass, field
 
 from aotc.export.problems import Problem, classify
-from aotc.quiet import quiet_torch, verbose
 from aotc.export.user_frames import Location, first_line, is_user_file, location
+from aotc.quiet import quiet_torch, verbose
 
 
 @dataclass
@@ -23,8 +23,11 @@ class GraphBreak:
     inside: Location | None = None  # the innermost frame, when it lies in library code (e.g. scipy)
 
     def to_dict(self) -> dict:
-        return {**self.problem.to_dict(), "torch_reason": self.torch_reason,
-                "inside": self.inside.to_dict() if self.inside else None}
+        return {
+            **self.problem.to_dict(),
+            "torch_reason": self.torch_reason,
+            "inside": self.inside.to_dict() if self.inside else None,
+        }
 
 
 @dataclass
@@ -33,7 +36,10 @@ class CapturedGraph:
     table: list  # rows (opcode, name, target, args), what gm.graph.print_tabular() shows
 
     def to_dict(self) -> dict:
-        return {"ops": self.ops, "table": [dict(zip(("opcode", "name", "target", "args"), row)) for row in self.table]}
+        return {
+            "ops": self.ops,
+            "table": [dict(zip(("opcode", "name", "target", "args"), row)) for row in self.table],
+        }
 
 
 @dataclass
@@ -48,8 +54,13 @@ class JitView:
         return len(self.breaks)
 
     def to_dict(self) -> dict:
-        return {"graph_count": self.graph_count, "graph_break_count": self.break_count, "error": self.error,
-                "breaks": [b.to_dict() for b in self.breaks], "graphs": [g.to_dict() for g in self.graphs]}
+        return {
+            "graph_count": self.graph_count,
+            "graph_break_count": self.break_count,
+            "error": self.error,
+            "breaks": [b.to_dict() for b in self.breaks],
+            "graphs": [g.to_dict() for g in self.graphs],
+        }
 
 
 @contextlib.contextmanager
@@ -112,7 +123,11 @@ def target_name(node) -> str:
         name = _get_qualified_name(node.target)
     except Exception:  # wrapped callables (e.g. numpy shims) have no importable name
         name = getattr(node.target, "__name__", None) or str(node.target)
-    for internal, public in (("_operator.", "operator."), ("torch._C._nn.", "torch.nn.functional."), ("torch._C._VariableFunctions.", "torch.")):
+    for internal, public in (
+        ("_operator.", "operator."),
+        ("torch._C._nn.", "torch.nn.functional."),
+        ("torch._C._VariableFunctions.", "torch."),
+    ):
         if name.startswith(internal):
-            return public + name[len(internal):]
+            return public + name[len(internal) :]
     return name

@@ -29,9 +29,14 @@ def _jit_lines(report: ExplainReport, show_graphs: bool) -> list:
     head = "JIT view (torch._dynamo.explain, what torch.compile captures at these input sizes)"
     if jit.error:
         return [head, f"  TorchDynamo could not run the model: {jit.error}"]
-    lines = [head, f"  {_count(jit.graph_count, 'graph')}, {_count(jit.break_count, 'graph break')}"]
+    lines = [
+        head,
+        f"  {_count(jit.graph_count, 'graph')}, {_count(jit.break_count, 'graph break')}",
+    ]
     if jit.break_count:
-        lines.append("  each break ends a graph: torch.compile optimizes the graphs separately and runs Python between them")
+        lines.append(
+            "  each break ends a graph: torch.compile optimizes the graphs separately and runs Python between them"
+        )
     for number, brk in enumerate(jit.breaks, start=1):
         lines.append(f"  break {number}: {brk.problem.kind}")
         lines += _where_lines(brk.problem.where, brk.inside)
@@ -40,7 +45,12 @@ def _jit_lines(report: ExplainReport, show_graphs: bool) -> list:
         lines += _wrapped("fix", brk.problem.fix)
     for number, graph in enumerate(jit.graphs, start=1):
         ops = ", ".join(graph.ops) if graph.ops else "(no ops)"
-        lines += textwrap.wrap(f"graph {number}: {_count(len(graph.ops), 'op')}: {ops}", WIDTH, initial_indent="  ", subsequent_indent="      ")
+        lines += textwrap.wrap(
+            f"graph {number}: {_count(len(graph.ops), 'op')}: {ops}",
+            WIDTH,
+            initial_indent="  ",
+            subsequent_indent="      ",
+        )
         if show_graphs:
             lines += _table(graph.table)
     return lines
@@ -63,7 +73,10 @@ def _export_lines(report: ExplainReport) -> list:
         lines += _wrapped("why", problem.reason)
         lines += _wrapped("fix", problem.fix)
         if problem.flags:
-            lines += _wrapped("flags", " ".join(problem.flags) + "  (in place of your --input-shape and --dim flags)")
+            lines += _wrapped(
+                "flags",
+                " ".join(problem.flags) + "  (in place of your --input-shape and --dim flags)",
+            )
     return lines
 
 
@@ -92,7 +105,9 @@ def _where_lines(where: Location | None, inside: Location | None) -> list:
 
 
 def _wrapped(label: str, text: str) -> list:
-    return textwrap.wrap(text, WIDTH, initial_indent=f"    {label}: ", subsequent_indent=" " * (len(label) + 6))
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=f"    {label}: ", subsequent_indent=" " * (len(label) + 6)
+    )
 
 
 def _table(rows: list) -> list:
@@ -102,7 +117,9 @@ def _table(rows: list) -> list:
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     out = []
     for index, row in enumerate(cells):
-        out.append("      " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        out.append(
+            "      " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+        )
         if index == 0:
             out.append("      " + "  ".join("-" * width for width in widths))
     return out

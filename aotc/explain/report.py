@@ -19,11 +19,11 @@ from aotc.env_vars import env_set
 from aotc.errors import ExportError
 from aotc.explain.jit import JitView, jit_view, user_output_hidden
 from aotc.export.call_structure import output_layout
-from aotc.export.trace import check_eager, export_program, flat_module, prepare_model
-from aotc.export.problems import Problem, diagnose, draft_failure_problem
 from aotc.export.loading import LoadedModel
-from aotc.quiet import quiet_torch
+from aotc.export.problems import Problem, diagnose, draft_failure_problem
 from aotc.export.shapes import export_dynamic_shapes
+from aotc.export.trace import check_eager, export_program, flat_module, prepare_model
+from aotc.quiet import quiet_torch
 
 NON_STRICT, STRICT = "non-strict", "strict"
 
@@ -42,8 +42,17 @@ class ExplainConfig:
 
     def export_config(self) -> ExportConfig:
         # force=True: the placeholder output is never written, so its existence is no problem.
-        return ExportConfig(model=self.model, output=Path(os.devnull), input_shapes=self.input_shapes, dims=self.dims,
-                            dtypes=self.dtypes, entry=self.entry, weights=self.weights, strict=self.strict, force=True)
+        return ExportConfig(
+            model=self.model,
+            output=Path(os.devnull),
+            input_shapes=self.input_shapes,
+            dims=self.dims,
+            dtypes=self.dtypes,
+            entry=self.entry,
+            weights=self.weights,
+            strict=self.strict,
+            force=True,
+        )
 
     def validate(self) -> None:
         self.export_config().validate()
@@ -57,7 +66,11 @@ class ExportAttempt:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "seconds": round(self.seconds, 3), "problems": [p.to_dict() for p in self.problems]}
+        return {
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "problems": [p.to_dict() for p in self.problems],
+        }
 
 
 @dataclass
@@ -74,7 +87,9 @@ class Finding:
 @dataclass
 class ExplainReport:
     model: str
-    inputs: list  # per input: {"shape": as given (dim names kept), "example": traced sizes, "dtype"}
+    inputs: (
+        list  # per input: {"shape": as given (dim names kept), "example": traced sizes, "dtype"}
+    )
     mode: str  # the mode `aotc export` would use with the same flags
     jit: JitView
     attempts: dict  # mode -> ExportAttempt
@@ -98,10 +113,15 @@ class ExplainReport:
 
     def to_dict(self) -> dict:
         return {
-            "model": self.model, "inputs": self.inputs, "mode": self.mode, "exportable": self.exportable,
-            "hint": self.hint, "jit": self.jit.to_dict(),
+            "model": self.model,
+            "inputs": self.inputs,
+            "mode": self.mode,
+            "exportable": self.exportable,
+            "hint": self.hint,
+            "jit": self.jit.to_dict(),
             "export": {mode: attempt.to_dict() for mode, attempt in self.attempts.items()},
-            "problems": [f.to_dict() for f in self.findings], "seconds": round(self.seconds, 3),
+            "problems": [f.to_dict() for f in self.findings],
+            "seconds": round(self.seconds, 3),
         }
 
 
@@ -118,30 +138,46 @@ def explain_model(cfg: ExplainConfig) -> ExplainReport:
     module = flat_module(loaded, call, layout)
     inputs, shapes, dims = call.tensors, call.shapes, call.dims
     jit = jit_view(module, inputs, loaded.source_files)
-    attempts = {mode: export_attempt(loaded, module, inputs, shapes, dims, mode == STRICT) for mode in (NON_STRICT, STRICT)}
+    attempts = {
+        mode: export_attempt(loaded, module, inputs, shapes, dims, mode == STRICT)
+        for mode in (NON_STRICT, STRICT)
+    }
     findings = []
     for mode, attempt in attempts.items():
         for problem in attempt.problems:
             _merge(findings, Finding(replace(problem), [mode]))
     mode = STRICT if cfg.strict else NON_STRICT
-    return ExplainReport(loaded.description, _describe(call), mode, jit, attempts, findings,
-                         time.perf_counter() - started)
+    return ExplainReport(
+        loaded.description,
+        _describe(call),
+        mode,
+        jit,
+        attempts,
+        findings,
+        time.perf_counter() - started,
+    )
 
 
-def export_attempt(loaded: LoadedModel, module, inputs, shapes, dims, strict: bool) -> ExportAttempt:
+def export_attempt(
+    loaded: LoadedModel, module, inputs, shapes, dims, strict: bool
+) -> ExportAttempt:
     """torch.export in one mode; on failure, the error's problem plus every one draft_export finds."""
     started = time.perf_counter()
     try:
         with user_output_hidden():
             export_program(loaded, module, inputs, shapes, dims, strict)
-        return ExportAttempt(STRICT if strict else NON_STRICT, True, [], time.perf_counter() - started)
+        return ExportAttempt(
+            STRICT if strict else NON_STRICT, True, [], time.perf_counter() - started
+        )
     except ExportError as err:  # export_program wraps torch's exception; the original is the cause
         exc = err.__cause__ or err
     findings = [Finding(diagnose(exc, loaded.source_files, dims, shapes), [])]
     for problem in draft_problems(loaded, module, inputs, shapes, dims, strict):
         _merge(findings, Finding(problem, []))
     problems = [f.problem for f in findings]
-    return ExportAttempt(STRICT if strict else NON_STRICT, False, problems, time.perf_counter() - started)
+    return ExportAttempt(
+        STRICT if strict else NON_STRICT, False, problems, time.perf_counter() - started
+    )
 
 
 def draft_problems(loaded: LoadedModel, module, inputs, shapes, dims, strict: bool) -> list:
@@ -153,7 +189,12 @@ def draft_problems(loaded: LoadedModel, module, inputs, shapes, dims, strict: bo
         # TORCH_DTRACE: draft_export's trace log goes to a folder deleted after, not /tmp/export_<user>.
         try:
             with quiet_torch(), user_output_hidden():
-                ep = torch.export.draft_export(module, tuple(inputs), dynamic_shapes=export_dynamic_shapes(shapes, dims), strict=strict)
+                ep = torch.export.draft_export(
+                    module,
+                    tuple(inputs),
+                    dynamic_shapes=export_dynamic_shapes(shapes, dims),
+                    strict=strict,
+                )
         except Exception:  # it stops at the same error: the first problem is all there is
             return []
     report = getattr(ep, "_report", None)
@@ -162,28 +203,40 @@ def draft_problems(loaded: LoadedModel, module, inputs, shapes, dims, strict: bo
     # Frames name files by an id interned once per process, so earlier runs' ids come from the table.
     filenames = {number: name for name, number in structured.INTERN_TABLE.items()}
     filenames.update(report.str_to_filename)
-    problems = (draft_failure_problem(f, filenames, loaded.source_files) for f in report.failures if not f.xfail)
+    problems = (
+        draft_failure_problem(f, filenames, loaded.source_files)
+        for f in report.failures
+        if not f.xfail
+    )
     return [p for p in problems if p is not None]
 
 
 def _describe(call) -> list:
     from aotc_runtime import DTYPE_NAMES
 
-    return [{"name": name, "shape": list(shape), "example": list(t.shape), "dtype": DTYPE_NAMES.get(t.dtype, str(t.dtype))}
-            for name, t, shape in zip(call.names, call.tensors, call.shapes)]
+    return [
+        {
+            "name": name,
+            "shape": list(shape),
+            "example": list(t.shape),
+            "dtype": DTYPE_NAMES.get(t.dtype, str(t.dtype)),
+        }
+        for name, t, shape in zip(call.names, call.tensors, call.shapes)
+    ]
 
 
 def _merge(findings: list, new: Finding) -> None:
     """Add a finding unless it repeats one: same kind at the same line, or one side has no line yet."""
     for old in findings:
         a, b = old.problem, new.problem
-        same_place = a.where is None or b.where is None or (a.where.file, a.where.line) == (b.where.file, b.where.line)
+        same_place = (
+            a.where is None
+            or b.where is None
+            or (a.where.file, a.where.line) == (b.where.file, b.where.line)
+        )
         if a.kind == b.kind and same_place:
             a.where = a.where or b.where
             a.flags = a.flags or b.flags
             old.modes += [m for m in new.modes if m not in old.modes]
             return
     findings.append(new)
-
-
-

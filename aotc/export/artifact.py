@@ -32,24 +32,41 @@ class ArtifactMeta:
     kind: str = ARTIFACT_KIND
 
     @classmethod
-    def new(cls, model: str, signature: dict) -> "ArtifactMeta":
+    def new(cls, model: str, signature: dict) -> ArtifactMeta:
         import torch
 
         from aotc import __version__
 
-        return cls(__version__, torch.__version__, model, time.strftime("%Y-%m-%dT%H:%M:%S%z"), signature)
+        return cls(
+            __version__, torch.__version__, model, time.strftime("%Y-%m-%dT%H:%M:%S%z"), signature
+        )
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "aotc_version": self.aotc_version, "torch": self.torch, "model": self.model,
-                "created": self.created, "signature": self.signature}
+        return {
+            "kind": self.kind,
+            "aotc_version": self.aotc_version,
+            "torch": self.torch,
+            "model": self.model,
+            "created": self.created,
+            "signature": self.signature,
+        }
 
     @classmethod
-    def from_json(cls, data) -> "ArtifactMeta | None":
+    def from_json(cls, data) -> ArtifactMeta | None:
         """The metadata, or None when `data` is not aotc's (another tool's .pt2, or a damaged entry)."""
-        if not isinstance(data, dict) or data.get("kind") != ARTIFACT_KIND or not isinstance(data.get("signature"), dict):
+        if (
+            not isinstance(data, dict)
+            or data.get("kind") != ARTIFACT_KIND
+            or not isinstance(data.get("signature"), dict)
+        ):
             return None
-        return cls(str(data.get("aotc_version", "")), str(data.get("torch", "")), data.get("model"),
-                   str(data.get("created", "")), data["signature"])
+        return cls(
+            str(data.get("aotc_version", "")),
+            str(data.get("torch", "")),
+            data.get("model"),
+            str(data.get("created", "")),
+            data["signature"],
+        )
 
 
 def save_artifact(ep, meta: ArtifactMeta, output: Path) -> None:
@@ -58,7 +75,10 @@ def save_artifact(ep, meta: ArtifactMeta, output: Path) -> None:
 
     from aotc_runtime import replaced_atomically
 
-    with replaced_atomically(output, suffix=".pt2") as tmp, quiet_torch():  # torch.export.save wants a .pt2 name
+    with (
+        replaced_atomically(output, suffix=".pt2") as tmp,
+        quiet_torch(),
+    ):  # torch.export.save wants a .pt2 name
         torch.export.save(ep, str(tmp), extra_files={ARTIFACT_META: json.dumps(meta.to_json())})
 
 
@@ -77,7 +97,10 @@ def load_artifact(path: Path):
     except (json.JSONDecodeError, TypeError):
         meta = None
     if meta is None:
-        raise UserInputError(f"{path} is an ExportedProgram but not one written by `aotc export` (no signature); re-export it with `aotc export`")
+        raise UserInputError(
+            f"{path} is an ExportedProgram but not one written by `aotc export` (no signature); "
+            "re-export it with `aotc export`"
+        )
     return ep, meta
 
 
@@ -88,13 +111,21 @@ def _unloadable_reason(path: Path, exc: Exception) -> str:
     import zipfile
 
     if not zipfile.is_zipfile(path):
-        return f"{path} is not a torch.export artifact (not a .pt2 archive); create one with `aotc export MODEL -o {path.name}`"
+        return (
+            f"{path} is not a torch.export artifact (not a .pt2 archive); "
+            f"create one with `aotc export MODEL -o {path.name}`"
+        )
     unknown = next((text for text in _load_errors(path, exc) if "not registered" in text), None)
     if unknown:
-        return (f"{path} is an export artifact whose inputs or outputs use Python types this process has not imported "
-                f"({' '.join(unknown.split())[:160]}); re-export it with this aotc, whose artifacts hold only tensors and builtins")
-    return (f"{path} is a .pt2 archive that torch {_torch_version()} cannot load as an ExportedProgram "
-            f"({type(exc).__name__}: {first_line(exc)[:120]}); re-export it with `aotc export` on this torch")
+        return (
+            f"{path} is an export artifact whose inputs or outputs use Python types this process has not imported "
+            f"({' '.join(unknown.split())[:160]}); re-export it with this aotc, whose artifacts hold "
+            "only tensors and builtins"
+        )
+    return (
+        f"{path} is a .pt2 archive that torch {_torch_version()} cannot load as an ExportedProgram "
+        f"({type(exc).__name__}: {first_line(exc)[:120]}); re-export it with `aotc export` on this torch"
+    )
 
 
 def _torch_version() -> str:

@@ -42,7 +42,9 @@ def _is_namedtuple(value) -> bool:
 
 def _children(value):
     """[(key, child)] of a container the flattening walks into; None for anything else."""
-    if isinstance(value, Mapping):  # dict, OrderedDict, transformers' ModelOutput (its items() skip None fields)
+    if isinstance(
+        value, Mapping
+    ):  # dict, OrderedDict, transformers' ModelOutput (its items() skip None fields)
         return [(str(k), v) for k, v in value.items()]
     if _is_namedtuple(value):
         return [(name, getattr(value, name)) for name in value._fields]
@@ -88,23 +90,35 @@ def output_layout(output) -> OutputLayout:
     _walk(output, (), leaves, dropped, other)
     top_sequence = isinstance(output, (tuple, list)) and not _is_namedtuple(output)
 
-    def name(path):  # a plain tuple's top level reads output_0, output_1, as the outputs of a flat tuple do
+    def name(
+        path,
+    ):  # a plain tuple's top level reads output_0, output_1, as the outputs of a flat tuple do
         head = f"output_{path[0]}" if top_sequence else path[0]
         return ".".join((head,) + path[1:])
 
     if other:
         path, value = other[0]
         raise ModelError(
-            f"model output {name(path) if path else ''} is a {type(value).__name__} ({str(value)[:40]!r}), not a tensor; "
-            "packages return tensors only: return it as a tensor (torch.tensor(value)) or leave it out of forward's result"
+            f"model output {name(path) if path else ''} is a {type(value).__name__} "
+            f"({str(value)[:40]!r}), not a tensor; "
+            "packages return tensors only: return it as a tensor (torch.tensor(value)) or leave it "
+            "out of forward's result"
         )
     if not leaves:
-        raise ModelError("the model returns no tensors; forward must return a tensor or a structure of tensors")
+        raise ModelError(
+            "the model returns no tensors; forward must return a tensor or a structure of tensors"
+        )
     if isinstance(output, torch.Tensor):
         return OutputLayout(TENSOR, ("output_0",))
     if top_sequence and all(len(p) == 1 for p, _ in leaves):
-        return OutputLayout(LIST if isinstance(output, list) else TUPLE, tuple(name(p) for p, _ in leaves), tuple(name(p) for p in dropped))
-    return OutputLayout(DICT, _unique([name(p) for p, _ in leaves]), tuple(name(p) for p in dropped))
+        return OutputLayout(
+            LIST if isinstance(output, list) else TUPLE,
+            tuple(name(p) for p, _ in leaves),
+            tuple(name(p) for p in dropped),
+        )
+    return OutputLayout(
+        DICT, _unique([name(p) for p, _ in leaves]), tuple(name(p) for p in dropped)
+    )
 
 
 def _unique(names: list) -> tuple:
@@ -120,7 +134,7 @@ def _unique(names: list) -> tuple:
 def call_model(model, flat, n_positional: int, keywords: tuple, constants: dict):
     """model(*positional, **keywords, **constants) from one flat tuple of tensors."""
     args = flat[:n_positional]
-    kwargs = dict(zip(keywords, flat[n_positional:n_positional + len(keywords)]))
+    kwargs = dict(zip(keywords, flat[n_positional : n_positional + len(keywords)]))
     kwargs.update(constants)
     return model(*args, **kwargs)
 
@@ -129,10 +143,16 @@ def initial_state(ep, signature: dict, device="cpu") -> list:
     """The state's values at export: an exported FlatCall's example inputs are the model's inputs,
     then the state (make_flat_call); copies, so running from them never changes the artifact."""
     n_inputs = len(signature["inputs"])
-    return [t.to(device).clone() for t in list(ep.example_inputs[0])[n_inputs:]] if signature.get("state") else []
+    return (
+        [t.to(device).clone() for t in list(ep.example_inputs[0])[n_inputs:]]
+        if signature.get("state")
+        else []
+    )
 
 
-def make_flat_call(model, n_positional: int, keywords: tuple, constants: dict, single: bool, state: tuple = ()):
+def make_flat_call(
+    model, n_positional: int, keywords: tuple, constants: dict, single: bool, state: tuple = ()
+):
     """The module aotc exports: forward(*flat tensors) -> a tensor or a flat tuple of tensors.
 
     `state`: FQNs of buffers forward mutates; their values come in after the inputs and their new

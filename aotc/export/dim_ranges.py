@@ -17,7 +17,8 @@ def _runs_at(module, signature, sizes: dict, state: list) -> Exception | None:
     inputs = signature.random_inputs(seed=0, sizes=sizes)
     try:
         with torch.no_grad(), quiet_torch():
-            module(*inputs, *[t.clone() for t in state])  # a fresh copy per run: forward may update it
+            # a fresh copy per run: forward may update it
+            module(*inputs, *[t.clone() for t in state])
         return None
     except Exception as exc:  # the model's own failure at that size, reported below
         return exc
@@ -36,15 +37,21 @@ def check_dim_ranges(ep, signature: dict, call: ExampleCall) -> None:
     state = initial_state(ep, signature)
     example = {name: dim.example_size() for name, dim in call.dims.items()}
     for name, dim in call.dims.items():
-        runs = lambda size, name=name: _runs_at(module, typed, {**example, name: size}, state) is None  # noqa: E731
+
+        def runs(size: int, name: str = name) -> bool:
+            return _runs_at(module, typed, {**example, name: size}, state) is None
+
         for edge, which in ((dim.max, "max"), (dim.min, "min")):
             failure = _runs_at(module, typed, {**example, name: edge}, state)
             if failure is None:
                 continue
-            works = _last_working(runs, good=dim.example_size(), bad=edge)  # the example runs: bisect towards the edge
+            # the example runs: bisect towards the edge
+            works = _last_working(runs, good=dim.example_size(), bad=edge)
             flag = dim.flag(high=works) if which == "max" else dim.flag(low=works)
-            raise UserInputError(f"the model fails with {name}={edge}, the {which} of --dim {name} ({type(failure).__name__}: "
-                                 f"{first_line(failure)[:120]}); it runs {'up' if which == 'max' else 'down'} to {name}={works}: {flag}")
+            raise UserInputError(
+                f"the model fails with {name}={edge}, the {which} of --dim {name} ({type(failure).__name__}: "
+                f"{first_line(failure)[:120]}); it runs {'up' if which == 'max' else 'down'} to {name}={works}: {flag}"
+            )
 
 
 def _last_working(runs, good: int, bad: int) -> int:

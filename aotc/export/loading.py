@@ -50,7 +50,9 @@ def load_model(target: str, entry: str | None = None) -> LoadedModel:
         return _from_attr(module, entry or attr, target, ())
     path = Path(target)
     if not path.exists():
-        raise UserInputError(f"model file {target} does not exist; pass a path to model.py or an import path like package.module:attr")
+        raise UserInputError(
+            f"model file {target} does not exist; pass a path to model.py or an import path like package.module:attr"
+        )
     if path.suffix != ".py":
         raise UserInputError(f"{target} is not a Python file; pass model.py or package.module:attr")
     module = _import_file(path)
@@ -68,9 +70,13 @@ def _import_module(module_name: str, target: str):
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise UserInputError(f"cannot import '{module_name}' from {target}: {exc}; install it or pass a file path") from None
+        raise UserInputError(
+            f"cannot import '{module_name}' from {target}: {exc}; install it or pass a file path"
+        ) from None
     except Exception as exc:
-        raise ModelError(f"importing {module_name} failed: {type(exc).__name__}: {first_line(exc)}") from exc
+        raise ModelError(
+            f"importing {module_name} failed: {type(exc).__name__}: {first_line(exc)}"
+        ) from exc
 
 
 def _import_file(path: Path):
@@ -86,7 +92,9 @@ def _import_file(path: Path):
         raise ModelError(f"{exc.filename}:{exc.lineno}: syntax error: {exc.msg}") from None
     except Exception as exc:
         where = innermost_user_frame(exc, (str(path.resolve()),))
-        raise ModelError(f"importing {path} failed at {where or path}: {type(exc).__name__}: {first_line(exc)}") from exc
+        raise ModelError(
+            f"importing {path} failed at {where or path}: {type(exc).__name__}: {first_line(exc)}"
+        ) from exc
     return module
 
 
@@ -102,24 +110,39 @@ def _find_entry(module, path: Path, files) -> LoadedModel:
     if isinstance(getattr(module, "model", None), torch.nn.Module):
         return _from_attr(module, "model", f"{path}:model", files)
     classes = [
-        obj for obj in vars(module).values()
+        obj
+        for obj in vars(module).values()
         if _is_module_class(obj, torch) and obj.__module__ == module.__name__
     ]
     if len(classes) == 1:
         return _from_attr(module, classes[0].__name__, f"{path}:{classes[0].__name__}", files)
     if not classes:
-        functions = [n for n, obj in vars(module).items() if inspect.isfunction(obj) and obj.__module__ == module.__name__]
-        hint = f"; to export a function of tensors pass --entry NAME (functions here: {', '.join(functions)})" if functions else ""
-        raise ModelError(f"{path} defines no model: add get_model(), a module-level `model`, or an nn.Module subclass{hint}")
+        functions = [
+            n
+            for n, obj in vars(module).items()
+            if inspect.isfunction(obj) and obj.__module__ == module.__name__
+        ]
+        hint = (
+            f"; to export a function of tensors pass --entry NAME (functions here: {', '.join(functions)})"
+            if functions
+            else ""
+        )
+        raise ModelError(
+            f"{path} defines no model: add get_model(), a module-level `model`, or an nn.Module subclass{hint}"
+        )
     names = ", ".join(sorted(c.__name__ for c in classes))
-    raise UserInputError(f"{path} defines several nn.Module classes ({names}); pick one with --entry NAME")
+    raise UserInputError(
+        f"{path} defines several nn.Module classes ({names}); pick one with --entry NAME"
+    )
 
 
 def _from_attr(module, attr: str, description: str, files) -> LoadedModel:
     import torch
 
     if not hasattr(module, attr):
-        raise UserInputError(f"{description}: '{attr}' is not defined there; check --entry or the import path")
+        raise UserInputError(
+            f"{description}: '{attr}' is not defined there; check --entry or the import path"
+        )
     obj = getattr(module, attr)
     if isinstance(obj, torch.nn.Module):
         return LoadedModel(obj.eval(), description, files)
@@ -130,7 +153,9 @@ def _from_attr(module, attr: str, description: str, files) -> LoadedModel:
         return LoadedModel(built.eval(), description, files)
     if callable(obj):
         return LoadedModel(_function_module(obj).eval(), description, files)
-    raise UserInputError(f"{description} is a {type(obj).__name__}, not an nn.Module, a model factory or a function of tensors")
+    raise UserInputError(
+        f"{description} is a {type(obj).__name__}, not an nn.Module, a model factory or a function of tensors"
+    )
 
 
 def _required_params(fn) -> int:
@@ -138,7 +163,11 @@ def _required_params(fn) -> int:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return 0
-    return sum(1 for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return sum(
+        1
+        for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
 
 
 def _construct(factory, description: str, files):
@@ -152,4 +181,7 @@ def _construct(factory, description: str, files):
     except Exception as exc:
         where = innermost_user_frame(exc, files)
         at = f" at {where}" if where else ""
-        raise ModelError(f"building the model {description} failed{at}: {type(exc).__name__}: {first_line(exc)}; fix the constructor or pass --entry") from exc
+        raise ModelError(
+            f"building the model {description} failed{at}: {type(exc).__name__}: {first_line(exc)}; "
+            "fix the constructor or pass --entry"
+        ) from exc

@@ -12,7 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from aotc.export.user_frames import Location, first_line, innermost_user_frame, is_user_file, location
+from aotc.export.user_frames import (
+    Location,
+    first_line,
+    innermost_user_frame,
+    is_user_file,
+    location,
+)
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _SUGGESTED = re.compile(r"^\s*(\w+)\s*=\s*(.+?)\s*$")
@@ -45,7 +51,10 @@ class Problem:
 
     def to_dict(self) -> dict:
         return {
-            "kind": self.kind, "reason": self.reason, "fix": self.fix, "flags": self.flags,
+            "kind": self.kind,
+            "reason": self.reason,
+            "fix": self.fix,
+            "flags": self.flags,
             "where": self.where.to_dict() if self.where else None,
         }
 
@@ -61,32 +70,53 @@ _CONTROL_FLOW = (
 # What TorchDynamo / torch.export say (any marker, in the message or the user's source line)
 # -> (kind, reason in plain words, fix). First match wins, so specific rules come first.
 _RULES = (
-    (("torch.compiler.disable", "compiler.disable()"), (
-        "compiler-disabled call",
-        "the code calls a function wrapped in torch.compiler.disable, which TorchDynamo must not trace: "
-        "it runs eagerly between two graphs",
-        "remove @torch.compiler.disable from the helper if its body is plain PyTorch; otherwise keep it out of "
-        "forward (non-strict export, `aotc export`'s default, traces through it)",
-    )),
-    (("builtin operator `print`", "print("), (
-        "print in forward",
-        "print() has a side effect TorchDynamo cannot put in a graph, so it splits the graph around it",
-        "remove the print from forward (log outside the model), or for torch.compile add print to "
-        "torch._dynamo.config.reorderable_logging_functions",
-    )),
-    ((".numpy()", "numpy", "ndarray", "scipy", "Dynamo does not know how to trace the builtin", "non-Tensor"), (
-        NON_TORCH,
-        "the model hands a tensor to NumPy/SciPy or another non-PyTorch library, which no graph can contain",
-        "use the torch equivalent (torch.fft for scipy.fft, torch.linalg for numpy.linalg...) or wrap the call "
-        "as a custom op with torch.library.custom_op and register a fake (shape) kernel for it",
-    )),
+    (
+        ("torch.compiler.disable", "compiler.disable()"),
+        (
+            "compiler-disabled call",
+            "the code calls a function wrapped in torch.compiler.disable, which TorchDynamo must not trace: "
+            "it runs eagerly between two graphs",
+            "remove @torch.compiler.disable from the helper if its body is plain PyTorch; otherwise keep it out of "
+            "forward (non-strict export, `aotc export`'s default, traces through it)",
+        ),
+    ),
+    (
+        ("builtin operator `print`", "print("),
+        (
+            "print in forward",
+            "print() has a side effect TorchDynamo cannot put in a graph, so it splits the graph around it",
+            "remove the print from forward (log outside the model), or for torch.compile add print to "
+            "torch._dynamo.config.reorderable_logging_functions",
+        ),
+    ),
+    (
+        (
+            ".numpy()",
+            "numpy",
+            "ndarray",
+            "scipy",
+            "Dynamo does not know how to trace the builtin",
+            "non-Tensor",
+        ),
+        (
+            NON_TORCH,
+            "the model hands a tensor to NumPy/SciPy or another non-PyTorch library, which no graph can contain",
+            "use the torch equivalent (torch.fft for scipy.fft, torch.linalg for numpy.linalg...) or wrap the call "
+            "as a custom op with torch.library.custom_op and register a fake (shape) kernel for it",
+        ),
+    ),
     (("Data-dependent branching", "generic_jump"), _CONTROL_FLOW),
-    (("Tensor.item()", ".item()", ".tolist()"), (
-        "scalar read from a tensor",
-        "the code reads a Python number out of a tensor (.item()), which TorchDynamo breaks the graph on by default",
-        "keep the value in a tensor if you can; for torch.compile set torch._dynamo.config.capture_scalar_outputs = "
-        "True; torch.export captures it (bound it with torch._check(n >= 0) if export then asks)",
-    )),
+    (
+        ("Tensor.item()", ".item()", ".tolist()"),
+        (
+            "scalar read from a tensor",
+            "the code reads a Python number out of a tensor (.item()), which TorchDynamo breaks the "
+            "graph on by default",
+            "keep the value in a tensor if you can; for torch.compile set "
+            "torch._dynamo.config.capture_scalar_outputs = "
+            "True; torch.export captures it (bound it with torch._check(n >= 0) if export then asks)",
+        ),
+    ),
 )
 
 
@@ -181,23 +211,36 @@ def _constraint_problem(text: str, where, dims: dict) -> Problem:
     detail = re.search(r"-\s*(.+?)(?:\n|$)", text)
     if detail:
         reason += f" ({detail.group(1).split('. If you')[0].strip()})"
-    fix = "; ".join(plain) if plain else "make the dim static, or rewrite the op that specializes it (e.g. view(x.shape[0], -1) instead of view(16, -1))"
+    fix = (
+        "; ".join(plain)
+        if plain
+        else "make the dim static, or rewrite the op that specializes it "
+        "(e.g. view(x.shape[0], -1) instead of view(16, -1))"
+    )
     if any(re.fullmatch(r"\d+", value) for value in suggestions.values()):
-        fix += "; or keep it dynamic by rewriting the op that fixes the size (e.g. x.view(x.shape[0], -1) instead of x.view(16, -1))"
+        fix += (
+            "; or keep it dynamic by rewriting the op that fixes the size "
+            "(e.g. x.view(x.shape[0], -1) instead of x.view(16, -1))"
+        )
     return Problem(DIM_SPECIALIZED, reason, fix, where, flags)
 
 
 def _suggestion_flag(name: str, value: str, suggestions: dict, dims: dict):
     """One torch suggestion (`B = 16`, `B = Dim('B', max=32)`, `B = 2*_B`) -> (flag or None, advice)."""
     if re.fullmatch(r"\d+", value):
-        return (f"(replace {name} by {value} in --input-shape, drop --dim {name})",
-                f"the model fixes {name} to {value}: write {value} instead of {name} in --input-shape (a static size)")
+        return (
+            f"(replace {name} by {value} in --input-shape, drop --dim {name})",
+            f"the model fixes {name} to {value}: write {value} instead of {name} in --input-shape (a static size)",
+        )
     derived = re.fullmatch(r"(\d+)\s*\*\s*(_?\w+)", value)
     if derived:
         factor, helper = derived.groups()
-        return (None, f"the model needs {name} to be a multiple of {factor} ({name} = {value}, {helper} from "
-                      f"{suggestions.get(helper, 'a Dim')}): aotc's --dim cannot express that, so make {name} static "
-                      f"(a multiple of {factor} in --input-shape) or change the op that needs it")
+        return (
+            None,
+            f"the model needs {name} to be a multiple of {factor} ({name} = {value}, {helper} from "
+            f"{suggestions.get(helper, 'a Dim')}): aotc's --dim cannot express that, so make {name} static "
+            f"(a multiple of {factor} in --input-shape) or change the op that needs it",
+        )
     current = dims.get(name)
     low = re.search(r"min\s*=\s*(\d+)", value)
     high = re.search(r"max\s*=\s*(\d+)", value)
@@ -233,8 +276,13 @@ def draft_failure_problem(failure, filenames: dict, user_files=()) -> Problem | 
         return problem
     if kind in ("MISSING_FAKE_KERNEL", "MISMATCHED_FAKE_KERNEL"):
         op = data.get("op", "a custom op")
-        return Problem("custom op without a fake kernel", f"torch.ops.{op} has no (or a wrong) fake kernel, so export "
-                       "cannot know its output shapes", f"register one with @torch.library.register_fake('{op}')", where)
+        return Problem(
+            "custom op without a fake kernel",
+            f"torch.ops.{op} has no (or a wrong) fake kernel, so export "
+            "cannot know its output shapes",
+            f"register one with @torch.library.register_fake('{op}')",
+            where,
+        )
     return None
 
 
@@ -257,12 +305,25 @@ def fixed_shape_flags(text: str, shapes, dims: dict) -> list:
     from aotc.export.shapes import format_shape
 
     suggestions = dict(_suggested_fixes(text))
-    static = {name: int(value) for name, value in suggestions.items() if re.fullmatch(r"\d+", value)}
+    static = {
+        name: int(value) for name, value in suggestions.items() if re.fullmatch(r"\d+", value)
+    }
     from_examples = any(dim.targets for dim in dims.values())
-    flags = [] if from_examples else [f"--input-shape {format_shape(tuple(static.get(e, e) for e in shape))}" for shape in shapes]
+    flags = (
+        []
+        if from_examples
+        else [
+            f"--input-shape {format_shape(tuple(static.get(e, e) for e in shape))}"
+            for shape in shapes
+        ]
+    )
     for name, dim in dims.items():
         if name in static:
             continue
-        flag, _ = _suggestion_flag(name, suggestions[name], suggestions, dims) if name in suggestions else (None, "")
+        flag, _ = (
+            _suggestion_flag(name, suggestions[name], suggestions, dims)
+            if name in suggestions
+            else (None, "")
+        )
         flags.append(flag if flag and flag.startswith("--dim") else dim.flag())
     return flags

@@ -35,7 +35,11 @@ class DimSpec:
 
     def flag(self, low: int | None = None, high: int | None = None) -> str:
         """This dim as the --dim flag that declares it, with another range if given."""
-        at = "@" + ",".join(f"{target}:{axis}" for target, axis in self.targets) if self.targets else ""
+        at = (
+            "@" + ",".join(f"{target}:{axis}" for target, axis in self.targets)
+            if self.targets
+            else ""
+        )
         return f"--dim {self.name}={self.min if low is None else low}:{self.max if high is None else high}{at}"
 
 
@@ -61,7 +65,9 @@ def parse_shape(text: str) -> tuple:
     for position, token in enumerate(text.split("x"), start=1):
         token = token.strip()
         if token == "":
-            raise ValueError(f"shape '{text}' has an empty dim at position {position}; write e.g. 16x3x128x128")
+            raise ValueError(
+                f"shape '{text}' has an empty dim at position {position}; write e.g. 16x3x128x128"
+            )
         if re.fullmatch(r"[+-]?\d+", token):
             size = int(token)
             if size < 1:
@@ -70,7 +76,9 @@ def parse_shape(text: str) -> tuple:
         elif NAME.match(token):
             dims.append(token)
         else:
-            raise ValueError(f"shape '{text}': dim {position} '{token}' is neither a positive integer nor a dim name (like B)")
+            raise ValueError(
+                f"shape '{text}': dim {position} '{token}' is neither a positive integer nor a dim name (like B)"
+            )
     return tuple(dims)
 
 
@@ -81,7 +89,9 @@ def parse_input_shape(text: str) -> InputShape:
         return InputShape(None, parse_shape(text))
     name = name.strip()
     if not NAME.match(name):
-        raise ValueError(f"input shape '{text}': '{name}' is not an input name; write NAME=SHAPE, e.g. input_ids=8x128")
+        raise ValueError(
+            f"input shape '{text}': '{name}' is not an input name; write NAME=SHAPE, e.g. input_ids=8x128"
+        )
     return InputShape(name, parse_shape(rest))
 
 
@@ -95,20 +105,31 @@ def parse_dim(text: str) -> DimSpec:
     text, _, at = text.partition("@")
     match = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+):(\d+)(?::(\d+))?\s*", text)
     if not match:
-        raise ValueError(f"dim '{text}' must look like NAME=MIN:MAX or NAME=MIN:MAX:EXAMPLE, e.g. B=1:64 "
-                         "(with example_inputs(): B=1:64@input_ids:0)")
-    name, low, high, example = match.group(1), int(match.group(2)), int(match.group(3)), match.group(4)
+        raise ValueError(
+            f"dim '{text}' must look like NAME=MIN:MAX or NAME=MIN:MAX:EXAMPLE, e.g. B=1:64 "
+            "(with example_inputs(): B=1:64@input_ids:0)"
+        )
+    name, low, high, example = (
+        match.group(1),
+        int(match.group(2)),
+        int(match.group(3)),
+        match.group(4),
+    )
     example = int(example) if example is not None else None
     if low < 1:
         raise ValueError(f"dim {name}: MIN is {low}; sizes must be >= 1")
     if high < low:
         raise ValueError(f"dim {name}: MAX {high} is below MIN {low}")
     if high < 2:
-        raise ValueError(f"dim {name}={low}:{high} can only be 1; write 1 in the shape instead of {name}")
+        raise ValueError(
+            f"dim {name}={low}:{high} can only be 1; write 1 in the shape instead of {name}"
+        )
     if example is not None and not low <= example <= high:
         raise ValueError(f"dim {name}: example size {example} is outside its range {low}:{high}")
     if example is not None and example < 2:
-        raise ValueError(f"dim {name}: example size {example} would be specialized by torch.export; use an example >= 2")
+        raise ValueError(
+            f"dim {name}: example size {example} would be specialized by torch.export; use an example >= 2"
+        )
     return DimSpec(name, low, high, example, _parse_targets(name, at) if at else ())
 
 
@@ -118,7 +139,9 @@ def _parse_targets(name: str, text: str) -> tuple:
     for item in text.split(","):
         match = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*|\d+)\s*:\s*(\d+)\s*", item)
         if not match:
-            raise ValueError(f"dim {name}: '@{text}' must list INPUT:AXIS pairs, e.g. @input_ids:0,attention_mask:0")
+            raise ValueError(
+                f"dim {name}: '@{text}' must list INPUT:AXIS pairs, e.g. @input_ids:0,attention_mask:0"
+            )
         target = int(match.group(1)) if match.group(1).isdigit() else match.group(1)
         targets.append((target, int(match.group(2))))
     return tuple(targets)
@@ -134,7 +157,9 @@ def resolve_dims(shapes: list, dims: list) -> dict:
         by_name[dim.name] = dim
     used = {entry for shape in shapes for entry in shape if isinstance(entry, str)}
     for name in sorted(used - set(by_name)):
-        problems.append(f"shape dim '{name}' has no range: pass --dim {name}=MIN:MAX (or write a number)")
+        problems.append(
+            f"shape dim '{name}' has no range: pass --dim {name}=MIN:MAX (or write a number)"
+        )
     for name in sorted(set(by_name) - used):
         problems.append(f"--dim {name} names no dim of any --input-shape")
     if problems:
@@ -155,7 +180,10 @@ def export_dynamic_shapes(shapes, dims: dict, extra_static: int = 0):
     if not dims:
         return None
     export_dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in dims.items()}
-    per_input = [{axis: export_dims[e] for axis, e in enumerate(shape) if isinstance(e, str)} or None for shape in shapes]
+    per_input = [
+        {axis: export_dims[e] for axis, e in enumerate(shape) if isinstance(e, str)} or None
+        for shape in shapes
+    ]
     return (tuple(per_input + [None] * extra_static),)
 
 

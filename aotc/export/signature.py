@@ -14,7 +14,11 @@ from aotc.export.example_call import ExampleCall
 def _symbol_names(ep, shapes) -> dict:
     """sympy symbol of each dynamic input axis -> the user's dim name."""
     names = {}
-    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+    placeholders = [
+        n
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs
+    ]
     for node, shape in zip(placeholders, shapes):
         value = node.meta.get("val")
         for axis, entry in enumerate(shape):
@@ -33,7 +37,18 @@ def _dim_text(size, names: dict):
 
 
 # Ops an index tensor may pass through on its way to an embedding lookup (GPT-2 views its ids first).
-_INDEX_PASSTHROUGH = ("view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten", "clone", "contiguous", "expand", "alias")
+_INDEX_PASSTHROUGH = (
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "unsqueeze",
+    "squeeze",
+    "flatten",
+    "clone",
+    "contiguous",
+    "expand",
+    "alias",
+)
 
 
 def _embedding_rows(node) -> int | None:
@@ -48,12 +63,21 @@ def _embedding_rows(node) -> int | None:
         seen.add(current)
         for user in current.users:
             target = getattr(user, "target", None)
-            if target is torch.ops.aten.embedding.default and len(user.args) > 1 and user.args[1] is current:
+            if (
+                target is torch.ops.aten.embedding.default
+                and len(user.args) > 1
+                and user.args[1] is current
+            ):
                 weight = user.args[0].meta.get("val") if hasattr(user.args[0], "meta") else None
                 if weight is not None and isinstance(weight.shape[0], int):
                     return int(weight.shape[0])
             name = getattr(target, "__name__", "")
-            if user.op == "call_function" and name.split(".")[0] in _INDEX_PASSTHROUGH and user.args and user.args[0] is current:
+            if (
+                user.op == "call_function"
+                and name.split(".")[0] in _INDEX_PASSTHROUGH
+                and user.args
+                and user.args[0] is current
+            ):
                 frontier.append(user)
     return None
 
@@ -78,18 +102,40 @@ def make_signature(ep, call: ExampleCall, layout: OutputLayout, state: list) -> 
     user_nodes = [placeholders.get(name) for name in ep.graph_signature.user_inputs]
     spec_inputs = []
     for index, (name, tensor, shape) in enumerate(zip(call.names, call.tensors, call.shapes)):
-        spec_inputs.append({"name": name, "dtype": DTYPE_NAMES[tensor.dtype], "shape": list(shape),
-                            "value_range": _value_range(user_nodes[index], tensor), "keyword": index >= call.n_positional})
+        spec_inputs.append(
+            {
+                "name": name,
+                "dtype": DTYPE_NAMES[tensor.dtype],
+                "shape": list(shape),
+                "value_range": _value_range(user_nodes[index], tensor),
+                "keyword": index >= call.n_positional,
+            }
+        )
     output_node = next(n for n in ep.graph.nodes if n.op == "output")
-    values = [node.meta.get("val") if hasattr(node, "meta") else None for node in output_node.args[0]]
-    outputs = [{"name": name, "dtype": DTYPE_NAMES.get(value.dtype, str(value.dtype)), "shape": [_dim_text(s, names) for s in value.shape]}
-               for name, value in zip(layout.names, values)]
-    signature = {"inputs": spec_inputs, "outputs": outputs, "dims": {n: d.to_dict() for n, d in call.dims.items()},
-                 "output_structure": layout.structure}
+    values = [
+        node.meta.get("val") if hasattr(node, "meta") else None for node in output_node.args[0]
+    ]
+    outputs = [
+        {
+            "name": name,
+            "dtype": DTYPE_NAMES.get(value.dtype, str(value.dtype)),
+            "shape": [_dim_text(s, names) for s in value.shape],
+        }
+        for name, value in zip(layout.names, values)
+    ]
+    signature = {
+        "inputs": spec_inputs,
+        "outputs": outputs,
+        "dims": {n: d.to_dict() for n, d in call.dims.items()},
+        "output_structure": layout.structure,
+    }
     if layout.dropped:
         signature["dropped_outputs"] = list(layout.dropped)
     if call.constants:
         signature["constants"] = dict(call.constants)
     if state:
-        signature["state"] = [{"name": name, "dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)} for name, t in state]
+        signature["state"] = [
+            {"name": name, "dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)}
+            for name, t in state
+        ]
     return signature

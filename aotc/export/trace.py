@@ -13,20 +13,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotc.export.call_structure import TENSOR, OutputLayout, call_model, make_flat_call, output_layout
 from aotc.config import ExportConfig
 from aotc.errors import ExportError, ModelError, UserInputError
 from aotc.export.artifact import ArtifactMeta, save_artifact
+from aotc.export.call_structure import (
+    TENSOR,
+    OutputLayout,
+    call_model,
+    make_flat_call,
+    output_layout,
+)
 from aotc.export.dim_ranges import check_dim_ranges
 from aotc.export.example_call import ExampleCall, describe, example_call
-from aotc.export.problems import diagnose
 from aotc.export.loading import LoadedModel, load_model
-from aotc.quiet import quiet_torch
+from aotc.export.problems import diagnose
 from aotc.export.shapes import export_dynamic_shapes
 from aotc.export.signature import make_signature
 from aotc.export.user_frames import first_line, innermost_user_frame
+from aotc.quiet import quiet_torch
 
-STATE_PREFIX = "model."  # FlatCall holds the user's module as `model`: its buffer FQNs start with this
+# FlatCall holds the user's module as `model`: its buffer FQNs start with this
+STATE_PREFIX = "model."
 
 
 @dataclass
@@ -37,7 +44,12 @@ class ExportResult:
     seconds: float
 
     def to_dict(self) -> dict:
-        return {"artifact": str(self.output), "model": self.model, "signature": self.signature, "seconds": round(self.seconds, 3)}
+        return {
+            "artifact": str(self.output),
+            "model": self.model,
+            "signature": self.signature,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def export_model(cfg: ExportConfig) -> ExportResult:
@@ -73,20 +85,26 @@ def load_weights(module, path: Path) -> None:
             try:
                 from safetensors.torch import load_file
             except ImportError:
-                raise UserInputError("--weights is a .safetensors file but safetensors is not installed; pip install safetensors") from None
+                raise UserInputError(
+                    "--weights is a .safetensors file but safetensors is not installed; pip install safetensors"
+                ) from None
             state = load_file(str(path))
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except UserInputError:
         raise
     except Exception as exc:
-        raise UserInputError(f"--weights {path} could not be read as a state_dict: {first_line(exc)}") from None
+        raise UserInputError(
+            f"--weights {path} could not be read as a state_dict: {first_line(exc)}"
+        ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     try:
         module.load_state_dict(state)
     except RuntimeError as exc:
-        raise UserInputError(f"--weights {path} does not fit the model: {' '.join(str(exc).split())[:400]}") from None
+        raise UserInputError(
+            f"--weights {path} does not fit the model: {' '.join(str(exc).split())[:400]}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -104,10 +122,16 @@ def buffers_restored(module):
                 owner_name, _, leaf = name.rpartition(".")
                 owner = module.get_submodule(owner_name)
                 current = owner._buffers.get(leaf)
-                if current is not None and current.shape == value.shape and current.dtype == value.dtype:
-                    current.copy_(value)  # in place: other references to the buffer see the restore too
+                if (
+                    current is not None
+                    and current.shape == value.shape
+                    and current.dtype == value.dtype
+                ):
+                    # in place: other references to the buffer see the restore too
+                    current.copy_(value)
                 else:
-                    owner._buffers[leaf] = value  # forward rebound it with another shape (a growing cache)
+                    # forward rebound it with another shape (a growing cache)
+                    owner._buffers[leaf] = value
 
 
 def check_eager(loaded: LoadedModel, call: ExampleCall):
@@ -117,7 +141,9 @@ def check_eager(loaded: LoadedModel, call: ExampleCall):
     """
     try:
         with buffers_restored(loaded.module):
-            return call_model(loaded.module, call.tensors, call.n_positional, call.keywords, call.constants)
+            return call_model(
+                loaded.module, call.tensors, call.n_positional, call.keywords, call.constants
+            )
     except Exception as exc:
         where = innermost_user_frame(exc, loaded.source_files)
         at = f" at {where}" if where else ""
@@ -128,7 +154,14 @@ def check_eager(loaded: LoadedModel, call: ExampleCall):
 
 
 def flat_module(loaded: LoadedModel, call: ExampleCall, layout: OutputLayout, state: tuple = ()):
-    return make_flat_call(loaded.module, call.n_positional, call.keywords, call.constants, layout.structure == TENSOR, state)
+    return make_flat_call(
+        loaded.module,
+        call.n_positional,
+        call.keywords,
+        call.constants,
+        layout.structure == TENSOR,
+        state,
+    )
 
 
 def export_with_state(loaded: LoadedModel, call: ExampleCall, layout: OutputLayout, strict: bool):
@@ -137,14 +170,23 @@ def export_with_state(loaded: LoadedModel, call: ExampleCall, layout: OutputLayo
     A first export shows which buffers forward mutates; if any, the model is exported again with
     those buffers as extra inputs and outputs (see aotc/export/call_structure.py).
     """
-    ep = export_program(loaded, flat_module(loaded, call, layout), call.tensors, call.shapes, call.dims, strict)
+    ep = export_program(
+        loaded, flat_module(loaded, call, layout), call.tensors, call.shapes, call.dims, strict
+    )
     mutated = mutated_buffers(ep)
     if not mutated:
         return ep, []
-    names = tuple(name[len(STATE_PREFIX):] for name in mutated)
+    names = tuple(name[len(STATE_PREFIX) :] for name in mutated)
     initial = [loaded.module.get_buffer(name).detach().clone() for name in names]
-    ep = export_program(loaded, flat_module(loaded, call, layout, names), call.tensors + initial, call.shapes,
-                        call.dims, strict, extra_static=len(initial))
+    ep = export_program(
+        loaded,
+        flat_module(loaded, call, layout, names),
+        call.tensors + initial,
+        call.shapes,
+        call.dims,
+        strict,
+        extra_static=len(initial),
+    )
     return ep, list(zip(names, initial))
 
 
@@ -157,18 +199,22 @@ def mutated_buffers(ep) -> list:
     return sorted(set(functional.graph_signature.buffers_to_mutate.values()))
 
 
-def export_program(loaded: LoadedModel, module, inputs, shapes, dims, strict: bool, extra_static: int = 0):
+def export_program(
+    loaded: LoadedModel, module, inputs, shapes, dims, strict: bool, extra_static: int = 0
+):
     import torch
 
     try:
         with quiet_torch(), buffers_restored(loaded.module):
-            return torch.export.export(module, tuple(inputs), dynamic_shapes=export_dynamic_shapes(shapes, dims, extra_static),
-                                       strict=strict)
+            return torch.export.export(
+                module,
+                tuple(inputs),
+                dynamic_shapes=export_dynamic_shapes(shapes, dims, extra_static),
+                strict=strict,
+            )
     except Exception as exc:
         problem = diagnose(exc, loaded.source_files, dims, shapes)
         raise ExportError(
             f"torch.export cannot capture {loaded.description}: {problem.one_line()}; "
             f"`aotc explain` with the same arguments lists every problem"
         ) from exc
-
-

@@ -7,7 +7,12 @@ import os
 import traceback
 from dataclasses import dataclass
 
-_LIBRARY_MARKERS = (os.sep + "torch" + os.sep, os.sep + "site-packages" + os.sep, os.sep + "aotc" + os.sep, "<frozen ")
+_LIBRARY_MARKERS = (
+    os.sep + "torch" + os.sep,
+    os.sep + "site-packages" + os.sep,
+    os.sep + "aotc" + os.sep,
+    "<frozen ",
+)
 
 
 @dataclass(frozen=True)
@@ -17,7 +22,11 @@ class Location:
     source: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: `{self.source}`" if self.source else f"{self.file}:{self.line}"
+        return (
+            f"{self.file}:{self.line}: `{self.source}`"
+            if self.source
+            else f"{self.file}:{self.line}"
+        )
 
     def to_dict(self) -> dict:
         return {"file": self.file, "line": self.line, "source": self.source}

@@ -13,9 +13,13 @@ from .errors import AotcRuntimeError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="aotc-run", description="Run an aotc package (no compiler needed).")
+    parser = argparse.ArgumentParser(
+        prog="aotc-run", description="Run an aotc package (no compiler needed)."
+    )
     parser.add_argument("package")
-    parser.add_argument("--input", action="append", default=[], help=".npy/.npz/.pt, in positional order")
+    parser.add_argument(
+        "--input", action="append", default=[], help=".npy/.npz/.pt, in positional order"
+    )
     parser.add_argument("--output", help="write outputs to .npz (output_0, ...) or .pt")
     parser.add_argument("--iters", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)

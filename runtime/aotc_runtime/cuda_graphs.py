@@ -16,7 +16,8 @@ that signature falls back to plain calls, with one warning.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -24,14 +25,24 @@ WARMUP_CALLS = 2  # the first calls allocate workspaces and pick algorithms; cap
 
 
 class _Graph:
-    def __init__(self, graph: torch.cuda.CUDAGraph, static_inputs: list[torch.Tensor], static_outputs: list[torch.Tensor]):
+    def __init__(
+        self,
+        graph: torch.cuda.CUDAGraph,
+        static_inputs: list[torch.Tensor],
+        static_outputs: list[torch.Tensor],
+    ):
         self.graph = graph
         self.static_inputs = static_inputs
         self.static_outputs = static_outputs
 
 
 class CudaGraphRunner:
-    def __init__(self, run_flat: Callable[..., list[torch.Tensor]], device: torch.device, reuse_outputs: bool = False):
+    def __init__(
+        self,
+        run_flat: Callable[..., list[torch.Tensor]],
+        device: torch.device,
+        reuse_outputs: bool = False,
+    ):
         self._run_flat = run_flat
         self._device = device
         self._reuse_outputs = reuse_outputs
@@ -76,9 +87,11 @@ class CudaGraphRunner:
                 static_outputs = list(self._run_flat(static_inputs))
         except Exception as exc:  # capture is an optimisation: never fail the call because of it
             self._uncapturable.add(key)
-            print(f"aotc_runtime: CUDA-graph capture failed for inputs {[list(s) for s, _ in key]} "
-                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); running without graphs",
-                  file=sys.stderr)
+            print(
+                f"aotc_runtime: CUDA-graph capture failed for inputs {[list(s) for s, _ in key]} "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); running without graphs",
+                file=sys.stderr,
+            )
             torch.cuda.synchronize(self._device)
             return None
         entry = _Graph(graph, static_inputs, static_outputs)

@@ -58,8 +58,10 @@ def check_compatible(manifest: Manifest, package_path: object) -> None:
 
 def _check_gpu(device: Device, where: str) -> None:
     if not torch.cuda.is_available():
-        raise PackageError(f"{where} was built for CUDA ({device.gpu_name}), but this machine has no usable GPU; "
-                           "build a CPU package with `aotc build --device cpu`")
+        raise PackageError(
+            f"{where} was built for CUDA ({device.gpu_name}), but this machine has no usable GPU; "
+            "build a CPU package with `aotc build --device cpu`"
+        )
     here = gpu_description(torch.cuda.current_device())
     if here["compute_capability"] != device.compute_capability:
         raise PackageError(

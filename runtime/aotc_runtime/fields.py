@@ -7,7 +7,8 @@ as a KeyError deep inside a call.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 _MISSING = object()
@@ -71,7 +72,9 @@ class Fields:
 
     def number(self, key: str, default: Any = _MISSING) -> Any:
         value = self.value(key, default)
-        if value is not default and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        if value is not default and (
+            not isinstance(value, (int, float)) or isinstance(value, bool)
+        ):
             self.fail(key, "is not a number")
         return value
 
@@ -81,19 +84,23 @@ class Fields:
             self.fail(key, "is not true or false")
         return value
 
-    def object(self, key: str, default: Any = _MISSING) -> "Fields":
+    def object(self, key: str, default: Any = _MISSING) -> Fields:
         return Fields(self.value(key, default), self.path(key))
 
     def raw_object(self, key: str, default: Any = _MISSING) -> dict:
         """An object kept as JSON (free-form fields such as Inductor options)."""
         return self.object(key, default).data
 
-    def items(self, key: str, read: Callable[["Fields"], T], default: Any = _MISSING) -> tuple[T, ...]:
+    def items(
+        self, key: str, read: Callable[[Fields], T], default: Any = _MISSING
+    ) -> tuple[T, ...]:
         """A list of objects, each read by `read`."""
         value = self.value(key, default)
         if not isinstance(value, list):
             self.fail(key, "is not a list")
-        return tuple(read(Fields(item, f"{self.path(key)}[{index}]")) for index, item in enumerate(value))
+        return tuple(
+            read(Fields(item, f"{self.path(key)}[{index}]")) for index, item in enumerate(value)
+        )
 
     def strings(self, key: str, default: Any = _MISSING) -> tuple[str, ...]:
         value = self.value(key, default)
@@ -101,7 +108,9 @@ class Fields:
             self.fail(key, "is not a list of strings")
         return tuple(value)
 
-    def mapping(self, key: str, read: Callable[["Fields", str], T], default: Any = _MISSING) -> dict[str, T]:
+    def mapping(
+        self, key: str, read: Callable[[Fields, str], T], default: Any = _MISSING
+    ) -> dict[str, T]:
         """An object of name -> value, each value read by `read(fields_of_parent, name)`."""
         inner = self.object(key, default)
         return {name: read(inner, name) for name in inner.data}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @contextlib.contextmanager
@@ -21,7 +21,9 @@ def replaced_atomically(path: str | os.PathLike, suffix: str | None = None) -> I
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix if suffix is None else suffix}")
+    tmp = path.with_name(
+        f".{path.stem}.{os.getpid()}.tmp{path.suffix if suffix is None else suffix}"
+    )
     try:
         yield tmp
         os.replace(tmp, path)

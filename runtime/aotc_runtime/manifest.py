@@ -31,7 +31,7 @@ class Source:
     sha256: str
 
     @classmethod
-    def read(cls, fields: Fields) -> "Source":
+    def read(cls, fields: Fields) -> Source:
         return cls(fields.text("artifact"), fields.text("sha256"))
 
     def to_json(self) -> dict:
@@ -46,16 +46,28 @@ class Toolchain:
     python: str = ""
     platform: str = ""  # "linux-x86_64"
     cuda: str | None = None  # null for CPU builds
-    build_tools: dict = field(default_factory=dict)  # cxx, link_flags, triton, ptxas, ...: informational
+    # cxx, link_flags, triton, ptxas, ...: informational
+    build_tools: dict = field(default_factory=dict)
 
     @classmethod
-    def read(cls, fields: Fields) -> "Toolchain":
+    def read(cls, fields: Fields) -> Toolchain:
         known = ("torch", "python", "platform", "cuda")
-        return cls(fields.text("torch"), fields.text("python", ""), fields.text("platform", ""), fields.optional_text("cuda"),
-                   {k: v for k, v in fields.data.items() if k not in known})
+        return cls(
+            fields.text("torch"),
+            fields.text("python", ""),
+            fields.text("platform", ""),
+            fields.optional_text("cuda"),
+            {k: v for k, v in fields.data.items() if k not in known},
+        )
 
     def to_json(self) -> dict:
-        return {"torch": self.torch, "python": self.python, "platform": self.platform, "cuda": self.cuda, **self.build_tools}
+        return {
+            "torch": self.torch,
+            "python": self.python,
+            "platform": self.platform,
+            "cuda": self.cuda,
+            **self.build_tools,
+        }
 
 
 @dataclass(frozen=True)
@@ -66,9 +78,14 @@ class Device:
     compute_capability: str | None = None  # "9.0": CUDA packages run only on this architecture
 
     @classmethod
-    def read(cls, fields: Fields) -> "Device":
+    def read(cls, fields: Fields) -> Device:
         kind = fields.choice("type", ("cpu", "cuda"))
-        device = cls(kind, fields.optional_text("requested"), fields.optional_text("gpu_name"), fields.optional_text("compute_capability"))
+        device = cls(
+            kind,
+            fields.optional_text("requested"),
+            fields.optional_text("gpu_name"),
+            fields.optional_text("compute_capability"),
+        )
         if kind == "cuda" and not device.compute_capability:
             fields.fail("compute_capability", "is missing for a cuda package")
         return device
@@ -88,7 +105,7 @@ class RuntimeSettings:
     tf32: bool = False  # TF32 matmuls/convolutions on around each call (and capture)
 
     @classmethod
-    def read(cls, fields: Fields) -> "RuntimeSettings":
+    def read(cls, fields: Fields) -> RuntimeSettings:
         return cls(fields.boolean("cuda_graphs"), fields.boolean("tf32"))
 
     def to_json(self) -> dict:
@@ -108,13 +125,27 @@ class OutputCheck:
     worst_case: str
 
     @classmethod
-    def read(cls, fields: Fields) -> "OutputCheck":
-        return cls(fields.text("name"), fields.number("max_abs"), fields.number("max_rel"), fields.number("atol"),
-                   fields.number("rtol"), fields.boolean("ok"), fields.text("worst_case"))
+    def read(cls, fields: Fields) -> OutputCheck:
+        return cls(
+            fields.text("name"),
+            fields.number("max_abs"),
+            fields.number("max_rel"),
+            fields.number("atol"),
+            fields.number("rtol"),
+            fields.boolean("ok"),
+            fields.text("worst_case"),
+        )
 
     def to_json(self) -> dict:
-        return {"name": self.name, "max_abs": self.max_abs, "max_rel": self.max_rel, "atol": self.atol, "rtol": self.rtol,
-                "ok": self.ok, "worst_case": self.worst_case}
+        return {
+            "name": self.name,
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "ok": self.ok,
+            "worst_case": self.worst_case,
+        }
 
 
 @dataclass(frozen=True)
@@ -131,15 +162,27 @@ class NumericCheck:
     PENDING = {"status": "pending"}  # what the manifest holds while the build's check runs
 
     @classmethod
-    def read(cls, fields: Fields) -> "NumericCheck | None":
+    def read(cls, fields: Fields) -> NumericCheck | None:
         if fields.data == cls.PENDING:
             return None
-        return cls(fields.text("reference"), fields.strings("cases"), fields.number("atol"), fields.number("rtol"),
-                   fields.items("outputs", OutputCheck.read), fields.boolean("passed"))
+        return cls(
+            fields.text("reference"),
+            fields.strings("cases"),
+            fields.number("atol"),
+            fields.number("rtol"),
+            fields.items("outputs", OutputCheck.read),
+            fields.boolean("passed"),
+        )
 
     def to_json(self) -> dict:
-        return {"reference": self.reference, "cases": list(self.cases), "atol": self.atol, "rtol": self.rtol,
-                "outputs": [o.to_json() for o in self.outputs], "passed": self.passed}
+        return {
+            "reference": self.reference,
+            "cases": list(self.cases),
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "outputs": [o.to_json() for o in self.outputs],
+            "passed": self.passed,
+        }
 
 
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -174,7 +217,11 @@ class Manifest:
         fields = Fields(data)
         version = fields.integer("format_version")
         # Format 1 had no `runtime` (no CUDA graphs or TF32 then) and recorded less of the signature.
-        runtime = RuntimeSettings.read(fields.object("runtime")) if version >= 2 or "runtime" in fields.data else RuntimeSettings()
+        runtime = (
+            RuntimeSettings.read(fields.object("runtime"))
+            if version >= 2 or "runtime" in fields.data
+            else RuntimeSettings()
+        )
         files = fields.raw_object("files")
         if not all(isinstance(v, str) for v in files.values()):
             fields.fail("files", "is not an object of path -> sha256")
@@ -203,15 +250,28 @@ class Manifest:
 
     def to_json(self) -> dict:
         data: dict = {
-            "format_version": self.format_version, "aotc_version": self.aotc_version, "created": self.created,
-            "model": self.model, "source": self.source.to_json() if self.source else None,
-            "toolchain": self.toolchain.to_json(), "device": self.device.to_json(), "mode": self.mode,
-            "precision": self.precision, "inductor_options": dict(self.inductor_options), "runtime": self.runtime.to_json(),
-            "signature": self.signature.to_json(), "build_seconds": self.build_seconds,
-            "numeric_check": self.numeric_check.to_json() if self.numeric_check else dict(NumericCheck.PENDING),
-            "build_phases": dict(self.build_phases), "size_bytes": self.size_bytes, "files": dict(self.files),
+            "format_version": self.format_version,
+            "aotc_version": self.aotc_version,
+            "created": self.created,
+            "model": self.model,
+            "source": self.source.to_json() if self.source else None,
+            "toolchain": self.toolchain.to_json(),
+            "device": self.device.to_json(),
+            "mode": self.mode,
+            "precision": self.precision,
+            "inductor_options": dict(self.inductor_options),
+            "runtime": self.runtime.to_json(),
+            "signature": self.signature.to_json(),
+            "build_seconds": self.build_seconds,
+            "numeric_check": self.numeric_check.to_json()
+            if self.numeric_check
+            else dict(NumericCheck.PENDING),
+            "build_phases": dict(self.build_phases),
+            "size_bytes": self.size_bytes,
+            "files": dict(self.files),
         }
         return {k: v for k, v in data.items() if v is not None or k == "model"}
+
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
@@ -238,27 +298,42 @@ def read_manifest(folder: Path) -> Manifest:
     """Read and check a package's manifest; every failure names the package, the field and the fix."""
     folder = Path(folder)
     if not folder.is_dir():
-        hint = " (it is a file: pass the package folder that `aotc build` wrote)" if folder.exists() else ""
-        raise PackageError(f"package folder {folder} does not exist{hint}; build one with `aotc build ARTIFACT.pt2 -o {folder}`")
+        hint = (
+            " (it is a file: pass the package folder that `aotc build` wrote)"
+            if folder.exists()
+            else ""
+        )
+        raise PackageError(
+            f"package folder {folder} does not exist{hint}; build one with `aotc build ARTIFACT.pt2 -o {folder}`"
+        )
     path = folder / MANIFEST_NAME
     if not path.is_file():
-        raise PackageError(f"{folder} is not an aotc package: it has no {MANIFEST_NAME}; rebuild it with `aotc build`")
+        raise PackageError(
+            f"{folder} is not an aotc package: it has no {MANIFEST_NAME}; rebuild it with `aotc build`"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise PackageError(f"{path} is not valid JSON ({type(exc).__name__}: {str(exc)[:100]}); rebuild the package with `aotc build`") from None
+        raise PackageError(
+            f"{path} is not valid JSON ({type(exc).__name__}: {str(exc)[:100]}); rebuild the package with `aotc build`"
+        ) from None
     if not isinstance(data, dict) or "format_version" not in data:
-        raise PackageError(f"{path} is not an aotc manifest (no format_version); rebuild the package with `aotc build`")
+        raise PackageError(
+            f"{path} is not an aotc manifest (no format_version); rebuild the package with `aotc build`"
+        )
     version = data["format_version"]
     if version not in READABLE_VERSIONS:
         raise PackageError(
-            f"{folder} has package format {version}, this runtime reads formats {', '.join(map(str, READABLE_VERSIONS))}; "
+            f"{folder} has package format {version}, this runtime reads formats "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; "
             "rebuild the package with the aotc that matches this runtime"
         )
     try:
         return Manifest.from_json(data)
     except FieldError as exc:
-        raise PackageError(f"{path} is not a valid manifest: {exc}; rebuild the package with `aotc build --force`") from None
+        raise PackageError(
+            f"{path} is not a valid manifest: {exc}; rebuild the package with `aotc build --force`"
+        ) from None
 
 
 def verify_files(folder: Path, manifest: Manifest) -> None:
@@ -272,4 +347,6 @@ def verify_files(folder: Path, manifest: Manifest) -> None:
         elif sha256_file(path) != digest:
             problems.append(f"{rel} was modified (sha256 differs from the manifest)")
     if problems:
-        raise PackageError(f"package {folder} is damaged: {'; '.join(problems)}; rebuild it with `aotc build --force`")
+        raise PackageError(
+            f"package {folder} is damaged: {'; '.join(problems)}; rebuild it with `aotc build --force`"
+        )

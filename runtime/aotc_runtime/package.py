@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -18,7 +19,6 @@ from .environment import check_compatible
 from .errors import PackageError
 from .manifest import MODEL_FILE, STATE_FILE, Manifest, read_manifest, verify_files
 from .signature import Signature
-
 
 MAX_ACCEPTED_SIGNATURES = 256  # input (shape, dtype) combinations remembered as already checked
 
@@ -33,12 +33,20 @@ class Package:
     puts it back to its value at export.
     """
 
-    def __init__(self, path: Path, manifest: Manifest, loader: Any, reuse_outputs: bool = False,
-                 initial_state: Sequence[torch.Tensor] = ()):
+    def __init__(
+        self,
+        path: Path,
+        manifest: Manifest,
+        loader: Any,
+        reuse_outputs: bool = False,
+        initial_state: Sequence[torch.Tensor] = (),
+    ):
         self.path = Path(path)
         self.manifest = manifest
         self.signature: Signature = manifest.signature
-        self.device = torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
+        )
         self._loader = loader
         self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
         self._initial_state = [t.to(self.device) for t in initial_state]
@@ -53,9 +61,14 @@ class Package:
         # and put back after, so loading one package does not change the user's other models.
         self._tf32 = manifest.runtime.tf32
         if manifest.runtime.cuda_graphs and self.device.type == "cuda":
-            from .cuda_graphs import CudaGraphRunner  # only CUDA packages built with reduce-overhead need it
+            # only CUDA packages built with reduce-overhead need it
+            from .cuda_graphs import (
+                CudaGraphRunner,
+            )
 
-            self._call_flat = CudaGraphRunner(self._run_loader, self.device, reuse_outputs=reuse_outputs)
+            self._call_flat = CudaGraphRunner(
+                self._run_loader, self.device, reuse_outputs=reuse_outputs
+            )
 
     def __call__(self, *args: torch.Tensor, **named: torch.Tensor) -> Any:
         tensors = self.signature.arrange(args, named) if named else list(args)
@@ -75,8 +88,8 @@ class Package:
             outputs = self._call_flat(flat, key)
         if self._state:
             # The package returns the state's new values after the model's outputs (aotc/export/call_structure.py).
-            self._state = list(outputs[self._n_outputs:])
-            outputs = outputs[:self._n_outputs]
+            self._state = list(outputs[self._n_outputs :])
+            outputs = outputs[: self._n_outputs]
         return self._rebuild(outputs)
 
     def run_settings(self) -> contextlib.AbstractContextManager:
@@ -103,7 +116,8 @@ class Package:
             return list(outputs)
         if structure == "dict":
             return dict(zip(self.signature.output_names, outputs))
-        return pytree.tree_unflatten(list(outputs), self._out_spec)  # packages from before output_structure
+        # packages from before output_structure
+        return pytree.tree_unflatten(list(outputs), self._out_spec)
 
     def _run_loader(self, flat: list[torch.Tensor], key: tuple | None = None) -> list[torch.Tensor]:
         return self._loader.run(flat)
@@ -140,11 +154,21 @@ def load(path: str | os.PathLike, verify: bool = True, reuse_outputs: bool = Fal
     device_index = 0 if manifest.device.type == "cuda" else -1
     single_threaded = manifest.runtime.cuda_graphs
     try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path / MODEL_FILE), "model", single_threaded, 1, device_index)
+        loader = torch._C._aoti.AOTIModelPackageLoader(
+            str(path / MODEL_FILE), "model", single_threaded, 1, device_index
+        )
     except Exception as exc:  # the C++ loader raises RuntimeError with its own text
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PackageError(f"package {path} could not be loaded: {first_line}; rebuild it with `aotc build --force`") from exc
-    return Package(path, manifest, loader, reuse_outputs=reuse_outputs, initial_state=_read_state(path, manifest))
+        raise PackageError(
+            f"package {path} could not be loaded: {first_line}; rebuild it with `aotc build --force`"
+        ) from exc
+    return Package(
+        path,
+        manifest,
+        loader,
+        reuse_outputs=reuse_outputs,
+        initial_state=_read_state(path, manifest),
+    )
 
 
 def _read_state(path: Path, manifest: Manifest) -> list:
@@ -155,7 +179,16 @@ def _read_state(path: Path, manifest: Manifest) -> list:
     try:
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
     except Exception as exc:
-        raise PackageError(f"package {path}: its {STATE_FILE} could not be read ({type(exc).__name__}); rebuild it with `aotc build --force`") from None
-    if not isinstance(state, list) or len(state) != len(specs) or not all(isinstance(t, torch.Tensor) for t in state):
-        raise PackageError(f"package {path}: its {STATE_FILE} does not hold the {len(specs)} tensor(s) the manifest lists; rebuild it")
+        raise PackageError(
+            f"package {path}: its {STATE_FILE} could not be read ({type(exc).__name__}); rebuild it "
+            "with `aotc build --force`"
+        ) from None
+    if (
+        not isinstance(state, list)
+        or len(state) != len(specs)
+        or not all(isinstance(t, torch.Tensor) for t in state)
+    ):
+        raise PackageError(
+            f"package {path}: its {STATE_FILE} does not hold the {len(specs)} tensor(s) the manifest lists; rebuild it"
+        )
     return state

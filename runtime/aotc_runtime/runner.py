@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -13,8 +13,14 @@ from .tensor_io import flatten_outputs, read_inputs, write_outputs
 from .timing import summarize, synchronize, time_calls
 
 
-def run_package(path: str | os.PathLike, input_files: Sequence[str | os.PathLike] = (), output: str | os.PathLike | None = None,
-                iters: int = 0, seed: int = 0, warmup: int = 3) -> dict:
+def run_package(
+    path: str | os.PathLike,
+    input_files: Sequence[str | os.PathLike] = (),
+    output: str | os.PathLike | None = None,
+    iters: int = 0,
+    seed: int = 0,
+    warmup: int = 3,
+) -> dict:
     """Run a package once (plus `iters` timed calls) and return a report dict (JSON-ready)."""
     started = time.perf_counter()
     package = load(path)
@@ -33,7 +39,9 @@ def run_package(path: str | os.PathLike, input_files: Sequence[str | os.PathLike
         first_ms = (time.perf_counter() - first_start) * 1e3
         latency = None
         if iters > 0:
-            latency = summarize(time_calls(lambda: package(*inputs), iters, package.device, warmup=warmup))
+            latency = summarize(
+                time_calls(lambda: package(*inputs), iters, package.device, warmup=warmup)
+            )
     if output:
         write_outputs(result, output, package.signature.output_names)
     outputs = flatten_outputs(result)
@@ -41,7 +49,7 @@ def run_package(path: str | os.PathLike, input_files: Sequence[str | os.PathLike
         "package": str(path),
         "device": str(package.device),
         "mode": package.manifest.mode,
-        "inputs": "random (seed %d)" % seed if not input_files else [str(f) for f in input_files],
+        "inputs": f"random (seed {seed})" if not input_files else [str(f) for f in input_files],
         "outputs": [
             {"name": spec.name, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
             for spec, t in zip(package.signature.outputs, outputs)
@@ -62,7 +70,10 @@ def format_report(report: dict) -> str:
     lines.append(f"first     {report['first_call_ms']:.2f} ms")
     lat = report["latency"]
     if lat:
-        lines.append(f"latency   median {lat['median_ms']:.3f} ms  p90 {lat['p90_ms']:.3f} ms  p99 {lat['p99_ms']:.3f} ms  ({lat['n']} calls)")
+        lines.append(
+            f"latency   median {lat['median_ms']:.3f} ms  p90 {lat['p90_ms']:.3f} ms  p99 "
+            f"{lat['p99_ms']:.3f} ms  ({lat['n']} calls)"
+        )
     if report["output_file"]:
         lines.append(f"wrote     {report['output_file']}")
     return "\n".join(lines)

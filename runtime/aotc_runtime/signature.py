@@ -17,8 +17,8 @@ structure (`last_hidden_state`, `logits`; `output_0`... for tensors and plain tu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -52,16 +52,22 @@ class TensorSpec:
     keyword: bool = False  # inputs only: the model takes it by name
 
     @classmethod
-    def read(cls, fields: Fields, is_input: bool = False) -> "TensorSpec":
+    def read(cls, fields: Fields, is_input: bool = False) -> TensorSpec:
         name = fields.text("name")
         if not name:
             fields.fail("name", "is empty")
         dtype = fields.choice("dtype", tuple(DTYPES))
         shape = fields.value("shape", None)
-        if not isinstance(shape, list) or not all(_is_size(e) or (isinstance(e, str) and e) for e in shape):
+        if not isinstance(shape, list) or not all(
+            _is_size(e) or (isinstance(e, str) and e) for e in shape
+        ):
             fields.fail("shape", SHAPE_PROBLEM)
         value_range = fields.value("value_range", None) if is_input else None
-        if value_range is not None and not (isinstance(value_range, list) and len(value_range) == 2 and all(_is_size(v, 0 - 2**63) for v in value_range)):
+        if value_range is not None and not (
+            isinstance(value_range, list)
+            and len(value_range) == 2
+            and all(_is_size(v, 0 - 2**63) for v in value_range)
+        ):
             fields.fail("value_range", "is not null or [low, high] integers")
         keyword = fields.boolean("keyword", False) if is_input else False
         return cls(name, dtype, tuple(shape), tuple(value_range) if value_range else None, keyword)
@@ -69,7 +75,10 @@ class TensorSpec:
     def to_json(self, is_input: bool = False) -> dict:
         data: dict = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
         if is_input:
-            data.update(value_range=list(self.value_range) if self.value_range else None, keyword=self.keyword)
+            data.update(
+                value_range=list(self.value_range) if self.value_range else None,
+                keyword=self.keyword,
+            )
         return data
 
     def describe(self, dims: dict) -> str:
@@ -92,7 +101,10 @@ def _read_dim(parent: Fields, name: str) -> dict:
     fields = parent.object(name)
     info = {key: fields.integer(key) for key in ("min", "max", "example")}
     if not 0 <= info["min"] <= info["example"] <= info["max"]:
-        parent.fail(name, f"range is not min <= example <= max ({info['min']}, {info['example']}, {info['max']})")
+        parent.fail(
+            name,
+            f"range is not min <= example <= max ({info['min']}, {info['example']}, {info['max']})",
+        )
     return info
 
 
@@ -118,15 +130,29 @@ class Signature:
         dims = fields.mapping("dims", _read_dim, {})
         named = {e for spec in inputs for e in spec.shape if isinstance(e, str)}
         if named - set(dims):
-            fields.fail("inputs", f"name dims with no range in {fields.path('dims')}: {', '.join(sorted(named - set(dims)))}")
+            fields.fail(
+                "inputs",
+                f"name dims with no range in {fields.path('dims')}: {', '.join(sorted(named - set(dims)))}",
+            )
         structure = fields.choice("output_structure", OUTPUT_STRUCTURES + ("",), "")
         constants = fields.raw_object("constants", {})
-        return cls(inputs, outputs, dims, structure, fields.items("state", TensorSpec.read, []),
-                   fields.strings("dropped_outputs", []), dict(constants))
+        return cls(
+            inputs,
+            outputs,
+            dims,
+            structure,
+            fields.items("state", TensorSpec.read, []),
+            fields.strings("dropped_outputs", []),
+            dict(constants),
+        )
 
     def to_json(self) -> dict:
-        data: dict = {"inputs": [s.to_json(is_input=True) for s in self.inputs], "outputs": [s.to_json() for s in self.outputs],
-                      "dims": {name: dict(info) for name, info in self.dims.items()}, "output_structure": self.output_structure}
+        data: dict = {
+            "inputs": [s.to_json(is_input=True) for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "dims": {name: dict(info) for name, info in self.dims.items()},
+            "output_structure": self.output_structure,
+        }
         if self.dropped_outputs:
             data["dropped_outputs"] = list(self.dropped_outputs)
         if self.constants:
@@ -150,21 +176,29 @@ class Signature:
         names = self.input_names
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
-            raise InputMismatchError(f"the package has no input named {', '.join(map(repr, unknown))}; its inputs are {', '.join(names)}")
+            raise InputMismatchError(
+                f"the package has no input named {', '.join(map(repr, unknown))}; its inputs are {', '.join(names)}"
+            )
         twice = [names[i] for i in range(min(len(args), len(names))) if names[i] in kwargs]
         if twice:
-            raise InputMismatchError(f"input {twice[0]!r} is given both by position and by name; give it once")
-        flat = list(args) + [kwargs.get(name) for name in names[len(args):]]
+            raise InputMismatchError(
+                f"input {twice[0]!r} is given both by position and by name; give it once"
+            )
+        flat = list(args) + [kwargs.get(name) for name in names[len(args) :]]
         missing = [name for name, value in zip(names, flat) if value is None]
         if missing:
-            raise InputMismatchError(f"input(s) {', '.join(map(repr, missing))} missing; the package takes {', '.join(names)}")
+            raise InputMismatchError(
+                f"input(s) {', '.join(map(repr, missing))} missing; the package takes {', '.join(names)}"
+            )
         return flat
 
     def check_inputs(self, tensors: Sequence[object]) -> None:
         """Raise InputMismatchError naming the input, what was expected and what was given."""
         if len(tensors) != len(self.inputs):
             names = ", ".join(s.name for s in self.inputs)
-            raise InputMismatchError(f"the package takes {len(self.inputs)} input(s) ({names}), {len(tensors)} given")
+            raise InputMismatchError(
+                f"the package takes {len(self.inputs)} input(s) ({names}), {len(tensors)} given"
+            )
         bound: dict[str, tuple[int, str]] = {}
         for index, (spec, tensor) in enumerate(zip(self.inputs, tensors)):
             self._check_one(index, spec, tensor, bound)
@@ -177,30 +211,42 @@ class Signature:
         expected = spec.describe(self.dims)
         dtype = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
         if dtype != spec.dtype:
-            raise InputMismatchError(f"{label} must be {spec.dtype}, got {dtype} (shape {given}); convert it or re-export with --dtype {dtype}")
+            raise InputMismatchError(
+                f"{label} must be {spec.dtype}, got {dtype} (shape {given}); convert it or re-export "
+                f"with --dtype {dtype}"
+            )
         if len(given) != len(spec.shape):
-            raise InputMismatchError(f"{label} must have {len(spec.shape)} dims {expected}, got {len(given)} dims {given}")
+            raise InputMismatchError(
+                f"{label} must have {len(spec.shape)} dims {expected}, got {len(given)} dims {given}"
+            )
         for axis, (want, have) in enumerate(zip(spec.shape, given)):
             if isinstance(want, int):
                 if want != have:
                     raise InputMismatchError(
                         f"{label} must have shape {expected}, got {given}: dim {axis} is static {want}; "
-                        "re-export with a named dim (--dim) to make it dynamic")
+                        "re-export with a named dim (--dim) to make it dynamic"
+                    )
                 continue
             low, high = self.dims[want]["min"], self.dims[want]["max"]
             if not low <= have <= high:
                 raise InputMismatchError(
-                    f"{label} must have shape {expected}, got {given}: dim {axis} ({want}) = {have} is outside {low}..{high}; "
-                    f"re-export with a wider --dim {want}=MIN:MAX")
+                    f"{label} must have shape {expected}, got {given}: dim {axis} ({want}) = {have} "
+                    f"is outside {low}..{high}; "
+                    f"re-export with a wider --dim {want}=MIN:MAX"
+                )
             if want in bound and bound[want][0] != have:
                 raise InputMismatchError(
-                    f"{label} has {want} = {have} but {bound[want][1]} has {want} = {bound[want][0]}; inputs sharing a dim name must agree")
+                    f"{label} has {want} = {have} but {bound[want][1]} has {want} = {bound[want][0]}; "
+                    "inputs sharing a dim name must agree"
+                )
             bound.setdefault(want, (have, label))
 
     def example_sizes(self) -> dict:
         return {name: info["example"] for name, info in self.dims.items()}
 
-    def random_inputs(self, seed: int = 0, sizes: dict | None = None, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    def random_inputs(
+        self, seed: int = 0, sizes: dict | None = None, device: str | torch.device = "cpu"
+    ) -> list[torch.Tensor]:
         """Seeded random inputs that match the signature (dynamic dims at `sizes`, else their example)."""
         sizes = {**self.example_sizes(), **(sizes or {})}
         generator = torch.Generator().manual_seed(seed)
@@ -211,7 +257,12 @@ class Signature:
         return tensors
 
 
-def random_tensor(shape: Sequence[int], dtype_name: str, value_range: Sequence[int] | None, generator: torch.Generator) -> torch.Tensor:
+def random_tensor(
+    shape: Sequence[int],
+    dtype_name: str,
+    value_range: Sequence[int] | None,
+    generator: torch.Generator,
+) -> torch.Tensor:
     dtype = DTYPES[dtype_name]
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -12,7 +13,9 @@ from .errors import InputMismatchError
 from .files import replaced_atomically
 
 
-def read_inputs(paths: Sequence[str | os.PathLike], names: Sequence[str] = ()) -> list[torch.Tensor]:
+def read_inputs(
+    paths: Sequence[str | os.PathLike], names: Sequence[str] = ()
+) -> list[torch.Tensor]:
     """Tensors in positional order: each .npy is one input; an .npz or .pt may hold several, in order.
 
     An .npz (or a .pt dict) whose keys are all input names of the package (`names`) is read by
@@ -22,7 +25,9 @@ def read_inputs(paths: Sequence[str | os.PathLike], names: Sequence[str] = ()) -
     for raw in paths:
         path = Path(raw)
         if not path.is_file():
-            raise InputMismatchError(f"input file {path} does not exist; pass .npy, .npz or .pt files with --input")
+            raise InputMismatchError(
+                f"input file {path} does not exist; pass .npy, .npz or .pt files with --input"
+            )
         suffix = path.suffix.lower()
         try:
             if suffix == ".npy":
@@ -33,15 +38,23 @@ def read_inputs(paths: Sequence[str | os.PathLike], names: Sequence[str] = ()) -
                 import numpy
 
                 with numpy.load(path, allow_pickle=False) as archive:
-                    tensors.extend(_by_name({key: torch.from_numpy(archive[key]) for key in archive.files}, names))
+                    tensors.extend(
+                        _by_name(
+                            {key: torch.from_numpy(archive[key]) for key in archive.files}, names
+                        )
+                    )
             elif suffix == ".pt":
                 tensors.extend(_tensors_from_pt(torch.load(path, weights_only=True), path, names))
             else:
-                raise InputMismatchError(f"input file {path} has an unknown type '{suffix}'; use .npy, .npz or .pt")
+                raise InputMismatchError(
+                    f"input file {path} has an unknown type '{suffix}'; use .npy, .npz or .pt"
+                )
         except InputMismatchError:
             raise
         except Exception as exc:
-            raise InputMismatchError(f"input file {path} could not be read ({type(exc).__name__}: {exc}); pass a valid {suffix} file") from None
+            raise InputMismatchError(
+                f"input file {path} could not be read ({type(exc).__name__}: {exc}); pass a valid {suffix} file"
+            ) from None
     return tensors
 
 
@@ -59,7 +72,9 @@ def _tensors_from_pt(obj: object, path: Path, names: Sequence[str] = ()) -> list
         return list(obj)
     if isinstance(obj, dict) and all(isinstance(t, torch.Tensor) for t in obj.values()):
         return _by_name(obj, names)
-    raise InputMismatchError(f"{path} must hold a tensor, or a list/tuple/dict of tensors, got {type(obj).__name__}")
+    raise InputMismatchError(
+        f"{path} must hold a tensor, or a list/tuple/dict of tensors, got {type(obj).__name__}"
+    )
 
 
 def flatten_outputs(result: object) -> list[torch.Tensor]:
@@ -75,7 +90,9 @@ def write_outputs(result: object, path: str | os.PathLike, names: Sequence[str] 
     dict of the same; written atomically."""
     path = Path(path)
     outputs = [t.detach().cpu() for t in flatten_outputs(result)]
-    names = list(names) if len(names) == len(outputs) else [f"output_{i}" for i in range(len(outputs))]
+    names = (
+        list(names) if len(names) == len(outputs) else [f"output_{i}" for i in range(len(outputs))]
+    )
     suffix = path.suffix.lower()
     if suffix not in (".npz", ".pt"):
         raise InputMismatchError(f"output file {path} must end in .npz or .pt")

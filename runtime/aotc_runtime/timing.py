@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 
-def time_calls(fn: Callable[[], object], iters: int, device: torch.device, warmup: int = 0) -> list[float]:
+def time_calls(
+    fn: Callable[[], object], iters: int, device: torch.device, warmup: int = 0
+) -> list[float]:
     """Call `fn()` `warmup` times untimed, then `iters` times; return each call's milliseconds."""
     for _ in range(warmup):
         fn()
@@ -28,7 +30,10 @@ def time_calls(fn: Callable[[], object], iters: int, device: torch.device, warmu
 
 
 def _time_cuda(fn: Callable[[], object], iters: int) -> list[float]:
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    pairs = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
     torch.cuda.synchronize()
     for start, end in pairs:
         start.record()

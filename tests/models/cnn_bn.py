@@ -1,4 +1,5 @@
 """A small CNN with BatchNorm (16x3x128x128), the CPU benchmark model."""
+
 import torch
 import torch.nn as nn
 
@@ -7,8 +8,12 @@ class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(3, 32, 3, stride=2, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
         )
         self.head = nn.Linear(64, 10)
 

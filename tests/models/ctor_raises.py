@@ -1,4 +1,5 @@
 """A model whose constructor raises."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """Data-dependent control flow: torch.export cannot capture the branch."""
+
 import torch
 
 

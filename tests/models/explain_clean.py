@@ -1,4 +1,5 @@
 """A model with no graph break: exports as it is."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """The torch.compile tutorials' graph break: a branch on a tensor's value (`if b.sum() < 0`) splits the model in two."""
+
 import torch
 
 

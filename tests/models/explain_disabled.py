@@ -1,4 +1,6 @@
-"""The torch.compile tutorials' torch.compiler.disable: a helper the compiler is told to skip (run it with --entry fn)."""
+"""The torch.compile tutorials' torch.compiler.disable: a helper the compiler is told to skip (run
+it with --entry fn)."""
+
 import torch
 
 

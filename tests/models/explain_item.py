@@ -1,4 +1,5 @@
 """`.item()` used to size a tensor: `int(...)` turns the size read from the data into a plain Python int."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """A print() in forward: TorchDynamo breaks the graph around it."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """The torch.compile tutorials' non-PyTorch call: scipy.fft.dct on x.numpy() inside forward."""
+
 import scipy.fft
 import torch
 

@@ -1,4 +1,5 @@
 """Two data-dependent branches: torch.export stops at the first, draft_export lists both."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """`x.view(16, -1)` hard-codes the batch size: exported with a dynamic batch B it specializes B to 16."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """The torch.compile tutorials' FeaturePyramid, with a global average pool before the Linear so the sizes agree."""
+
 import torch
 
 

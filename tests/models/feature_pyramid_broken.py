@@ -1,4 +1,6 @@
-"""The torch.compile tutorials' FeaturePyramid exactly as written: flatten gives 64*112*112 = 802816 features to a Linear(64, 10)."""
+"""The torch.compile tutorials' FeaturePyramid exactly as written: flatten gives 64*112*112 =
+802816 features to a Linear(64, 10)."""
+
 import torch
 
 

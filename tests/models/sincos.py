@@ -1,4 +1,5 @@
 """The torch.compile tutorials' plain function of tensors (export it with --entry foo)."""
+
 import torch
 
 

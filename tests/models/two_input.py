@@ -1,4 +1,5 @@
 """Two inputs: float32 features and int64 indices into an nn.Embedding; two outputs."""
+
 import torch
 import torch.nn as nn
 
@@ -21,4 +22,6 @@ def get_model():
 
 def example_inputs():
     generator = torch.Generator().manual_seed(0)
-    return torch.randn(8, 16, generator=generator), torch.randint(0, 100, (8, 5), generator=generator)
+    return torch.randn(8, 16, generator=generator), torch.randint(
+        0, 100, (8, 5), generator=generator
+    )

@@ -1,4 +1,5 @@
 """Two nn.Module classes and no get_model(): the entry is ambiguous."""
+
 import torch
 
 

@@ -3,6 +3,7 @@
 Inputs: input_ids, attention_mask (row 1 padded at the end), token_type_ids.
 Returns SequenceClassifierOutput: logits (B, 3).
 """
+
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -10,9 +11,17 @@ VOCAB = 1000
 
 
 def get_model():
-    return BertForSequenceClassification(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
-                                                    num_attention_heads=4, intermediate_size=128,
-                                                    max_position_embeddings=64, num_labels=3))
+    return BertForSequenceClassification(
+        BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            num_labels=3,
+        )
+    )
 
 
 def example_inputs():
@@ -22,4 +31,8 @@ def example_inputs():
     attention_mask[1, 10:] = 0
     token_type_ids = torch.zeros(2, 16, dtype=torch.int64)
     token_type_ids[:, 9:] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": token_type_ids,
+    }

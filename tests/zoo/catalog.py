@@ -6,6 +6,7 @@ example_inputs() (a dict of keyword inputs, in the order the model is called wit
 dims are aotc --dim flags with the inputs they apply to: NAME=MIN:MAX[:EXAMPLE]@INPUT:AXIS[,INPUT:AXIS...];
 the example size is the size in example_inputs(). Empty dims = static shapes.
 """
+
 from dataclasses import dataclass
 
 
@@ -33,11 +34,14 @@ _LM = "input_ids,attention_mask"
 ZOO = (
     # encoders
     ZooModel("bert", "bert.py", "encoder", _dims("1:8", "1:64", _BERT)),
-    ZooModel("roberta", "roberta.py", "encoder", _dims("1:8", "1:64", _LM)),  # max_position_embeddings 66 = 64 + pad offset
+    # max_position_embeddings 66 = 64 + pad offset
+    ZooModel("roberta", "roberta.py", "encoder", _dims("1:8", "1:64", _LM)),
     ZooModel("mobilebert", "mobilebert.py", "encoder"),
     # classification heads
     ZooModel("bert_seqcls", "bert_seqcls.py", "classification", _dims("1:8", "1:64", _BERT)),
-    ZooModel("distilbert_tokcls", "distilbert_tokcls.py", "classification", _dims("1:8", "1:64", _LM)),
+    ZooModel(
+        "distilbert_tokcls", "distilbert_tokcls.py", "classification", _dims("1:8", "1:64", _LM)
+    ),
     # decoder-only LMs (use_cache=False)
     ZooModel("gpt2", "gpt2.py", "decoder-lm", _dims("1:8", "1:64", _LM)),
     ZooModel("llama", "llama.py", "decoder-lm", _dims("1:8", "1:64", _LM)),
@@ -46,12 +50,26 @@ ZOO = (
     ZooModel("qwen2", "qwen2.py", "decoder-lm", ("B=1:8@input_ids:0,attention_mask:0",)),
     ZooModel("mistral", "mistral.py", "decoder-lm"),
     # encoder-decoders: encoder length S and decoder length T are separate dims
-    ZooModel("t5", "t5.py", "encoder-decoder", ("B=1:8@input_ids:0,attention_mask:0,decoder_input_ids:0",
-                                                  "S=1:64@input_ids:1,attention_mask:1",
-                                                  "T=1:64@decoder_input_ids:1")),
-    ZooModel("bart", "bart.py", "encoder-decoder", ("B=1:8@input_ids:0,attention_mask:0,decoder_input_ids:0",
-                                                      "S=1:64@input_ids:1,attention_mask:1",
-                                                      "T=1:64@decoder_input_ids:1")),
+    ZooModel(
+        "t5",
+        "t5.py",
+        "encoder-decoder",
+        (
+            "B=1:8@input_ids:0,attention_mask:0,decoder_input_ids:0",
+            "S=1:64@input_ids:1,attention_mask:1",
+            "T=1:64@decoder_input_ids:1",
+        ),
+    ),
+    ZooModel(
+        "bart",
+        "bart.py",
+        "encoder-decoder",
+        (
+            "B=1:8@input_ids:0,attention_mask:0,decoder_input_ids:0",
+            "S=1:64@input_ids:1,attention_mask:1",
+            "T=1:64@decoder_input_ids:1",
+        ),
+    ),
     # vision
     ZooModel("vit", "vit.py", "vision", ("B=1:16@pixel_values:0",)),
     ZooModel("convnext", "convnext.py", "vision", ("B=1:16@pixel_values:0",)),
@@ -59,12 +77,24 @@ ZOO = (
     ZooModel("resnet", "resnet.py", "vision"),
     # audio
     ZooModel("whisper_encoder", "whisper_encoder.py", "audio", ("B=1:8@input_features:0",)),
-    ZooModel("whisper", "whisper.py", "audio", ("B=1:8@input_features:0,decoder_input_ids:0",
-                                                "T=1:64@decoder_input_ids:1")),
+    ZooModel(
+        "whisper",
+        "whisper.py",
+        "audio",
+        ("B=1:8@input_features:0,decoder_input_ids:0", "T=1:64@decoder_input_ids:1"),
+    ),
     ZooModel("wav2vec2", "wav2vec2.py", "audio", ("B=1:8@input_values:0",)),
     # two towers
-    ZooModel("clip", "clip.py", "two-tower", ("B=1:8@input_ids:0,attention_mask:0", "S=2:64@input_ids:1,attention_mask:1",
-                                              "I=1:8@pixel_values:0")),
+    ZooModel(
+        "clip",
+        "clip.py",
+        "two-tower",
+        (
+            "B=1:8@input_ids:0,attention_mask:0",
+            "S=2:64@input_ids:1,attention_mask:1",
+            "I=1:8@pixel_values:0",
+        ),
+    ),
 )
 
 # Realistic sizes, for the GPU machine (torch 2.11, transformers, timm, torchvision). Static shapes.
@@ -76,9 +106,13 @@ GPU_ZOO = (
     ZooModel("gpt2_124m", "gpu/gpt2_124m.py", "decoder-lm", atol=_GPU_ATOL),
     ZooModel("bert_base", "gpu/bert_base.py", "encoder", atol=_GPU_ATOL),
     ZooModel("convnext_tiny", "gpu/convnext_tiny.py", "vision", atol=_GPU_ATOL, source="timm"),
-    ZooModel("efficientnet_b0", "gpu/efficientnet_b0.py", "vision", atol=_GPU_ATOL, source="torchvision"),
+    ZooModel(
+        "efficientnet_b0", "gpu/efficientnet_b0.py", "vision", atol=_GPU_ATOL, source="torchvision"
+    ),
     ZooModel("swin_t", "gpu/swin_t.py", "vision", atol=_GPU_ATOL, source="torchvision"),
-    ZooModel("regnet_y_400mf", "gpu/regnet_y_400mf.py", "vision", atol=_GPU_ATOL, source="torchvision"),
+    ZooModel(
+        "regnet_y_400mf", "gpu/regnet_y_400mf.py", "vision", atol=_GPU_ATOL, source="torchvision"
+    ),
     ZooModel("resnet50", "gpu/resnet50.py", "vision", atol=_GPU_ATOL, source="torchvision"),
     ZooModel("vit_b_16", "gpu/vit_b_16.py", "vision", atol=_GPU_ATOL, source="torchvision"),
 )

@@ -6,6 +6,7 @@ padding 1; attention_mask (row 1 padded after its EOS); pixel_values (B, 3, 32, 
 Returns CLIPOutput: logits_per_image (B, B), logits_per_text (B, B), text_embeds (B, 32),
 image_embeds (B, 32), text_model_output and vision_model_output (last_hidden_state, pooler_output each).
 """
+
 import torch
 from transformers import CLIPConfig, CLIPModel
 
@@ -14,13 +15,32 @@ PAD, BOS, EOS = 1, VOCAB - 2, VOCAB - 1
 
 
 def get_model():
-    return CLIPModel(CLIPConfig(
-        text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=64, projection_dim=32,
-                         pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS),
-        vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=2, projection_dim=32),
-        projection_dim=32))
+    return CLIPModel(
+        CLIPConfig(
+            text_config=dict(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                max_position_embeddings=64,
+                projection_dim=32,
+                pad_token_id=PAD,
+                bos_token_id=BOS,
+                eos_token_id=EOS,
+            ),
+            vision_config=dict(
+                image_size=32,
+                patch_size=8,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                projection_dim=32,
+            ),
+            projection_dim=32,
+        )
+    )
 
 
 def example_inputs():

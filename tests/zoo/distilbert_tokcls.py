@@ -3,6 +3,7 @@
 Inputs: input_ids, attention_mask (row 1 padded at the end).
 Returns TokenClassifierOutput: logits (B, S, 5).
 """
+
 import torch
 from transformers import DistilBertConfig, DistilBertForTokenClassification
 
@@ -10,9 +11,17 @@ VOCAB = 1000
 
 
 def get_model():
-    return DistilBertForTokenClassification(DistilBertConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4,
-                                                             hidden_dim=128, max_position_embeddings=64,
-                                                             num_labels=5))
+    return DistilBertForTokenClassification(
+        DistilBertConfig(
+            vocab_size=VOCAB,
+            dim=64,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=128,
+            max_position_embeddings=64,
+            num_labels=5,
+        )
+    )
 
 
 def example_inputs():

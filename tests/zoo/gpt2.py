@@ -3,6 +3,7 @@
 Inputs: input_ids, attention_mask (row 1 right-padded).
 Returns CausalLMOutputWithCrossAttentions: logits (B, S, 512).
 """
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -10,8 +11,18 @@ VOCAB = 512
 
 
 def get_model():
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-                                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, use_cache=False))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=64,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=VOCAB - 1,
+            eos_token_id=VOCAB - 1,
+            use_cache=False,
+        )
+    )
 
 
 def example_inputs():

@@ -5,6 +5,7 @@ use_cache=False.
 Inputs: input_ids, attention_mask (row 1 right-padded).
 Returns CausalLMOutputWithPast: logits (B, S, 512).
 """
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -12,9 +13,18 @@ VOCAB = 512
 
 
 def get_model():
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                                        use_cache=False))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+            use_cache=False,
+        )
+    )
 
 
 def example_inputs():

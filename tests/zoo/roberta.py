@@ -5,6 +5,7 @@ max_position_embeddings = 66 allows sequences up to 64.
 Inputs: input_ids (ids drawn from 3.., padded positions set to pad id 1), attention_mask.
 Returns BaseModelOutputWithPoolingAndCrossAttentions: last_hidden_state (B, S, 64), pooler_output (B, 64).
 """
+
 import torch
 from transformers import RobertaConfig, RobertaModel
 
@@ -12,8 +13,17 @@ VOCAB = 1000
 
 
 def get_model():
-    return RobertaModel(RobertaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      intermediate_size=128, max_position_embeddings=66, type_vocab_size=1))
+    return RobertaModel(
+        RobertaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=66,
+            type_vocab_size=1,
+        )
+    )
 
 
 def example_inputs():

@@ -5,15 +5,27 @@ No attention_mask (the default group-norm feature extractor is used without one)
 Inputs: input_values (B, 1600) raw waveform.
 Returns Wav2Vec2BaseModelOutput: last_hidden_state (B, 159, 64), extract_features (B, 159, 32).
 """
+
 import torch
 from transformers import Wav2Vec2Config, Wav2Vec2Model
 
 
 def get_model():
-    return Wav2Vec2Model(Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=128, conv_dim=(32, 32), conv_kernel=(10, 3),
-                                        conv_stride=(5, 2), num_feat_extract_layers=2, num_conv_pos_embeddings=16,
-                                        num_conv_pos_embedding_groups=4, vocab_size=32))
+    return Wav2Vec2Model(
+        Wav2Vec2Config(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            conv_dim=(32, 32),
+            conv_kernel=(10, 3),
+            conv_stride=(5, 2),
+            num_feat_extract_layers=2,
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            vocab_size=32,
+        )
+    )
 
 
 def example_inputs():

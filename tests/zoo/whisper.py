@@ -4,6 +4,7 @@
 Inputs: input_features (B, 16, 64), decoder_input_ids (B, 8) starting with the decoder start token.
 Returns Seq2SeqLMOutput: logits (B, 8, 512), encoder_last_hidden_state (B, 32, 64).
 """
+
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
@@ -11,11 +12,26 @@ VOCAB = 512
 
 
 def get_model():
-    return WhisperForConditionalGeneration(WhisperConfig(
-        vocab_size=VOCAB, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=32, max_target_positions=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        decoder_start_token_id=1, use_cache=False))
+    return WhisperForConditionalGeneration(
+        WhisperConfig(
+            vocab_size=VOCAB,
+            num_mel_bins=16,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_source_positions=32,
+            max_target_positions=64,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            use_cache=False,
+        )
+    )
 
 
 def example_inputs():

@@ -4,6 +4,7 @@
 Inputs: input_ids (8, 128), attention_mask (8, 128) with row 1 padded at the end.
 Returns BaseModelOutputWithPoolingAndCrossAttentions: last_hidden_state (8, 128, 768), pooler_output (8, 768).
 """
+
 import torch
 from transformers import BertConfig, BertModel
 

@@ -4,6 +4,7 @@ random init, use_cache=False.
 Inputs: input_ids (8, 128), attention_mask (8, 128) with row 1 right-padded.
 Returns CausalLMOutputWithCrossAttentions: logits (8, 128, 50257).
 """
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 

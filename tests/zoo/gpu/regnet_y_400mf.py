@@ -2,6 +2,7 @@
 
 Input: one image batch tensor (16, 3, 224, 224). Returns logits (16, 1000).
 """
+
 import torch
 import torchvision
 

@@ -1,7 +1,9 @@
-"""Swin-T (Swin Transformer tiny) image classifier from torchvision (torchvision.models.swin_t(), weights=None: random init).
+"""Swin-T (Swin Transformer tiny) image classifier from torchvision
+(torchvision.models.swin_t(), weights=None: random init).
 
 Input: one image batch tensor (8, 3, 224, 224). Returns logits (8, 1000).
 """
+
 import torch
 import torchvision
 

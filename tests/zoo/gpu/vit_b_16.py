@@ -2,6 +2,7 @@
 
 Input: one image batch tensor (8, 3, 224, 224). Returns logits (8, 1000).
 """
+
 import torch
 import torchvision
 
