@@ -27,6 +27,11 @@ log() { echo "[$(date +%T)] $*" | tee -a "$RESULTS/session.log"; }
 
 log "install"
 python3 -m pip install -q --no-deps --no-build-isolation -e ./runtime -e . > "$RESULTS/install.log" 2>&1 || log "install failed"
+# The tests validate every package against docs/manifest.schema.json; offline GPU machines get
+# jsonschema from wheels downloaded beforehand (docs/gpu.md).
+if [ -d .gpu/wheels ]; then
+  python3 -m pip install -q --no-index --find-links .gpu/wheels jsonschema >> "$RESULTS/install.log" 2>&1 || log "jsonschema install failed"
+fi
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" >> "$RESULTS/gpu.txt" 2>&1
 python3 -c "from aotc.build import toolchain as t; print('compiler choice:', t.choose_compiler())" >> "$RESULTS/gpu.txt" 2>&1
