@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 AOTC := $(VENV)/bin/aotc
 DEMO := demo_out
 
-.PHONY: install demo test test-gpu bench lint format clean
+.PHONY: install demo test test-gpu bench lint format runner clean
 
 install: $(VENV)/.installed
 
@@ -27,11 +27,19 @@ demo: install
 	$(PY) scripts/compare_with_eager.py examples/mlp.py $(DEMO)/x.npy $(DEMO)/y.npz
 	@echo "demo done: artifact $(DEMO)/mlp.pt2, package $(DEMO)/mlp_pkg/ (see its manifest.json), outputs $(DEMO)/y.npz"
 
-test: install
+test: install runner
 	$(PY) -m pytest -q tests
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
+
+# The C++ runner (runtime/cpp) against the installed torch: runtime/cpp/build/aotc-runner, linked into
+# .venv/bin. Needs cmake, g++ and the OpenSSL and zlib headers (installed with apt when missing and root).
+runner: install
+	@test -f /usr/include/openssl/evp.h -a -f /usr/include/zlib.h || test "$$(id -u)" != 0 || \
+	  (apt-get update -q && apt-get install -y -q libssl-dev zlib1g-dev cmake g++)
+	$(PY) -m aotc.cpp_runner build
+	ln -sf $(CURDIR)/runtime/cpp/build/aotc-runner $(VENV)/bin/aotc-runner
 
 # Formatter check, linter, types (settings in pyproject.toml); `make format` applies the formatter.
 lint: install

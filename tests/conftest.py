@@ -22,6 +22,8 @@ CASES = {
     "cnn_bn": ("cnn_bn.py", ["--input-shape", "16x3x128x128"]),
     "two_input": ("two_input.py", []),
     "dynamic_mlp": (MLP, ["--input-shape", "Bx128", "--dim", "B=1:64"]),
+    "structured": ("structured_outputs.py", ["--dim", "B=1:8@ids:0,mask:0"]),
+    "counter": ("counter.py", ["--input-shape", "2x3"]),
 }
 
 

@@ -1,0 +1,108 @@
+"""The C++ runner (runtime/cpp): building it against the installed torch, and finding it.
+
+`make runner` and the tests build it with `python -m aotc.cpp_runner build`; `aotc run --engine cpp`
+and `aotc bundle` find it with `runner_path()`: $AOTC_RUNNER, else the checkout's build folder,
+else `aotc-runner` on PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from aotc.errors import BuildError, UserInputError
+
+RUNNER_ENV = "AOTC_RUNNER"
+SOURCE_DIR = Path(__file__).resolve().parent.parent / "runtime" / "cpp"
+BUILD_DIR = SOURCE_DIR / "build"
+RUNNER_NAME = "aotc-runner"
+
+
+def cmake_arguments() -> list[str]:
+    """Where libtorch (the installed torch wheel) and nlohmann/json (PyPI `nlohmann-json`) are."""
+    import torch.utils
+
+    try:
+        import nlohmann_json
+    except ImportError:
+        raise UserInputError(
+            "building the C++ runner needs nlohmann-json; pip install nlohmann-json==3.12.0"
+        ) from None
+    include = Path(nlohmann_json.__file__).parent / "include"
+    return [
+        f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+        f"-DNLOHMANN_JSON_INCLUDE_DIR={include}",
+    ]
+
+
+def build_runner(build_dir: Path = BUILD_DIR, jobs: int | None = None) -> Path:
+    """Configure and build runtime/cpp; return the runner's path. Output of cmake goes to build_dir/build.log."""
+    if shutil.which("cmake") is None:
+        raise UserInputError(
+            "building the C++ runner needs cmake; apt-get install cmake (or pip install cmake)"
+        )
+    if not (SOURCE_DIR / "CMakeLists.txt").is_file():
+        raise UserInputError(
+            f"the C++ runner's source is not at {SOURCE_DIR}; build it from an aotc checkout"
+        )
+    build_dir = Path(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / "build.log"
+    steps = [
+        ["cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), *cmake_arguments()],
+        ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
+    ]
+    with open(log, "w") as handle:
+        for step in steps:
+            result = subprocess.run(step, stdout=handle, stderr=subprocess.STDOUT)
+            if result.returncode != 0:
+                raise BuildError(
+                    f"building the C++ runner failed: {_first_error(log)}; the full log is {log}"
+                )
+    return build_dir / RUNNER_NAME
+
+
+def _first_error(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines()
+    errors = [line.strip() for line in lines if "error" in line.lower()]
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:300]
+
+
+def runner_path() -> Path:
+    """The aotc-runner to use, or a UserInputError that says how to build one."""
+    chosen = os.environ.get(RUNNER_ENV)
+    if chosen:
+        if not Path(chosen).is_file():
+            raise UserInputError(
+                f"${RUNNER_ENV} is {chosen}, which does not exist; build the runner with `make runner`"
+            )
+        return Path(chosen)
+    built = BUILD_DIR / RUNNER_NAME
+    if built.is_file():
+        return built
+    found = shutil.which(RUNNER_NAME)
+    if found:
+        return Path(found)
+    raise UserInputError(
+        f"the C++ runner is not built; run `make runner` in the aotc checkout, or set ${RUNNER_ENV} to an aotc-runner"
+    )
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["build"]:
+        print("usage: python -m aotc.cpp_runner build [BUILD_DIR]", file=sys.stderr)
+        return 2
+    from aotc.cli.main import run_reporting_errors
+
+    def build() -> None:
+        path = build_runner(Path(argv[1]) if len(argv) > 1 else BUILD_DIR)
+        print(f"built {path}")
+
+    return run_reporting_errors(build, verbose=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

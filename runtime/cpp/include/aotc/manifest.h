@@ -1,0 +1,64 @@
+// manifest.json, typed: the contract of docs/package-format.md, read as strictly as the Python
+// runtime reads it (aotc_runtime/manifest.py). A field that is missing or has the wrong type is a
+// package error (exit 7) naming the field.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace aotc {
+
+inline constexpr int kFormatVersion = 2;
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kModelFile = "model.pt2";
+inline constexpr const char* kStateFile = "state.pt";
+
+// One entry of a shape: a static size, or the name of a dynamic dim (outputs: an expression of dims).
+struct ShapeEntry {
+  int64_t size = -1;  // >= 0 when static
+  std::string name;   // set when dynamic
+  bool is_static() const { return size >= 0; }
+};
+
+struct TensorSpec {
+  std::string name;
+  std::string dtype;  // "float32", "int64", ... (aotc_runtime.DTYPES)
+  std::vector<ShapeEntry> shape;
+  std::optional<std::pair<int64_t, int64_t>> value_range;  // inputs: integer inputs' [low, high]
+  bool keyword = false;
+};
+
+struct DimRange {
+  int64_t min = 0, max = 0, example = 0;
+};
+
+struct Signature {
+  std::vector<TensorSpec> inputs, outputs, state;
+  std::map<std::string, DimRange> dims;
+  std::string output_structure;  // tensor | tuple | list | dict ("" before format 2)
+};
+
+struct Manifest {
+  int format_version = 0;
+  std::string aotc_version, created, mode, precision;
+  std::string torch, platform;                            // toolchain the package needs
+  std::string device_type;                                // "cpu" or "cuda"
+  std::string gpu_name, compute_capability;               // cuda packages
+  bool cuda_graphs = false, tf32 = false;                 // runtime settings
+  Signature signature;
+  std::vector<std::pair<std::string, std::string>> files;  // relative path -> sha256, in file order
+};
+
+// Read and check FOLDER/manifest.json; throws aotc::Error (exit 7) with the Python runtime's messages.
+Manifest read_manifest(const std::string& folder);
+
+// Refuse a package whose files differ from the manifest's hashes (exit 7).
+void verify_files(const std::string& folder, const Manifest& manifest);
+
+// Refuse a package built for another torch release, platform or GPU architecture (exit 7).
+void check_compatible(const std::string& folder, const Manifest& manifest);
+
+}  // namespace aotc

@@ -1,0 +1,78 @@
+// aotc::Package: a package folder written by `aotc build`, loaded and called from C++ with no
+// Python. The same contract as the Python runtime (aotc_runtime.load): the manifest is checked,
+// file hashes verified, the torch release / platform / GPU architecture compared, inputs checked
+// against the signature before every call, state carried between calls, TF32 set around calls of
+// a tf32 package, and a CUDA graph replayed per input signature for reduce-overhead packages.
+//
+//   auto package = aotc::Package::load("model_pkg");
+//   std::vector<at::Tensor> outputs = package.run({x});   // outputs in signature order
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "aotc/error.h"
+#include "aotc/manifest.h"
+
+namespace torch::inductor {
+class AOTIModelPackageLoader;
+}
+
+namespace aotc {
+
+// Where a load's time went, in milliseconds (aotc-runner --json reports it).
+struct LoadTimes {
+  double manifest_ms = 0, hashes_ms = 0, loader_ms = 0, state_ms = 0;
+};
+
+struct LoadOptions {
+  bool verify = true;            // check file hashes (skip only right after verifying them yourself)
+  bool reuse_outputs = false;    // CUDA-graph packages: return the graph's own output buffers (no copy)
+  LoadTimes* times = nullptr;    // filled in when given
+};
+
+class CudaGraphs;
+
+class Package {
+ public:
+  static Package load(const std::string& folder, const LoadOptions& options = {});
+  ~Package();
+  Package(Package&&) noexcept;
+  Package& operator=(Package&&) noexcept;
+
+  // One call: inputs in signature order (any device; moved to the package's); outputs in the
+  // signature's order. Throws aotc::Error (exit 8) naming the input that does not fit.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+
+  // Raise aotc::Error (exit 8) unless `inputs` fit the signature (count, dtype, rank, sizes, ranges).
+  void check_inputs(const std::vector<at::Tensor>& inputs) const;
+
+  // Seeded random inputs that fit the signature (dynamic dims at their example size).
+  std::vector<at::Tensor> random_inputs(uint64_t seed = 0) const;
+
+  void reset_state();  // state that forward updates, back to its value at export
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& folder() const { return folder_; }
+  at::Device device() const { return device_; }
+  size_t cuda_graphs_captured() const;
+
+ private:
+  Package() = default;
+  std::vector<at::Tensor> call_flat(std::vector<at::Tensor>& flat);
+
+  std::string folder_;
+  Manifest manifest_;
+  at::Device device_ = at::kCPU;
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::vector<at::Tensor> initial_state_, state_;
+  std::unique_ptr<CudaGraphs> graphs_;
+};
+
+// at::ScalarType of a signature dtype name ("float32" -> at::kFloat); throws for unknown names.
+at::ScalarType scalar_type(const std::string& dtype);
+std::string dtype_name(at::ScalarType type);
+
+}  // namespace aotc

@@ -1,0 +1,111 @@
+#include "cuda_graphs.h"
+
+#include <iostream>
+#include <map>
+#include <set>
+
+#ifdef AOTC_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace aotc {
+
+#ifdef AOTC_WITH_CUDA
+namespace {
+
+constexpr int kWarmupCalls = 2;  // the first calls allocate workspaces and pick algorithms; capture after them
+
+using Key = std::vector<std::pair<std::vector<int64_t>, at::ScalarType>>;
+
+struct Graph {
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::vector<at::Tensor> static_inputs, static_outputs;
+};
+
+class CudaGraphRunner : public CudaGraphs {
+ public:
+  CudaGraphRunner(FlatCall call, at::Device device, bool reuse_outputs)
+      : call_(std::move(call)), device_(device), reuse_outputs_(reuse_outputs) {}
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& flat) override {
+    Key key;
+    for (const auto& t : flat) key.emplace_back(t.sizes().vec(), t.scalar_type());
+    auto found = graphs_.find(key);
+    if (found == graphs_.end()) {
+      if (uncapturable_.count(key) || !capture(key, flat)) return call_(flat);
+      found = graphs_.find(key);
+    }
+    Graph& entry = found->second;
+    for (size_t i = 0; i < flat.size(); ++i) entry.static_inputs[i].copy_(flat[i], /*non_blocking=*/true);
+    entry.graph->replay();
+    if (reuse_outputs_) return entry.static_outputs;
+    std::vector<at::Tensor> fresh;
+    for (const auto& out : entry.static_outputs) fresh.push_back(out.clone());
+    return fresh;
+  }
+
+  size_t captured() const override { return graphs_.size(); }
+
+ private:
+  bool capture(const Key& key, const std::vector<at::Tensor>& flat) {
+    Graph entry;
+    for (const auto& t : flat) entry.static_inputs.push_back(t.detach().clone());
+    try {
+      c10::cuda::CUDAGuard guard(device_);
+      auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+      auto side = c10::cuda::getStreamFromPool(false, device_.index());
+      {
+        c10::cuda::CUDAStreamGuard on_side(side);
+        side.wait(current);  // run after what was queued before
+        for (int i = 0; i < kWarmupCalls; ++i) call_(entry.static_inputs);
+      }
+      current.wait(side);
+      if (!pool_set_) {
+        pool_ = at::cuda::graph_pool_handle();
+        pool_set_ = true;
+      }
+      c10::cuda::device_synchronize();  // as torch.cuda.graph does: nothing in flight while capturing
+      entry.graph = std::make_unique<at::cuda::CUDAGraph>();
+      auto capture_stream = c10::cuda::getStreamFromPool(false, device_.index());
+      {
+        c10::cuda::CUDAStreamGuard on_capture(capture_stream);
+        capture_stream.wait(current);
+        entry.graph->capture_begin(pool_);
+        entry.static_outputs = call_(entry.static_inputs);
+        entry.graph->capture_end();
+      }
+      current.wait(capture_stream);
+    } catch (const std::exception& exc) {  // capture is an optimisation: never fail the call because of it
+      uncapturable_.insert(key);
+      std::string what = exc.what();
+      std::cerr << "aotc-runner: CUDA-graph capture failed (" << what.substr(0, what.find('\n'))
+                << "); running without graphs" << std::endl;
+      c10::cuda::device_synchronize();
+      return false;
+    }
+    graphs_.emplace(key, std::move(entry));
+    return true;
+  }
+
+  FlatCall call_;
+  at::Device device_;
+  bool reuse_outputs_;
+  std::map<Key, Graph> graphs_;
+  std::set<Key> uncapturable_;
+  at::cuda::MempoolId_t pool_{0, 0};
+  bool pool_set_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaGraphs> make_cuda_graphs(FlatCall call, at::Device device, bool reuse_outputs) {
+  return std::make_unique<CudaGraphRunner>(std::move(call), device, reuse_outputs);
+}
+#else
+std::unique_ptr<CudaGraphs> make_cuda_graphs(FlatCall, at::Device, bool) { return nullptr; }
+#endif
+
+}  // namespace aotc

@@ -1,0 +1,307 @@
+// Reading manifest.json field by field, the way aotc_runtime/fields.py and manifest.py do: every
+// field a runtime reads is checked for its type before use, and the first wrong one is named.
+#include "aotc/manifest.h"
+
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <torch/headeronly/version.h>
+
+#include "aotc/error.h"
+#include "aotc/sha256.h"
+
+#ifdef AOTC_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/cuda.h>
+#endif
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace aotc {
+namespace {
+
+const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64", "int64",
+                                          "int32",   "int16",   "int8",     "uint8",   "bool"};
+
+struct FieldError {
+  std::string field, problem;
+};
+
+// One JSON object being read; `where` is its path from the document's root.
+class Fields {
+ public:
+  Fields(const json& data, std::string where) : data_(data), where_(std::move(where)) {
+    if (!data_.is_object()) throw FieldError{where_.empty() ? "(document)" : where_, "is not an object"};
+  }
+  std::string path(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const { throw FieldError{path(key), problem}; }
+  bool has(const std::string& key) const { return data_.contains(key); }
+  const json& value(const std::string& key) const {
+    if (!data_.contains(key)) fail(key, "is missing");
+    return data_.at(key);
+  }
+  std::string text(const std::string& key) const {
+    const json& v = value(key);
+    if (!v.is_string()) fail(key, "is not a string");
+    return v.get<std::string>();
+  }
+  std::string text_or(const std::string& key, const std::string& fallback) const {
+    return has(key) ? text(key) : fallback;
+  }
+  std::string optional_text(const std::string& key) const {
+    if (!has(key) || data_.at(key).is_null()) return "";
+    if (!data_.at(key).is_string()) fail(key, "is not a string or null");
+    return data_.at(key).get<std::string>();
+  }
+  std::string choice(const std::string& key, const std::vector<std::string>& options) const {
+    const json& v = value(key);
+    std::string given = v.is_string() ? v.get<std::string>() : v.dump();
+    if (!v.is_string() || std::find(options.begin(), options.end(), given) == options.end()) {
+      std::string joined;
+      for (const auto& o : options) joined += (joined.empty() ? "" : ", ") + o;
+      fail(key, "is " + (v.is_string() ? "'" + given + "'" : given) + ", not one of " + joined);
+    }
+    return given;
+  }
+  int64_t integer(const std::string& key) const {
+    const json& v = value(key);
+    if (!v.is_number_integer()) fail(key, "is not an integer");
+    return v.get<int64_t>();
+  }
+  void number(const std::string& key) const {
+    if (!value(key).is_number()) fail(key, "is not a number");
+  }
+  bool boolean(const std::string& key) const {
+    const json& v = value(key);
+    if (!v.is_boolean()) fail(key, "is not true or false");
+    return v.get<bool>();
+  }
+  Fields object(const std::string& key) const { return Fields(value(key), path(key)); }
+  const json& list(const std::string& key) const {
+    const json& v = value(key);
+    if (!v.is_array()) fail(key, "is not a list");
+    return v;
+  }
+  const json& data() const { return data_; }
+
+ private:
+  const json& data_;
+  std::string where_;
+};
+
+bool is_size(const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; }
+
+TensorSpec read_tensor(const Fields& f, bool is_input) {
+  TensorSpec spec;
+  spec.name = f.text("name");
+  if (spec.name.empty()) f.fail("name", "is empty");
+  spec.dtype = f.choice("dtype", kDtypes);
+  const json& shape = f.value("shape");
+  bool ok = shape.is_array();
+  for (const auto& e : shape) ok = ok && (is_size(e) || (e.is_string() && !e.get<std::string>().empty()));
+  if (!ok) f.fail("shape", "is not a list of sizes (integers >= 0) and dim names");
+  for (const auto& e : shape) {
+    ShapeEntry entry;
+    if (e.is_string()) entry.name = e.get<std::string>();
+    else entry.size = e.get<int64_t>();
+    spec.shape.push_back(entry);
+  }
+  if (is_input) {
+    if (f.has("value_range") && !f.data().at("value_range").is_null()) {
+      const json& r = f.data().at("value_range");
+      if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer())
+        f.fail("value_range", "is not null or [low, high] integers");
+      spec.value_range = std::make_pair(r[0].get<int64_t>(), r[1].get<int64_t>());
+    }
+    spec.keyword = f.has("keyword") ? f.boolean("keyword") : false;
+  }
+  return spec;
+}
+
+std::vector<TensorSpec> read_tensors(const Fields& f, const std::string& key, bool is_input, bool required) {
+  std::vector<TensorSpec> specs;
+  if (!required && !f.has(key)) return specs;
+  const json& items = f.list(key);
+  for (size_t i = 0; i < items.size(); ++i) {
+    specs.push_back(read_tensor(Fields(items[i], f.path(key) + "[" + std::to_string(i) + "]"), is_input));
+  }
+  return specs;
+}
+
+Signature read_signature(const Fields& f) {
+  Signature sig;
+  sig.inputs = read_tensors(f, "inputs", true, true);
+  sig.outputs = read_tensors(f, "outputs", false, true);
+  if (f.has("dims")) {
+    Fields dims = f.object("dims");
+    for (const auto& [name, value] : dims.data().items()) {
+      Fields d(value, dims.path(name));
+      DimRange range{d.integer("min"), d.integer("max"), d.integer("example")};
+      if (!(0 <= range.min && range.min <= range.example && range.example <= range.max)) {
+        dims.fail(name, "range is not min <= example <= max (" + std::to_string(range.min) + ", " +
+                            std::to_string(range.example) + ", " + std::to_string(range.max) + ")");
+      }
+      sig.dims[name] = range;
+    }
+  }
+  std::vector<std::string> unnamed;
+  for (const auto& spec : sig.inputs)
+    for (const auto& e : spec.shape)
+      if (!e.is_static() && !sig.dims.count(e.name) &&
+          std::find(unnamed.begin(), unnamed.end(), e.name) == unnamed.end())
+        unnamed.push_back(e.name);
+  if (!unnamed.empty()) {
+    std::sort(unnamed.begin(), unnamed.end());
+    std::string joined;
+    for (const auto& n : unnamed) joined += (joined.empty() ? "" : ", ") + n;
+    f.fail("inputs", "name dims with no range in " + f.path("dims") + ": " + joined);
+  }
+  if (f.has("output_structure")) sig.output_structure = f.choice("output_structure", {"tensor", "tuple", "list", "dict", ""});
+  sig.state = read_tensors(f, "state", false, false);
+  return sig;
+}
+
+Manifest read_fields(const json& data) {
+  Fields f(data, "");
+  Manifest m;
+  m.format_version = static_cast<int>(f.integer("format_version"));
+  m.aotc_version = f.text("aotc_version");
+  m.created = f.text("created");
+  Fields toolchain = f.object("toolchain");
+  m.torch = toolchain.text("torch");
+  m.platform = toolchain.text_or("platform", "");
+  Fields device = f.object("device");
+  m.device_type = device.choice("type", {"cpu", "cuda"});
+  m.gpu_name = device.optional_text("gpu_name");
+  m.compute_capability = device.optional_text("compute_capability");
+  if (m.device_type == "cuda" && m.compute_capability.empty()) device.fail("compute_capability", "is missing for a cuda package");
+  m.mode = f.choice("mode", {"default", "reduce-overhead", "max-autotune"});
+  m.precision = f.choice("precision", {"fp32", "tf32", "bf16", "fp16"});
+  f.object("inductor_options");
+  // Format 1 had no `runtime` (no CUDA graphs or TF32 then).
+  if (m.format_version >= 2 || f.has("runtime")) {
+    Fields runtime = f.object("runtime");
+    m.cuda_graphs = runtime.boolean("cuda_graphs");
+    m.tf32 = runtime.boolean("tf32");
+  }
+  m.signature = read_signature(f.object("signature"));
+  Fields files = f.object("files");
+  for (const auto& [rel, digest] : files.data().items()) {
+    if (!digest.is_string()) f.fail("files", "is not an object of path -> sha256");
+    m.files.emplace_back(rel, digest.get<std::string>());
+  }
+  if (!files.data().contains(kModelFile)) f.fail("files", std::string("does not list ") + kModelFile);
+  f.number("build_seconds");
+  Fields check = f.object("numeric_check");
+  if (!(check.data().size() == 1 && check.data().contains("status") && check.data().at("status") == "pending")) {
+    check.text("reference");
+    check.list("cases");
+    check.number("atol");
+    check.number("rtol");
+    check.list("outputs");
+    check.boolean("passed");
+  }
+  return m;
+}
+
+std::string torch_release(const std::string& version) { return version.substr(0, version.find('+')); }
+
+std::string running_torch() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+std::string running_platform() {
+  struct utsname name;
+  uname(&name);
+  std::string system = name.sysname;
+  std::transform(system.begin(), system.end(), system.begin(), ::tolower);
+  return system + "-" + name.machine;
+}
+
+}  // namespace
+
+Manifest read_manifest(const std::string& folder) {
+  fs::path dir(folder);
+  if (!fs::is_directory(dir)) {
+    std::string hint = fs::exists(dir) ? " (it is a file: pass the package folder that `aotc build` wrote)" : "";
+    throw package_error("package folder " + folder + " does not exist" + hint + "; build one with `aotc build ARTIFACT.pt2 -o " +
+                        folder + "`");
+  }
+  fs::path path = dir / kManifestName;
+  if (!fs::is_regular_file(path)) {
+    throw package_error(folder + " is not an aotc package: it has no " + kManifestName + "; rebuild it with `aotc build`");
+  }
+  std::ifstream in(path);
+  json data;
+  try {
+    // nlohmann's parser is iterative with a depth limit of its own, so deep nesting is an error, not a crash.
+    data = json::parse(in);
+  } catch (const json::exception& exc) {
+    throw package_error(path.string() + " is not valid JSON (" + std::string(exc.what()).substr(0, 100) +
+                        "); rebuild the package with `aotc build`");
+  }
+  if (!data.is_object() || !data.contains("format_version")) {
+    throw package_error(path.string() + " is not an aotc manifest (no format_version); rebuild the package with `aotc build`");
+  }
+  const json& version = data.at("format_version");
+  if (!version.is_number_integer() || (version.get<int64_t>() != 1 && version.get<int64_t>() != 2)) {
+    throw package_error(folder + " has package format " + version.dump() +
+                        ", this runtime reads formats 1, 2; rebuild the package with the aotc that matches this runtime");
+  }
+  try {
+    return read_fields(data);
+  } catch (const FieldError& err) {
+    throw package_error(path.string() + " is not a valid manifest: " + err.field + " " + err.problem +
+                        "; rebuild the package with `aotc build --force`");
+  } catch (const json::exception& exc) {
+    throw package_error(path.string() + " is not a valid manifest (" + std::string(exc.what()) +
+                        "); rebuild the package with `aotc build --force`");
+  }
+}
+
+void verify_files(const std::string& folder, const Manifest& manifest) {
+  std::vector<std::string> problems;
+  for (const auto& [rel, digest] : manifest.files) {
+    fs::path path = fs::path(folder) / rel;
+    if (!fs::is_regular_file(path)) problems.push_back(rel + " is missing");
+    else if (sha256_file(path.string()) != digest) problems.push_back(rel + " was modified (sha256 differs from the manifest)");
+  }
+  if (!problems.empty()) {
+    std::string joined;
+    for (const auto& p : problems) joined += (joined.empty() ? "" : "; ") + p;
+    throw package_error("package " + folder + " is damaged: " + joined + "; rebuild it with `aotc build --force`");
+  }
+}
+
+void check_compatible(const std::string& folder, const Manifest& m) {
+  std::string where = "package " + folder;
+  if (torch_release(m.torch) != running_torch()) {
+    throw package_error(where + " was built with torch " + m.torch + ", this process runs torch " + running_torch() +
+                        "; rebuild it with `aotc build` on a machine with this torch, or run it where that torch is installed");
+  }
+  if (!m.platform.empty() && m.platform != running_platform()) {
+    throw package_error(where + " was built for " + m.platform + ", this machine is " + running_platform() + "; rebuild it here");
+  }
+  if (m.device_type != "cuda") return;
+#ifdef AOTC_WITH_CUDA
+  if (torch::cuda::is_available()) {
+    const auto* props = at::cuda::getCurrentDeviceProperties();
+    std::string here = std::to_string(props->major) + "." + std::to_string(props->minor);
+    if (here != m.compute_capability) {
+      throw package_error(where + " was built for " + m.gpu_name + " (compute capability " + m.compute_capability +
+                          "), this GPU is " + props->name + " (" + here + "); rebuild it on this GPU's architecture");
+    }
+    return;
+  }
+#endif
+  throw package_error(where + " was built for CUDA (" + m.gpu_name +
+                      "), but this machine has no usable GPU; build a CPU package with `aotc build --device cpu`");
+}
+
+}  // namespace aotc

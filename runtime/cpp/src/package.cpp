@@ -1,0 +1,249 @@
+// aotc::Package: loading (manifest, hashes, versions, state) and calling (input checks, state,
+// TF32, CUDA graphs) with the semantics of runtime/aotc_runtime/package.py.
+#include "aotc/package.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "cuda_graphs.h"
+
+namespace fs = std::filesystem;
+
+namespace aotc {
+namespace {
+
+const std::map<std::string, at::ScalarType> kTypes = {
+    {"float32", at::kFloat}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16}, {"float64", at::kDouble},
+    {"int64", at::kLong},    {"int32", at::kInt},    {"int16", at::kShort},       {"int8", at::kChar},
+    {"uint8", at::kByte},    {"bool", at::kBool}};
+
+std::string first_line(const std::string& text) {
+  size_t start = text.find_first_not_of(" \n\t");
+  if (start == std::string::npos) return "";
+  return text.substr(start, text.find('\n', start) - start);
+}
+
+// Python's repr of a list of ints: "[65, 128]".
+std::string list_text(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+std::string describe(const TensorSpec& spec, const std::map<std::string, DimRange>& dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < spec.shape.size(); ++i) {
+    const ShapeEntry& e = spec.shape[i];
+    out += i ? ", " : "";
+    if (e.is_static()) out += std::to_string(e.size);
+    else if (dims.count(e.name)) out += e.name + "=" + std::to_string(dims.at(e.name).min) + ".." + std::to_string(dims.at(e.name).max);
+    else out += e.name;
+  }
+  return out + "]";
+}
+
+std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& manifest) {
+  const auto& specs = manifest.signature.state;
+  if (specs.empty()) return {};
+  fs::path path = fs::path(folder) / kStateFile;
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    // TorchScript's unpickler: tensors and containers only, no arbitrary Python objects run.
+    value = torch::jit::pickle_load(bytes);
+  } catch (const std::exception&) {
+    throw package_error("package " + folder + ": its " + kStateFile + " could not be read; rebuild it with `aotc build --force`");
+  }
+  std::vector<at::Tensor> state;
+  if (value.isList()) {
+    for (const auto& item : value.toListRef()) {
+      if (item.isTensor()) state.push_back(item.toTensor());
+    }
+  }
+  if (!value.isList() || state.size() != specs.size() || value.toListRef().size() != specs.size()) {
+    throw package_error("package " + folder + ": its " + kStateFile + " does not hold the " + std::to_string(specs.size()) +
+                        " tensor(s) the manifest lists; rebuild it");
+  }
+  return state;
+}
+
+// TF32 on for the duration of a tf32 package's call, the caller's settings put back after.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    auto& ctx = at::globalContext();
+    matmul_ = ctx.allowTF32CuBLAS();
+    cudnn_ = ctx.allowTF32CuDNN();
+    ctx.setAllowTF32CuBLAS(true);
+    ctx.setAllowTF32CuDNN(true);
+  }
+  ~Tf32Scope() {
+    if (!enabled_) return;
+    at::globalContext().setAllowTF32CuBLAS(matmul_);
+    at::globalContext().setAllowTF32CuDNN(cudnn_);
+  }
+
+ private:
+  bool enabled_, matmul_ = false, cudnn_ = false;
+};
+
+}  // namespace
+
+at::ScalarType scalar_type(const std::string& dtype) { return kTypes.at(dtype); }
+
+std::string dtype_name(at::ScalarType type) {
+  for (const auto& [name, t] : kTypes)
+    if (t == type) return name;
+  return c10::toString(type);
+}
+
+Package::~Package() = default;
+Package::Package(Package&&) noexcept = default;
+Package& Package::operator=(Package&&) noexcept = default;
+
+Package Package::load(const std::string& folder, const LoadOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  LoadTimes unused;
+  LoadTimes& times = options.times ? *options.times : unused;
+  auto since = [](Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
+  auto started = Clock::now();
+  Package package;
+  package.folder_ = folder;
+  package.manifest_ = read_manifest(folder);
+  check_compatible(folder, package.manifest_);
+  times.manifest_ms = since(started);
+  started = Clock::now();
+  if (options.verify) verify_files(folder, package.manifest_);
+  times.hashes_ms = since(started);
+  started = Clock::now();
+  bool cuda = package.manifest_.device_type == "cuda";
+  package.device_ = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  try {
+    package.loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        (fs::path(folder) / kModelFile).string(), "model", package.manifest_.cuda_graphs, 1, cuda ? 0 : -1);
+  } catch (const std::exception& exc) {
+    throw package_error("package " + folder + " could not be loaded: " + first_line(exc.what()) +
+                        "; rebuild it with `aotc build --force`");
+  }
+  times.loader_ms = since(started);
+  started = Clock::now();
+  for (const auto& t : read_state(folder, package.manifest_)) package.initial_state_.push_back(t.to(package.device_));
+  package.reset_state();
+  times.state_ms = since(started);
+  if (cuda && package.manifest_.cuda_graphs) {
+    package.graphs_ = make_cuda_graphs(
+        [loader = package.loader_.get()](const std::vector<at::Tensor>& flat) { return loader->run(flat); },
+        package.device_, options.reuse_outputs);
+  }
+  return package;
+}
+
+void Package::reset_state() {
+  state_.clear();
+  for (const auto& t : initial_state_) state_.push_back(t.clone());
+}
+
+size_t Package::cuda_graphs_captured() const { return graphs_ ? graphs_->captured() : 0; }
+
+void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
+  const Signature& sig = manifest_.signature;
+  if (inputs.size() != sig.inputs.size()) {
+    std::string names;
+    for (const auto& s : sig.inputs) names += (names.empty() ? "" : ", ") + s.name;
+    throw input_error("the package takes " + std::to_string(sig.inputs.size()) + " input(s) (" + names + "), " +
+                      std::to_string(inputs.size()) + " given");
+  }
+  std::map<std::string, std::pair<int64_t, std::string>> bound;
+  for (size_t index = 0; index < inputs.size(); ++index) {
+    const TensorSpec& spec = sig.inputs[index];
+    const at::Tensor& tensor = inputs[index];
+    std::string label = "input '" + spec.name + "' (#" + std::to_string(index) + ")";
+    std::string given = list_text(tensor.sizes()), expected = describe(spec, sig.dims);
+    std::string dtype = dtype_name(tensor.scalar_type());
+    if (dtype != spec.dtype) {
+      throw input_error(label + " must be " + spec.dtype + ", got " + dtype + " (shape " + given +
+                        "); convert it or re-export with --dtype " + dtype);
+    }
+    if (static_cast<size_t>(tensor.dim()) != spec.shape.size()) {
+      throw input_error(label + " must have " + std::to_string(spec.shape.size()) + " dims " + expected + ", got " +
+                        std::to_string(tensor.dim()) + " dims " + given);
+    }
+    for (size_t axis = 0; axis < spec.shape.size(); ++axis) {
+      const ShapeEntry& want = spec.shape[axis];
+      int64_t have = tensor.size(static_cast<int64_t>(axis));
+      if (want.is_static()) {
+        if (want.size != have) {
+          throw input_error(label + " must have shape " + expected + ", got " + given + ": dim " + std::to_string(axis) +
+                            " is static " + std::to_string(want.size) + "; re-export with a named dim (--dim) to make it dynamic");
+        }
+        continue;
+      }
+      const DimRange& range = sig.dims.at(want.name);
+      if (have < range.min || have > range.max) {
+        throw input_error(label + " must have shape " + expected + ", got " + given + ": dim " + std::to_string(axis) + " (" +
+                          want.name + ") = " + std::to_string(have) + " is outside " + std::to_string(range.min) + ".." +
+                          std::to_string(range.max) + "; re-export with a wider --dim " + want.name + "=MIN:MAX");
+      }
+      auto seen = bound.find(want.name);
+      if (seen != bound.end() && seen->second.first != have) {
+        throw input_error(label + " has " + want.name + " = " + std::to_string(have) + " but " + seen->second.second + " has " +
+                          want.name + " = " + std::to_string(seen->second.first) + "; inputs sharing a dim name must agree");
+      }
+      bound.emplace(want.name, std::make_pair(have, label));
+    }
+  }
+}
+
+std::vector<at::Tensor> Package::random_inputs(uint64_t seed) const {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<at::Tensor> tensors;
+  for (const auto& spec : manifest_.signature.inputs) {
+    std::vector<int64_t> shape;
+    for (const auto& e : spec.shape) shape.push_back(e.is_static() ? e.size : manifest_.signature.dims.at(e.name).example);
+    at::ScalarType type = scalar_type(spec.dtype);
+    at::Tensor t;
+    if (type == at::kBool) {
+      t = at::randint(0, 2, shape, generator, at::TensorOptions().dtype(at::kLong)).to(at::kBool);
+    } else if (at::isFloatingType(type)) {
+      t = at::randn(shape, generator).to(type);
+    } else {
+      auto [low, high] = spec.value_range.value_or(std::make_pair<int64_t, int64_t>(0, 9));
+      t = at::randint(low, high + 1, shape, generator, at::TensorOptions().dtype(type));
+    }
+    tensors.push_back(t.to(device_));
+  }
+  return tensors;
+}
+
+std::vector<at::Tensor> Package::call_flat(std::vector<at::Tensor>& flat) {
+  Tf32Scope tf32(manifest_.tf32);
+  if (graphs_) return graphs_->run(flat);
+  return loader_->run(flat);
+}
+
+std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) {
+  check_inputs(inputs);
+  std::vector<at::Tensor> flat;
+  for (const auto& t : inputs) flat.push_back(t.device() == device_ ? t : t.to(device_));
+  flat.insert(flat.end(), state_.begin(), state_.end());
+  std::vector<at::Tensor> outputs = call_flat(flat);
+  size_t n_outputs = manifest_.signature.outputs.size();
+  if (!state_.empty() && outputs.size() >= n_outputs) {
+    // The package returns the state's new values after the model's outputs (aotc/export/call_structure.py).
+    state_.assign(outputs.begin() + static_cast<std::ptrdiff_t>(n_outputs), outputs.end());
+    outputs.resize(n_outputs);
+  }
+  return outputs;
+}
+
+}  // namespace aotc

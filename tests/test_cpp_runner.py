@@ -1,0 +1,223 @@
+"""The C++ runner (runtime/cpp) against the Python runtime: same outputs, same refusals.
+
+The runner is built once per session (`python -m aotc.cpp_runner build`, what `make runner` runs);
+building it needs cmake, a C++ compiler, OpenSSL's and zlib's headers and the nlohmann-json package.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+
+import aotc_runtime
+from aotc.cpp_runner import build_runner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def runner() -> Path:
+    return build_runner()
+
+
+def run_cpp(runner: Path, *args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(runner), *map(str, args)], capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+def run_python(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aotc_runtime", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def python_outputs(package: Path, inputs: list) -> dict:
+    loaded = aotc_runtime.load(package)
+    with torch.inference_mode():
+        outputs = aotc_runtime.flatten_outputs(loaded(*inputs))
+    return dict(zip(loaded.signature.output_names, outputs))
+
+
+def assert_same_outputs(npz: Path, expected: dict) -> None:
+    with numpy.load(npz) as got:
+        assert list(got.files) == list(expected), (got.files, list(expected))
+        for name, want in expected.items():
+            assert got[name].shape == tuple(want.shape), name
+            assert numpy.abs(got[name] - want.numpy()).max(initial=0) <= 1e-6, name
+
+
+@pytest.mark.parametrize("case", ["mlp", "two_input", "structured"])
+def test_runner_matches_the_python_runtime(runner, packages, tmp_path, case):
+    package = packages.get(case).package
+    signature = aotc_runtime.load(package).signature
+    inputs = signature.random_inputs(seed=3)
+    numpy.savez(
+        tmp_path / "in.npz", **{spec.name: t.numpy() for spec, t in zip(signature.inputs, inputs)}
+    )
+    result = run_cpp(
+        runner, package, "--input", tmp_path / "in.npz", "--output", tmp_path / "out.npz", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [o["name"] for o in report["outputs"]] == list(signature.output_names)
+    assert_same_outputs(tmp_path / "out.npz", python_outputs(package, inputs))
+
+
+def test_dynamic_batch_at_three_sizes(runner, packages, tmp_path):
+    package = packages.get("dynamic_mlp").package
+    for batch in (1, 17, 64):
+        x = torch.randn(batch, 128, generator=torch.Generator().manual_seed(batch))
+        numpy.save(tmp_path / "x.npy", x.numpy())
+        result = run_cpp(
+            runner, package, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npz"
+        )
+        assert result.returncode == 0, result.stderr
+        assert_same_outputs(tmp_path / "y.npz", python_outputs(package, [x]))
+
+
+def test_fortran_order_and_positional_npy_inputs(runner, packages, tmp_path):
+    package = packages.get("two_input").package
+    signature = aotc_runtime.load(package).signature
+    inputs = signature.random_inputs(seed=5)
+    paths = []
+    for index, tensor in enumerate(inputs):
+        paths += ["--input", tmp_path / f"{index}.npy"]
+        numpy.save(tmp_path / f"{index}.npy", numpy.asfortranarray(tensor.numpy()))
+    result = run_cpp(runner, package, *paths, "--output", tmp_path / "out.npz")
+    assert result.returncode == 0, result.stderr
+    assert_same_outputs(tmp_path / "out.npz", python_outputs(package, inputs))
+
+
+def test_state_is_carried_between_calls(runner, packages, tmp_path):
+    """counter.py adds to a buffer each call: the runner reads state.pt and the first call matches."""
+    package = packages.get("counter").package
+    x = torch.ones(2, 3)
+    numpy.save(tmp_path / "x.npy", x.numpy())
+    result = run_cpp(
+        runner, package, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npz", "--iters", 3
+    )
+    assert result.returncode == 0, result.stderr
+    assert_same_outputs(tmp_path / "y.npz", python_outputs(package, [x]))
+
+
+def test_random_inputs_latency_and_report(runner, packages):
+    result = run_cpp(runner, packages.get("mlp").package, "--iters", 20, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["inputs"] == "random (seed 0)" and report["latency"]["n"] == 20
+    assert 0 < report["latency"]["median_ms"] <= report["latency"]["p99_ms"]
+    assert set(report["load_breakdown_ms"]) == {"manifest", "hashes", "loader", "state"}
+
+
+def test_runner_does_not_link_libpython(runner):
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        pytest.skip("ldd not installed")
+    linked = subprocess.run([ldd, str(runner)], capture_output=True, text=True, check=True).stdout
+    assert "libtorch_cpu" in linked
+    assert "libpython" not in linked and "libtorch_python" not in linked
+
+
+def _edit_manifest(package: Path, edit) -> None:
+    manifest = json.loads((package / "manifest.json").read_text())
+    edit(manifest)
+    (package / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _error_cases(packages, tmp_path) -> dict:
+    """name -> (package folder, extra arguments): each a refusal both runtimes must make alike."""
+    good = packages.get("mlp").package
+
+    def copy(name: str) -> Path:
+        target = tmp_path / name
+        shutil.copytree(good, target)
+        return target
+
+    numpy.save(tmp_path / "ok.npy", numpy.zeros((32, 128), numpy.float32))
+    numpy.save(tmp_path / "int.npy", numpy.zeros((32, 128), numpy.int64))
+    numpy.save(tmp_path / "short.npy", numpy.zeros((31, 128), numpy.float32))
+    numpy.save(tmp_path / "rank.npy", numpy.zeros((32,), numpy.float32))
+    numpy.save(tmp_path / "big.npy", numpy.zeros((32, 128), ">f4"))
+    numpy.save(tmp_path / "dyn.npy", numpy.zeros((65, 128), numpy.float32))
+    (tmp_path / "x.txt").write_text("1 2 3")
+    cases = {
+        "no folder": (tmp_path / "missing", []),
+        "not a package": (tmp_path, []),
+        "missing model": (copy("missing_model"), []),
+        "edited model": (copy("edited_model"), []),
+        "invalid json": (copy("invalid_json"), []),
+        "bad dtype field": (copy("bad_dtype_field"), []),
+        "no precision": (copy("no_precision"), []),
+        "other torch": (copy("other_torch"), []),
+        "cuda package": (copy("cuda_package"), []),
+        "format 3": (copy("format_3"), []),
+        "two inputs given": (
+            good,
+            ["--input", tmp_path / "ok.npy", "--input", tmp_path / "ok.npy"],
+        ),
+        "wrong dtype": (good, ["--input", tmp_path / "int.npy"]),
+        "wrong static size": (good, ["--input", tmp_path / "short.npy"]),
+        "wrong rank": (good, ["--input", tmp_path / "rank.npy"]),
+        "dim out of range": (
+            packages.get("dynamic_mlp").package,
+            ["--input", tmp_path / "dyn.npy"],
+        ),
+        "missing input file": (good, ["--input", tmp_path / "nothing.npy"]),
+        "unknown input type": (good, ["--input", tmp_path / "x.txt"]),
+    }
+    (cases["missing model"][0] / "model.pt2").unlink()
+    with open(cases["edited model"][0] / "model.pt2", "ab") as handle:
+        handle.write(b"\0")
+    (cases["invalid json"][0] / "manifest.json").write_text("{not json")
+    _edit_manifest(
+        cases["bad dtype field"][0], lambda m: m["signature"]["inputs"][0].update(dtype="complex32")
+    )
+    _edit_manifest(cases["no precision"][0], lambda m: m.pop("precision"))
+    _edit_manifest(cases["other torch"][0], lambda m: m["toolchain"].update(torch="2.0.0+cpu"))
+    _edit_manifest(
+        cases["cuda package"][0],
+        lambda m: m["device"].update(type="cuda", gpu_name="X", compute_capability="9.0"),
+    )
+    _edit_manifest(cases["format 3"][0], lambda m: m.update(format_version=3))
+    return cases
+
+
+def test_error_cases_give_the_python_runtimes_exit_codes(runner, packages, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the 'cuda package' case assumes a machine without a GPU")
+    for name, (package, extra) in _error_cases(packages, tmp_path).items():
+        python, cpp = run_python(package, *extra), run_cpp(runner, package, *extra)
+        assert python.returncode in (7, 8), (name, python.returncode, python.stderr)
+        assert cpp.returncode == python.returncode, (
+            name,
+            cpp.returncode,
+            cpp.stderr,
+            python.stderr,
+        )
+        lines = cpp.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (name, cpp.stderr)
+
+
+def test_big_endian_npy_is_refused_with_the_fix(runner, packages, tmp_path):
+    numpy.save(tmp_path / "big.npy", numpy.zeros((32, 128), ">f4"))
+    result = run_cpp(runner, packages.get("mlp").package, "--input", tmp_path / "big.npy")
+    assert (
+        result.returncode == 8 and "big-endian" in result.stderr and "newbyteorder" in result.stderr
+    )
+
+
+def test_bad_command_line_is_exit_2(runner):
+    for args in ([], ["pkg", "--iters", "x"], ["pkg", "--frobnicate"]):
+        result = run_cpp(runner, *args)
+        assert result.returncode == 2 and result.stderr.startswith("error: "), (args, result.stderr)
