@@ -7,6 +7,7 @@ from pathlib import Path
 
 from aotc.bench.harness import BenchConfig
 from aotc.build.pipeline import BuildResult, build_package
+from aotc.bundle import BundleResult
 from aotc.config import BuildConfig, ExportConfig
 from aotc.explain.report import ExplainConfig, ExplainReport, explain_model
 from aotc.export.trace import ExportResult, export_model
@@ -54,12 +55,21 @@ def bench(cfg: BenchConfig, progress: ProgressBar | None = None) -> dict:
     return report
 
 
+def bundle(package: str | Path, output: str | Path, force: bool = False) -> BundleResult:
+    """A folder holding the package, the C++ runner and their libraries, to run with no Python."""
+    from aotc.bundle import make_bundle
+
+    return make_bundle(Path(package), Path(output), force)
+
+
 def explain(cfg: ExplainConfig) -> ExplainReport:
     """Why a model does or does not export, in terms of the user's code. Writes nothing."""
     return explain_model(cfg)
 
 
 __all__ = [
+    "bundle",
+    "BundleResult",
     "export",
     "build",
     "run",

@@ -7,6 +7,7 @@ building it needs cmake, a C++ compiler, OpenSSL's and zlib's headers and the nl
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -221,3 +222,90 @@ def test_bad_command_line_is_exit_2(runner):
     for args in ([], ["pkg", "--iters", "x"], ["pkg", "--frobnicate"]):
         result = run_cpp(runner, *args)
         assert result.returncode == 2 and result.stderr.startswith("error: "), (args, result.stderr)
+
+
+def test_embedding_example_builds_and_runs(runner, packages, tmp_path):
+    """examples/cpp: a user's program linking aotc::runtime (load, call, read outputs)."""
+    from aotc.cpp_runner import cmake_arguments
+
+    build = tmp_path / "embed"
+    for step in (
+        ["cmake", "-S", ROOT / "examples" / "cpp", "-B", build, *cmake_arguments()],
+        ["cmake", "--build", build, "-j2"],
+    ):
+        result = subprocess.run(list(map(str, step)), capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    package = packages.get("mlp").package
+    result = subprocess.run(
+        [str(build / "embed"), str(package)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    name, shape, total = re.fullmatch(r"(\S+) (\[.*\]) sum (\S+)", result.stdout.strip()).groups()
+    inputs = aotc_runtime.load(package).signature.random_inputs(seed=0)
+    expected = python_outputs(package, inputs)["output_0"]
+    assert name == "output_0" and shape == "[32, 10]"
+    assert abs(float(total) - float(expected.sum())) <= 1e-4
+
+
+def test_bundle_runs_with_no_python_and_an_empty_environment(runner, packages, tmp_path):
+    from conftest import invoke
+
+    package = packages.get("two_input").package
+    bundle = tmp_path / "bundle"
+    result = invoke("bundle", package, "-o", bundle, "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["size_bytes"] > 0 and any(
+        name.startswith("libtorch_cpu") for name in report["libraries"]
+    )
+    assert not any(name.startswith(("libc.so", "libpython")) for name in report["libraries"])
+    signature = aotc_runtime.load(package).signature
+    inputs = signature.random_inputs(seed=9)
+    numpy.savez(
+        tmp_path / "in.npz", **{spec.name: t.numpy() for spec, t in zip(signature.inputs, inputs)}
+    )
+    # No variables at all, and a PATH with no Python on it: only the bundle's own files are used.
+    run = subprocess.run(
+        [
+            str(bundle / "run"),
+            "--input",
+            str(tmp_path / "in.npz"),
+            "--output",
+            str(tmp_path / "out.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": str(tmp_path / "empty")},
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert_same_outputs(tmp_path / "out.npz", python_outputs(package, inputs))
+    again = invoke("bundle", package, "-o", bundle)
+    assert again.exit_code == 2 and "--force" in again.stderr
+
+
+def test_aotc_run_engine_cpp_agrees_with_python(runner, packages, tmp_path, monkeypatch):
+    from conftest import invoke
+
+    monkeypatch.setenv("AOTC_RUNNER", str(runner))
+    package = packages.get("mlp").package
+    numpy.save(
+        tmp_path / "x.npy", numpy.random.default_rng(1).standard_normal((32, 128), numpy.float32)
+    )
+    for engine in ("python", "cpp"):
+        result = invoke(
+            "run",
+            package,
+            "--engine",
+            engine,
+            "--input",
+            tmp_path / "x.npy",
+            "--output",
+            tmp_path / f"{engine}.npz",
+        )
+        assert result.exit_code == 0, result.stderr
+    with numpy.load(tmp_path / "python.npz") as want, numpy.load(tmp_path / "cpp.npz") as got:
+        assert numpy.abs(want["output_0"] - got["output_0"]).max() <= 1e-6
+    refused = invoke("run", tmp_path / "nothing", "--engine", "cpp")
+    assert refused.exit_code == 7 and refused.stderr.startswith("error: ")

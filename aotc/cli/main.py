@@ -12,6 +12,7 @@ import click
 
 from aotc.cli.bench import bench
 from aotc.cli.build import build
+from aotc.cli.bundle import bundle
 from aotc.cli.explain import explain
 from aotc.cli.export import export
 from aotc.cli.run import run
@@ -56,15 +57,17 @@ def cli(verbose):
         os.environ.pop(VERBOSE_ENV, None)
 
 
-for command in (export, build, run, bench, explain):
+for command in (export, build, run, bench, explain, bundle):
     cli.add_command(command)
 
 
 def run_reporting_errors(invoke, verbose: bool) -> int:
     """Run a CLI invocation; turn every failure into a one-line error and a documented exit code."""
     try:
-        invoke()
-        return 0
+        # click's main with standalone_mode=False returns the code of a click.exceptions.Exit
+        # (`aotc run --engine cpp` exits with the runner's code); a command's own return is None.
+        code = invoke()
+        return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:

@@ -32,10 +32,39 @@ from aotc.cli.types import exit_codes_epilog
 )
 @click.option("--seed", type=int, default=0, help="Seed of the random inputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def run(package, inputs, output, iters, seed, as_json):
+@click.option(
+    "--engine",
+    type=click.Choice(["python", "cpp"]),
+    default="python",
+    show_default=True,
+    help="python: the aotc_runtime package; cpp: the C++ runner (`make runner`), to check both agree.",
+)
+def run(package, inputs, output, iters, seed, as_json, engine):
     """Run PACKAGE through the thin runtime: no compile, no warm-up."""
     from aotc.api import run as run_api
+
+    if engine == "cpp":
+        raise click.exceptions.Exit(run_cpp(package, inputs, output, iters, seed, as_json))
     from aotc_runtime import format_report
 
     report = run_api(package, inputs, output, iters, seed)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+
+
+def run_cpp(package: Path, inputs, output, iters: int, seed: int, as_json: bool) -> int:
+    """The same run through aotc-runner; its report and errors pass through, its exit code is ours."""
+    import subprocess
+
+    from aotc.cpp_runner import runner_path
+
+    args = [str(runner_path()), str(package), "--iters", str(iters), "--seed", str(seed)]
+    for path in inputs:
+        args += ["--input", str(path)]
+    if output is not None:
+        args += ["--output", str(output)]
+    if as_json:
+        args.append("--json")
+    result = subprocess.run(args, capture_output=True, text=True)
+    click.echo(result.stdout, nl=False)
+    click.echo(result.stderr, nl=False, err=True)
+    return result.returncode
