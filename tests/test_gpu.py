@@ -185,3 +185,44 @@ def test_without_bsymbolic_a_crash_is_a_clear_error(gpu_workdir, tmp_path):
         assert not (tmp_path / "pkg").exists()
     else:
         assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_densenet121_through_the_cpp_runner(gpu_workdir, densenet, mode, tmp_path):
+    """The C++ runner on each mode's package: the Python runtime's outputs, a CUDA graph replayed
+    for reduce-overhead and max-autotune (fresh outputs: two inputs, two answers)."""
+    import subprocess
+
+    import numpy
+
+    from aotc.cpp_runner import build_runner
+
+    runner = build_runner(gpu_workdir / "runner_build")
+    package_dir = build_once(gpu_workdir, densenet, f"densenet121_{mode}", "--mode", mode)
+    package = aotc_runtime.load(package_dir)
+    for seed in (1, 2):
+        x = torch.randn(16, 3, 128, 128, generator=torch.Generator().manual_seed(seed))
+        numpy.save(tmp_path / "x.npy", x.numpy())
+        result = subprocess.run(
+            [
+                str(runner),
+                str(package_dir),
+                "--input",
+                str(tmp_path / "x.npy"),
+                "--output",
+                str(tmp_path / "y.npz"),
+                "--iters",
+                "3",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["cuda_graphs_captured"] == (1 if mode != "default" else 0)
+        with torch.no_grad():
+            want = package(x.cuda()).cpu()
+        got = torch.from_numpy(numpy.load(tmp_path / "y.npz")["output_0"])
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()

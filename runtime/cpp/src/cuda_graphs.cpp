@@ -5,8 +5,8 @@
 #include <set>
 
 #ifdef AOTC_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -19,6 +19,13 @@ namespace {
 constexpr int kWarmupCalls = 2;  // the first calls allocate workspaces and pick algorithms; capture after them
 
 using Key = std::vector<std::pair<std::vector<int64_t>, at::ScalarType>>;
+
+// `waiter` runs what is queued after this only once `done` finished what is queued on it now.
+void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& done) {
+  at::cuda::CUDAEvent event;
+  event.record(done);
+  event.block(waiter);
+}
 
 struct Graph {
   std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -59,10 +66,10 @@ class CudaGraphRunner : public CudaGraphs {
       auto side = c10::cuda::getStreamFromPool(false, device_.index());
       {
         c10::cuda::CUDAStreamGuard on_side(side);
-        side.wait(current);  // run after what was queued before
+        wait_for(side, current);  // run after what was queued before
         for (int i = 0; i < kWarmupCalls; ++i) call_(entry.static_inputs);
       }
-      current.wait(side);
+      wait_for(current, side);
       if (!pool_set_) {
         pool_ = at::cuda::graph_pool_handle();
         pool_set_ = true;
@@ -72,12 +79,12 @@ class CudaGraphRunner : public CudaGraphs {
       auto capture_stream = c10::cuda::getStreamFromPool(false, device_.index());
       {
         c10::cuda::CUDAStreamGuard on_capture(capture_stream);
-        capture_stream.wait(current);
+        wait_for(capture_stream, current);
         entry.graph->capture_begin(pool_);
         entry.static_outputs = call_(entry.static_inputs);
         entry.graph->capture_end();
       }
-      current.wait(capture_stream);
+      wait_for(current, capture_stream);
     } catch (const std::exception& exc) {  // capture is an optimisation: never fail the call because of it
       uncapturable_.insert(key);
       std::string what = exc.what();
