@@ -72,7 +72,15 @@ def cold_starts(package: Path, runner: Path, runs: int, cuda: bool) -> dict:
     return {"runs": runs, "cold_start": summary, "runner_breakdown": breakdown}
 
 
-def steady(package: Path, runner: Path, batch: int, iters: int, rounds: int, work: Path) -> dict:
+def steady(
+    package: Path,
+    runner: Path,
+    batch: int,
+    iters: int,
+    rounds: int,
+    work: Path,
+    runner_warmup: int = 10,
+) -> dict:
     from aotc.bench.harness import batch_axis, place_baseline
 
     loaded = aotc_runtime.load(package)
@@ -88,7 +96,7 @@ def steady(package: Path, runner: Path, batch: int, iters: int, rounds: int, wor
     program = place_baseline(Path(manifest.source.artifact), manifest, device)
     compiled = torch.compile(program.module(), mode=mode)
     samples = {"cpp runner": [], "python runtime": [], f"torch.compile {mode}": []}
-    host = []
+    host, tf32 = [], None
     per_round = max(1, iters // rounds)
     with torch.inference_mode():
         for fn in (loaded, compiled):
@@ -104,7 +112,7 @@ def steady(package: Path, runner: Path, batch: int, iters: int, rounds: int, wor
                     "--iters",
                     str(per_round),
                     "--warmup",
-                    "10",
+                    str(runner_warmup),
                     "--json",
                 ],
                 capture_output=True,
@@ -112,6 +120,7 @@ def steady(package: Path, runner: Path, batch: int, iters: int, rounds: int, wor
                 check=True,
             )
             report = json.loads(result.stdout)
+            tf32 = report.get("tf32")
             samples["cpp runner"] += [report["latency"]["median_ms"]] * report["latency"]["n"]
             if report.get("host_latency"):
                 host.append(report["host_latency"]["median_ms"])
@@ -127,6 +136,11 @@ def steady(package: Path, runner: Path, batch: int, iters: int, rounds: int, wor
     )
     if host:
         out["cpp runner"]["host_median_ms"] = statistics.median(host)
+    out["cpp runner"]["tf32"] = tf32
+    out["python runtime"]["tf32"] = {
+        "cublas": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn": torch.backends.cudnn.allow_tf32,
+    }
     return out
 
 
@@ -138,6 +152,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch-sizes", default="")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--runner-warmup",
+        type=int,
+        default=10,
+        help="untimed calls in each runner process before its timed ones "
+        "(a fresh process starts with the GPU at lower clocks)",
+    )
     args = parser.parse_args()
     runner = runner_path()
     cuda = aotc_runtime.read_manifest(args.package).device.type == "cuda"
@@ -157,7 +178,7 @@ def main() -> int:
 
                 batch = batch_axis(aotc_runtime.read_manifest(args.package).signature)[1]
             result["steady"][str(batch)] = steady(
-                args.package, runner, batch, args.iters, args.rounds, Path(work)
+                args.package, runner, batch, args.iters, args.rounds, Path(work), args.runner_warmup
             )
     text = json.dumps(result, indent=2)
     print(text)

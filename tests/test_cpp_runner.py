@@ -309,3 +309,33 @@ def test_aotc_run_engine_cpp_agrees_with_python(runner, packages, tmp_path, monk
         assert numpy.abs(want["output_0"] - got["output_0"]).max() <= 1e-6
     refused = invoke("run", tmp_path / "nothing", "--engine", "cpp")
     assert refused.exit_code == 7 and refused.stderr.startswith("error: ")
+
+
+def test_bench_against_cpp_interleaves_the_runner(runner, packages, tmp_path, monkeypatch):
+    from conftest import invoke
+
+    monkeypatch.setenv("AOTC_RUNNER", str(runner))
+    out = tmp_path / "bench.json"
+    result = invoke(
+        "bench",
+        packages.get("mlp").package,
+        "--against",
+        "cpp",
+        "--iters",
+        8,
+        "--warmup",
+        1,
+        "--rounds",
+        2,
+        "--cold-runs",
+        1,
+        "--json",
+        out,
+    )
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(out.read_text())
+    rows = {row["contender"]: row for row in report["results"]}
+    assert set(rows) == {"package", "cpp"} and rows["cpp"]["latency"]["n"] == 8
+    assert rows["cpp"]["latency"]["median_ms"] > 0 and rows["cpp"]["first_call_ms"] > 0
+    cold = {c["label"]: c for c in report["cold_start"]}
+    assert cold["cpp"]["import_ms"] == 0 and cold["cpp"]["median_ms"] > 0

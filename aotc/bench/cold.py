@@ -137,11 +137,18 @@ def child_spec(case: ColdCase, package: Path, artifact, manifest: Manifest) -> d
 def run_child(case: ColdCase, package: Path, artifact, manifest: Manifest, cache: Path) -> dict:
     """One fresh process; {'total_ms', 'startup_ms', 'import_ms', 'load_ms', 'first_call_ms', 'memory'}."""
     env = child_env(TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
-    spec = json.dumps(child_spec(case, package, artifact, manifest))
+    if case.name == "cpp":  # the C++ runner: no Python in the process at all
+        from aotc.cpp_runner import runner_path
+
+        command = [str(runner_path()), str(package), "--json"]
+    else:
+        command = child_command(
+            "aotc.bench.cold_child", json.dumps(child_spec(case, package, artifact, manifest))
+        )
     with tempfile.TemporaryFile("w+") as errors:
         started = time.perf_counter()
         proc = subprocess.Popen(
-            child_command("aotc.bench.cold_child", spec),
+            command,
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
@@ -159,8 +166,17 @@ def run_child(case: ColdCase, package: Path, artifact, manifest: Manifest, cache
         errors.seek(0)
         stderr = errors.read()
     try:
-        phases, memory = json.loads(first), json.loads(rest.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
+        if case.name == "cpp":  # its report, printed once the first call is done
+            report = json.loads(first + rest)
+            phases = {
+                "import_ms": 0.0,
+                "load_ms": report["load_ms"],
+                "first_call_ms": report["first_call_ms"],
+            }
+            memory: dict = {}
+        else:
+            phases, memory = json.loads(first), json.loads(rest.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError, KeyError):
         raise _child_error(case, proc.returncode, stderr) from None
     startup_ms = total_ms - phases["import_ms"] - phases["load_ms"] - phases["first_call_ms"]
     return {"total_ms": total_ms, "startup_ms": max(0.0, startup_ms), **phases, "memory": memory}

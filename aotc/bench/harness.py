@@ -39,10 +39,12 @@ def parse_against(text: str) -> tuple:
             continue
         if item == "compile":
             item = "compile:default"
-        if item != "eager" and not (
+        if item not in ("eager", "cpp") and not (
             item.startswith("compile:") and item.split(":", 1)[1] in COMPILE_MODES
         ):
-            known = ", ".join(("eager", "none") + tuple(f"compile:{m}" for m in COMPILE_MODES))
+            known = ", ".join(
+                ("eager", "cpp", "none") + tuple(f"compile:{m}" for m in COMPILE_MODES)
+            )
             raise ValueError(f"'{item}' is not a contender; use a comma-separated list of {known}")
         if item not in names:
             names.append(item)
@@ -116,11 +118,12 @@ class BenchConfig:
 
 @dataclass
 class Contender:
-    name: str  # "package", "eager", "compile:default"
-    kind: str  # package | eager | compile
+    name: str  # "package", "eager", "compile:default", "cpp"
+    kind: str  # package | eager | compile | cpp
     mode: str | None
     call: object = None
     setup_ms: float = 0.0
+    native: object = None  # cpp: the RunnerProcess that makes and times its calls
 
 
 def contender_names(cfg: BenchConfig, manifest: Manifest) -> tuple:
@@ -147,7 +150,10 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     names = contender_names(cfg, manifest)
     signature = manifest.signature
     batch_sizes = resolve_batch_sizes(signature, cfg.batch_sizes)
-    artifact = resolve_artifact(cfg, manifest) if len(names) > 1 else None
+    baselines = [
+        n for n in names if n == "eager" or n.startswith("compile:")
+    ]  # what needs the artifact
+    artifact = resolve_artifact(cfg, manifest) if baselines else None
     device = torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserInputError(
@@ -172,14 +178,19 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
             ep = place_baseline(artifact, manifest, device)
         with torch.inference_mode():
             contenders = []
-            for name in names:
-                bar.step(f"loading {name}")
-                contenders.append(setup_contender(name, ep, Path(cfg.package)))
-            rows = [
-                row
-                for batch in batch_sizes
-                for row in measure_batch(contenders, signature, batch, cfg, device, bar)
-            ]
+            try:
+                for name in names:
+                    bar.step(f"loading {name}")
+                    contenders.append(setup_contender(name, ep, Path(cfg.package)))
+                rows = [
+                    row
+                    for batch in batch_sizes
+                    for row in measure_batch(contenders, signature, batch, cfg, device, bar)
+                ]
+            finally:
+                for contender in contenders:
+                    if contender.native is not None:
+                        contender.native.close()
     cold = (
         measure_cold_starts(cold_plan, Path(cfg.package), artifact, manifest, bar)
         if cold_plan
@@ -330,6 +341,10 @@ def setup_contender(name: str, ep, package_path: Path) -> Contender:
         import aotc_runtime
 
         contender.call = aotc_runtime.load(package_path)
+    elif kind == "cpp":
+        from aotc.bench.native import RunnerProcess
+
+        contender.native = RunnerProcess(package_path)
     else:
         module = ep.module()
         contender.call = module if kind == "eager" else torch.compile(module, mode=mode)
@@ -355,6 +370,10 @@ def first_call_and_warmup(contender: Contender, inputs, warmup: int, device) -> 
     from aotc.bench.memory import MemoryWatch
     from aotc_runtime import synchronize
 
+    if contender.native is not None:  # the C++ runner, in its own process: no memory figure here
+        first_ms = contender.native.use_inputs(inputs)
+        contender.native.time(0, warmup)
+        return {"first_call_ms": first_ms, "memory_mb": None}
     with MemoryWatch(device) as memory:
         started = time.perf_counter()
         try:
@@ -400,6 +419,9 @@ def interleaved(contenders: list, inputs, iters: int, rounds: int, device, bar, 
         for contender in contenders[shift:] + contenders[:shift]:
             bar.step(f"{label}: timed round {index + 1}/{rounds}: {contender.name}")
             # One untimed call per slice: the switch between contenders costs each of them alike.
+            if contender.native is not None:
+                samples[contender.name] += contender.native.time(count, 1)
+                continue
             samples[contender.name] += time_calls(
                 functools.partial(contender.call, *inputs), count, device, warmup=1
             )

@@ -38,12 +38,14 @@ struct Args {
   int iters = 0, warmup = 3;
   uint64_t seed = 0;
   bool as_json = false;
+  bool serve = false;
 };
 
 const char* kUsage =
-    "usage: aotc-runner PKG/ [--input FILE ...] [--output OUT.npz] [--iters N] [--warmup N] [--seed N] [--json]\n"
+    "usage: aotc-runner PKG/ [--input FILE ...] [--output OUT.npz] [--iters N] [--warmup N] [--seed N] [--json] [--serve]\n"
     "Run an aotc package with no Python. Inputs: .npy (one input each) or .npz (several, by position or by\n"
-    "input name); default: seeded random inputs. --output writes the outputs to .npz under their names.\n";
+    "input name); default: seeded random inputs. --output writes the outputs to .npz under their names.\n"
+    "--serve: keep the package loaded and answer `inputs FILE.npz`, `time N WARMUP`, `quit` on stdin (aotc bench).\n";
 
 int parse_count(const std::string& flag, const std::string& text) {
   size_t used = 0;
@@ -79,6 +81,8 @@ Args parse_args(int argc, char** argv) {
       args.seed = static_cast<uint64_t>(parse_count(arg, value(arg)));
     } else if (arg == "--json") {
       args.as_json = true;
+    } else if (arg == "--serve") {
+      args.serve = true;
     } else if (!arg.empty() && arg[0] == '-') {
       throw aotc::usage_error("unknown option " + arg + "; see aotc-runner --help");
     } else if (args.package.empty()) {
@@ -209,12 +213,51 @@ std::string format_report(const json& r) {
   return out;
 }
 
+// `--serve`: keep the package loaded and time calls on request, one JSON line per answer, so that
+// `aotc bench --against cpp` can interleave the runner's timed calls with in-process contenders.
+//   inputs FILE.npz   -> {"first_call_ms": x}    (the inputs for the following calls; one call made)
+//   time N W          -> {"samples_ms": [...]}   (W untimed calls, then N timed ones)
+//   quit
+int serve(aotc::Package& package) {
+  c10::InferenceMode inference;
+  std::vector<at::Tensor> inputs;
+  std::string command;
+  std::cout << json({{"ready", true}, {"device", package.device().str()}}).dump() << std::endl;
+  while (std::cin >> command) {
+    try {
+      if (command == "inputs") {
+        std::string path;
+        std::cin >> path;
+        inputs = read_inputs({path}, package.manifest().signature);
+        for (auto& t : inputs) t = t.to(package.device());
+        auto start = Clock::now();
+        package.run(inputs);
+        synchronize(package.device());
+        std::cout << json({{"first_call_ms", ms_since(start)}}).dump() << std::endl;
+      } else if (command == "time") {
+        int count = 0, warmup = 0;
+        std::cin >> count >> warmup;
+        if (inputs.empty()) throw aotc::usage_error("send `inputs FILE.npz` before `time`");
+        std::cout << json({{"samples_ms", time_calls(package, inputs, count, warmup)}}).dump() << std::endl;
+      } else if (command == "quit") {
+        return 0;
+      } else {
+        throw aotc::usage_error("unknown command " + command + "; use inputs, time or quit");
+      }
+    } catch (const aotc::Error& err) {
+      std::cout << json({{"error", err.what()}, {"exit_code", err.exit_code()}}).dump() << std::endl;
+    }
+  }
+  return 0;
+}
+
 int run(const Args& args) {
   auto started = Clock::now();
   aotc::LoadTimes times;
   aotc::LoadOptions options;
   options.times = &times;
   aotc::Package package = aotc::Package::load(args.package, options);
+  if (args.serve) return serve(package);
   double load_ms = ms_since(started);
   const auto& signature = package.manifest().signature;
   std::vector<at::Tensor> inputs =
@@ -253,6 +296,8 @@ int run(const Args& args) {
        {{"manifest", times.manifest_ms}, {"hashes", times.hashes_ms}, {"loader", times.loader_ms}, {"state", times.state_ms}}},
       {"iters", args.iters},
       {"cuda_graphs_captured", package.cuda_graphs_captured()},
+      // The process-wide TF32 settings the calls ran under (a tf32 package turns both on around its calls).
+      {"tf32", {{"cublas", at::globalContext().allowTF32CuBLAS()}, {"cudnn", at::globalContext().allowTF32CuDNN()}}},
       {"latency", latency},
       {"host_latency", host_latency},
       {"output_file", args.output.empty() ? json(nullptr) : json(args.output)},
