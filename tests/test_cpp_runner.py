@@ -163,6 +163,10 @@ def _error_cases(packages, tmp_path) -> dict:
         "other torch": (copy("other_torch"), []),
         "cuda package": (copy("cuda_package"), []),
         "format 3": (copy("format_3"), []),
+        "path outside": (copy("path_outside"), []),
+        "absurd dim": (copy("absurd_dim"), []),
+        "unlisted file": (copy("unlisted_file"), []),
+        "linked model": (copy("linked_model"), []),
         "two inputs given": (
             good,
             ["--input", tmp_path / "ok.npy", "--input", tmp_path / "ok.npy"],
@@ -191,6 +195,14 @@ def _error_cases(packages, tmp_path) -> dict:
         lambda m: m["device"].update(type="cuda", gpu_name="X", compute_capability="9.0"),
     )
     _edit_manifest(cases["format 3"][0], lambda m: m.update(format_version=3))
+    _edit_manifest(cases["path outside"][0], lambda m: m["files"].update({"../x": "0" * 64}))
+    _edit_manifest(
+        cases["absurd dim"][0], lambda m: m["signature"]["inputs"][0].update(shape=[2**20, 2**20])
+    )
+    (cases["unlisted file"][0] / "notes.txt").write_text("x")
+    linked = cases["linked model"][0] / "model.pt2"
+    linked.rename(tmp_path / "elsewhere.pt2")
+    linked.symlink_to(tmp_path / "elsewhere.pt2")
     return cases
 
 

@@ -268,3 +268,56 @@ def test_manifest_schema_catches_a_bad_field(packages):
     assert any(p.startswith("signature/output_structure:") for p in problems)
     assert any(p.startswith("device/type:") for p in problems)
     assert any(p.startswith("files:") for p in problems)
+
+
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (
+            lambda m: m["files"].update({"../outside.bin": "0" * 64}),
+            "'../outside.bin', which is not a plain path inside",
+        ),
+        (
+            lambda m: m["files"].update({"/etc/passwd": "0" * 64}),
+            "'/etc/passwd', which is not a plain path inside",
+        ),
+        (
+            lambda m: m["signature"].update(dims={"B": {"min": 1, "max": 10**12, "example": 8}}),
+            "above the largest size",
+        ),
+        (
+            lambda m: m["signature"]["inputs"][0].update(shape=[2**31, 128]),
+            "is not a list of sizes",
+        ),
+        (
+            lambda m: m["signature"]["inputs"][0].update(shape=[2**20, 2**20]),
+            "above the runtime's bound of 2**32",
+        ),
+    ],
+)
+def test_manifest_cannot_reach_outside_or_declare_absurd_sizes(packages, tmp_path, edit, fragment):
+    pkg = copy_package(packages, tmp_path)
+    _edit_manifest(pkg, edit)
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and fragment in result.stderr, result.stderr
+
+
+def test_links_and_unlisted_files_are_refused(packages, tmp_path):
+    pkg = copy_package(packages, tmp_path)
+    (pkg / "extra.txt").write_text("not built by aotc")
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "extra.txt is not listed in the manifest" in result.stderr
+    (pkg / "extra.txt").unlink()
+    model = pkg / "model.pt2"
+    real = tmp_path / "elsewhere.pt2"
+    model.rename(real)
+    model.symlink_to(real)  # same bytes, same hash: still refused, a link can point anywhere
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "model.pt2 is a symbolic link" in result.stderr
+
+
+def test_oversized_manifest_is_refused_before_parsing(packages, tmp_path):
+    pkg = copy_package(packages, tmp_path)
+    (pkg / "manifest.json").write_text(" " * (17 << 20) + "{}")
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "above the 16 MiB a manifest may have" in result.stderr

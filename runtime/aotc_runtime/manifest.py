@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,6 +228,9 @@ class Manifest:
             fields.fail("files", "is not an object of path -> sha256")
         if MODEL_FILE not in files:
             fields.fail("files", f"does not list {MODEL_FILE}")
+        for rel in files:
+            if not _inside_package(rel):
+                fields.fail("files", f"names {rel!r}, which is not a plain path inside the package")
         source = fields.value("source", None)
         return cls(
             aotc_version=fields.text("aotc_version"),
@@ -281,6 +285,20 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+MAX_MANIFEST_BYTES = 16 << 20  # far above any real manifest (a few KB); read no more than this
+
+
+def _inside_package(rel: str) -> bool:
+    """A relative POSIX path that stays in the package: no absolute path, no `..`, no empty part."""
+    parts = rel.split("/")
+    return (
+        bool(rel)
+        and not rel.startswith("/")
+        and "\\" not in rel
+        and all(p not in ("", ".", "..") for p in parts)
+    )
+
+
 def hash_package_files(folder: Path) -> dict[str, str]:
     """sha256 of every file under `folder` except the manifest itself, keyed by relative path."""
     folder = Path(folder)
@@ -312,6 +330,11 @@ def read_manifest(folder: Path) -> Manifest:
             f"{folder} is not an aotc package: it has no {MANIFEST_NAME}; rebuild it with `aotc build`"
         )
     try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise PackageError(
+                f"{path} is {path.stat().st_size} bytes, above the {MAX_MANIFEST_BYTES >> 20} MiB a manifest may have; "
+                "rebuild the package with `aotc build`"
+            )
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise PackageError(
@@ -340,12 +363,24 @@ def verify_files(folder: Path, manifest: Manifest) -> None:
     """Refuse a package whose files differ from what the manifest recorded at build time."""
     expected = manifest.files
     problems = []
+    folder = Path(folder)
     for rel, digest in expected.items():
-        path = Path(folder) / rel
-        if not path.is_file():
+        path = folder / rel
+        # Never follow a link (out of the folder, or to /proc) and never read anything but a regular file.
+        if any(
+            (folder / "/".join(rel.split("/")[: i + 1])).is_symlink()
+            for i in range(rel.count("/") + 1)
+        ):
+            problems.append(f"{rel} is a symbolic link")
+        elif not path.is_file() or not stat.S_ISREG(path.lstat().st_mode):
             problems.append(f"{rel} is missing")
         elif sha256_file(path) != digest:
             problems.append(f"{rel} was modified (sha256 differs from the manifest)")
+    for root, _dirs, names in os.walk(folder):
+        for name in sorted(names):
+            rel = (Path(root) / name).relative_to(folder).as_posix()
+            if rel != MANIFEST_NAME and rel not in expected:
+                problems.append(f"{rel} is not listed in the manifest")
     if problems:
         raise PackageError(
             f"package {folder} is damaged: {'; '.join(problems)}; rebuild it with `aotc build --force`"

@@ -40,7 +40,7 @@ DTYPES = {
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
-SHAPE_PROBLEM = "is not a list of sizes (integers >= 0) and dim names"
+SHAPE_PROBLEM = "is not a list of sizes (integers 0 to 2**31-1) and dim names"
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,10 @@ class TensorSpec:
         if value_range is not None and not (
             isinstance(value_range, list)
             and len(value_range) == 2
-            and all(_is_size(v, 0 - 2**63) for v in value_range)
+            and all(
+                isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
+                for v in value_range
+            )
         ):
             fields.fail("value_range", "is not null or [low, high] integers")
         keyword = fields.boolean("keyword", False) if is_input else False
@@ -93,13 +96,24 @@ class TensorSpec:
         return "[" + ", ".join(parts) + "]"
 
 
+# Bounds on what a manifest may declare, checked before anything is allocated from it: a size
+# above 2**31 - 1 is no size a model serves, and an input of more than 2**32 elements at the
+# example sizes (16 GiB of float32) is no input the runtime makes up for `aotc run`.
+MAX_SIZE = 2**31 - 1
+MAX_EXAMPLE_ELEMENTS = 2**32
+
+
 def _is_size(value: object, low: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_SIZE
 
 
 def _read_dim(parent: Fields, name: str) -> dict:
     fields = parent.object(name)
     info = {key: fields.integer(key) for key in ("min", "max", "example")}
+    if info["max"] > MAX_SIZE:
+        fields.fail(
+            "max", f"is {info['max']}, above the largest size a runtime accepts ({MAX_SIZE})"
+        )
     if not 0 <= info["min"] <= info["example"] <= info["max"]:
         parent.fail(
             name,
@@ -134,6 +148,15 @@ class Signature:
                 "inputs",
                 f"name dims with no range in {fields.path('dims')}: {', '.join(sorted(named - set(dims)))}",
             )
+        for index, spec in enumerate(inputs):
+            elements = 1
+            for entry in spec.shape:
+                elements *= entry if isinstance(entry, int) else dims[entry]["example"]
+            if elements > MAX_EXAMPLE_ELEMENTS:
+                fields.fail(
+                    f"inputs[{index}].shape",
+                    f"declares {elements} elements at the example sizes, above the runtime's bound of 2**32",
+                )
         structure = fields.choice("output_structure", OUTPUT_STRUCTURES + ("",), "")
         constants = fields.raw_object("constants", {})
         return cls(

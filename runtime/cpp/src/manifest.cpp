@@ -5,6 +5,7 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -94,7 +95,27 @@ class Fields {
   std::string where_;
 };
 
-bool is_size(const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; }
+// The bounds of aotc_runtime/signature.py: sizes up to 2**31 - 1, inputs up to 2**32 elements at the example sizes.
+constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxExampleElements = int64_t{1} << 32;
+constexpr uintmax_t kMaxManifestBytes = 16u << 20;
+
+bool is_size(const json& v) {
+  return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxSize;
+}
+
+// A relative POSIX path that stays in the package: no absolute path, no `..`, no empty part.
+bool inside_package(const std::string& rel) {
+  if (rel.empty() || rel[0] == '/' || rel.find('\\') != std::string::npos) return false;
+  std::stringstream parts(rel);
+  std::string part;
+  size_t count = 0;
+  while (std::getline(parts, part, '/')) {
+    ++count;
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return count > 0 && rel.back() != '/';
+}
 
 TensorSpec read_tensor(const Fields& f, bool is_input) {
   TensorSpec spec;
@@ -104,7 +125,7 @@ TensorSpec read_tensor(const Fields& f, bool is_input) {
   const json& shape = f.value("shape");
   bool ok = shape.is_array();
   for (const auto& e : shape) ok = ok && (is_size(e) || (e.is_string() && !e.get<std::string>().empty()));
-  if (!ok) f.fail("shape", "is not a list of sizes (integers >= 0) and dim names");
+  if (!ok) f.fail("shape", "is not a list of sizes (integers 0 to 2**31-1) and dim names");
   for (const auto& e : shape) {
     ShapeEntry entry;
     if (e.is_string()) entry.name = e.get<std::string>();
@@ -142,6 +163,9 @@ Signature read_signature(const Fields& f) {
     for (const auto& [name, value] : dims.data().items()) {
       Fields d(value, dims.path(name));
       DimRange range{d.integer("min"), d.integer("max"), d.integer("example")};
+      if (range.max > kMaxSize) {
+        d.fail("max", "is " + std::to_string(range.max) + ", above the largest size a runtime accepts (" + std::to_string(kMaxSize) + ")");
+      }
       if (!(0 <= range.min && range.min <= range.example && range.example <= range.max)) {
         dims.fail(name, "range is not min <= example <= max (" + std::to_string(range.min) + ", " +
                             std::to_string(range.example) + ", " + std::to_string(range.max) + ")");
@@ -160,6 +184,18 @@ Signature read_signature(const Fields& f) {
     std::string joined;
     for (const auto& n : unnamed) joined += (joined.empty() ? "" : ", ") + n;
     f.fail("inputs", "name dims with no range in " + f.path("dims") + ": " + joined);
+  }
+  for (size_t i = 0; i < sig.inputs.size(); ++i) {
+    // Each factor is at most 2**31 - 1: stop multiplying once past the bound, so nothing overflows.
+    int64_t elements = 1;
+    for (const auto& e : sig.inputs[i].shape) {
+      int64_t size = e.is_static() ? e.size : sig.dims.at(e.name).example;
+      elements = elements > kMaxExampleElements ? elements : elements * size;
+    }
+    if (elements > kMaxExampleElements) {
+      f.fail("inputs[" + std::to_string(i) + "].shape",
+             "declares " + std::to_string(elements) + " elements at the example sizes, above the runtime's bound of 2**32");
+    }
   }
   if (f.has("output_structure")) sig.output_structure = f.choice("output_structure", {"tensor", "tuple", "list", "dict", ""});
   sig.state = read_tensors(f, "state", false, false);
@@ -193,6 +229,7 @@ Manifest read_fields(const json& data) {
   Fields files = f.object("files");
   for (const auto& [rel, digest] : files.data().items()) {
     if (!digest.is_string()) f.fail("files", "is not an object of path -> sha256");
+    if (!inside_package(rel)) f.fail("files", "names '" + rel + "', which is not a plain path inside the package");
     m.files.emplace_back(rel, digest.get<std::string>());
   }
   if (!files.data().contains(kModelFile)) f.fail("files", std::string("does not list ") + kModelFile);
@@ -237,6 +274,10 @@ Manifest read_manifest(const std::string& folder) {
   if (!fs::is_regular_file(path)) {
     throw package_error(folder + " is not an aotc package: it has no " + kManifestName + "; rebuild it with `aotc build`");
   }
+  if (fs::file_size(path) > kMaxManifestBytes) {
+    throw package_error(path.string() + " is " + std::to_string(fs::file_size(path)) +
+                        " bytes, above the 16 MiB a manifest may have; rebuild the package with `aotc build`");
+  }
   std::ifstream in(path);
   json data;
   try {
@@ -267,11 +308,26 @@ Manifest read_manifest(const std::string& folder) {
 
 void verify_files(const std::string& folder, const Manifest& manifest) {
   std::vector<std::string> problems;
+  std::set<std::string> listed;
   for (const auto& [rel, digest] : manifest.files) {
+    listed.insert(rel);
     fs::path path = fs::path(folder) / rel;
-    if (!fs::is_regular_file(path)) problems.push_back(rel + " is missing");
+    // Never follow a link (out of the folder, or to /proc) and never read anything but a regular file.
+    bool link = false;
+    fs::path partial = folder;
+    for (const auto& part : fs::path(rel)) link = link || fs::is_symlink(partial /= part);
+    if (link) problems.push_back(rel + " is a symbolic link");
+    else if (!fs::is_regular_file(fs::symlink_status(path))) problems.push_back(rel + " is missing");
     else if (sha256_file(path.string()) != digest) problems.push_back(rel + " was modified (sha256 differs from the manifest)");
   }
+  std::vector<std::string> unlisted;
+  for (const auto& entry : fs::recursive_directory_iterator(folder)) {
+    if (!entry.is_symlink() && entry.is_directory()) continue;  // files, links and anything else count
+    std::string rel = fs::relative(entry.path(), folder).generic_string();
+    if (rel != kManifestName && !listed.count(rel)) unlisted.push_back(rel + " is not listed in the manifest");
+  }
+  std::sort(unlisted.begin(), unlisted.end());
+  problems.insert(problems.end(), unlisted.begin(), unlisted.end());
   if (!problems.empty()) {
     std::string joined;
     for (const auto& p : problems) joined += (joined.empty() ? "" : "; ") + p;
