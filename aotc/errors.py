@@ -63,7 +63,7 @@ EXIT_CODES = (
     (6, "numeric check failed: package output differs from eager beyond tolerance"),
     (7, "package refused: not a package, damaged, or built for another torch/GPU"),
     (8, "run-time inputs do not match the package signature"),
-    (130, "interrupted (Ctrl-C); nothing half-written is left"),
+    (130, "interrupted (Ctrl-C or SIGTERM); nothing half-written is left"),
 )
 
 __all__ = [

@@ -2,6 +2,8 @@
 
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -243,3 +245,68 @@ def test_views_become_reshapes_before_a_move_to_another_device():
     targets = [n.target for n in ep.graph.nodes]
     assert torch.ops.aten.view.default not in targets and torch.ops.aten.reshape.default in targets
     torch.testing.assert_close(ep.module()(x), Flatten()(x))
+
+
+def test_sigterm_during_build_cleans_up_like_ctrl_c(packages, tmp_path):
+    """timeout, Docker and CI stop a build with SIGTERM: nothing of it may be left behind."""
+    import signal
+    import subprocess
+    import time
+
+    artifact = packages.get("mlp").artifact
+    output = tmp_path / "pkg"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aotc",
+            "build",
+            str(artifact),
+            "--device",
+            "cpu",
+            "-o",
+            str(output),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    staging = tmp_path / f".pkg.aotc-tmp-{proc.pid}"
+    deadline = time.monotonic() + 120
+    while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert staging.exists(), "the build never started writing"
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted; nothing was written" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+    assert not list(Path(tempfile.gettempdir()).glob(f"aotc-verify-{proc.pid}-*"))
+
+
+def test_a_killed_builds_leftovers_are_removed_by_the_next_build(packages, tmp_path):
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a PID no process has now
+    stale = tmp_path / f".pkg.aotc-tmp-{dead.pid}"
+    (stale / "model.pt2").parent.mkdir()
+    (stale / "model.pt2").write_bytes(b"half a model")
+    stale_check = Path(tempfile.gettempdir()) / f"aotc-verify-{dead.pid}-x"
+    stale_check.mkdir(exist_ok=True)
+    result = invoke(
+        "build", packages.get("mlp").artifact, "--device", "cpu", "-o", tmp_path / "pkg", "--quiet"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert not stale.exists() and not stale_check.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
+def test_two_builds_into_one_folder_at_once_are_refused(packages, tmp_path):
+    from aotc.build.package_writer import output_lock
+
+    with output_lock(tmp_path / "pkg"):  # what a running build holds
+        result = invoke(
+            "build", packages.get("mlp").artifact, "--device", "cpu", "-o", tmp_path / "pkg"
+        )
+    assert result.exit_code == 2 and "another aotc build is writing" in result.stderr
+    assert not (tmp_path / "pkg").exists()

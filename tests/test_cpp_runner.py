@@ -167,6 +167,7 @@ def _error_cases(packages, tmp_path) -> dict:
         "absurd dim": (copy("absurd_dim"), []),
         "unlisted file": (copy("unlisted_file"), []),
         "linked model": (copy("linked_model"), []),
+        "unfinished": (copy("unfinished"), []),
         "two inputs given": (
             good,
             ["--input", tmp_path / "ok.npy", "--input", tmp_path / "ok.npy"],
@@ -200,6 +201,7 @@ def _error_cases(packages, tmp_path) -> dict:
         cases["absurd dim"][0], lambda m: m["signature"]["inputs"][0].update(shape=[2**20, 2**20])
     )
     (cases["unlisted file"][0] / "notes.txt").write_text("x")
+    _edit_manifest(cases["unfinished"][0], lambda m: m.update(numeric_check={"status": "pending"}))
     linked = cases["linked model"][0] / "model.pt2"
     linked.rename(tmp_path / "elsewhere.pt2")
     linked.symlink_to(tmp_path / "elsewhere.pt2")

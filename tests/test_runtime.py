@@ -321,3 +321,11 @@ def test_oversized_manifest_is_refused_before_parsing(packages, tmp_path):
     (pkg / "manifest.json").write_text(" " * (17 << 20) + "{}")
     result = invoke("run", pkg)
     assert result.exit_code == 7 and "above the 16 MiB a manifest may have" in result.stderr
+
+
+def test_an_unfinished_package_is_refused(packages, tmp_path):
+    """A build killed during its numeric check leaves a manifest with the check pending: not a package."""
+    pkg = copy_package(packages, tmp_path)
+    _edit_manifest(pkg, lambda m: m.update(numeric_check={"status": "pending"}))
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "was never finished" in result.stderr

@@ -9,12 +9,76 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from aotc_runtime import MANIFEST_NAME, Manifest, hash_package_files, write_text_atomically
+
+
+VERIFY_PREFIX = "aotc-verify-"  # + PID + "-": the numeric check's work folders in the temp directory
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
+
+
+def remove_stale(target: Path) -> list:
+    """Remove what builds killed outright (SIGKILL, a lost machine) left behind: temporary package
+    folders beside `target` and numeric-check folders in the temp directory, of processes that are
+    gone. A live build's folders are never touched. Returns what was removed."""
+    target = Path(target)
+    removed = []
+    own = re.compile(rf"^\.{re.escape(target.name)}\.aotc-(?:tmp|old)-(\d+)$")
+    candidates = [(p, own.match(p.name)) for p in target.parent.glob(f".{target.name}.aotc-*")]
+    verify = re.compile(rf"^{VERIFY_PREFIX}(\d+)-")
+    candidates += [(p, verify.match(p.name)) for p in Path(tempfile.gettempdir()).glob(f"{VERIFY_PREFIX}*")]
+    for path, match in candidates:
+        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def output_lock(target: Path):
+    """Hold `target` for one build: a second build into the same folder at once is refused, not
+    allowed to replace the first's package. The lock (flock on a file beside the target) goes with
+    the process, however it ends."""
+    from aotc.errors import UserInputError
+
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = target.parent / f".{target.name}.aotc-lock"
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserInputError(
+                f"another aotc build is writing {target} right now; wait for it to finish or choose another -o"
+            ) from None
+        # The holder before us removes the file as it lets go: make sure ours is still the one at `path`.
+        if path.exists() and os.stat(path).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -22,6 +86,7 @@ def staging_folder(target: Path):
     """Yield a fresh temporary folder beside `target`; removed unless `commit()` moved it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
     staging = target.parent / f".{target.name}.aotc-tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()

@@ -20,7 +20,7 @@ from aotc.config import BuildConfig, Mode, Precision, resolve_device
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import load_artifact
 from aotc.build.inductor_options import resolve_options
-from aotc.build.package_writer import commit, staging_folder, write_manifest
+from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
 from aotc.build.precision import place_program, tf32_matmuls
 from aotc.progress import Progress
 from aotc.build.ptxas import same_ptxas_as_workers
@@ -69,7 +69,7 @@ def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict,
     with progress.stage(f"loading {cfg.artifact}"):
         ep, meta = load_artifact(cfg.artifact)
     signature = meta.signature
-    with staging_folder(cfg.output) as staging:
+    with output_lock(cfg.output), staging_folder(cfg.output) as staging:
         with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}

@@ -7,12 +7,14 @@ Per output: max abs and max rel difference and the tolerance used; one place dec
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aotc.build.package_writer import VERIFY_PREFIX
 from aotc.child_process import CHILD_TIMEOUT_S, child_command, child_env, failure_line
 from aotc.export.call_structure import initial_state
 from aotc.errors import BuildError, ModelError, NumericMismatchError
@@ -75,7 +77,7 @@ def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
     """Run the package on each case in a fresh process; a crash becomes a BuildError."""
     import torch
 
-    with tempfile.TemporaryDirectory(prefix="aotc-verify-") as work:
+    with tempfile.TemporaryDirectory(prefix=f"{VERIFY_PREFIX}{os.getpid()}-") as work:
         inputs_path, outputs_path = Path(work) / "inputs.pt", Path(work) / "outputs.pt"
         torch.save([[t.cpu() for t in tensors] for _label, tensors in cases], inputs_path)
         env = child_env(**{STRICT_FP32_ENV: "1" if strict else "0"})

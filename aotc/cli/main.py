@@ -26,6 +26,7 @@ class AotcGroup(click.Group):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = list(sys.argv[1:] if args is None else args)
+        terminate_like_interrupt()
         code = run_reporting_errors(
             lambda: super(AotcGroup, self).main(
                 args, prog_name, complete_var, standalone_mode=False, **extra
@@ -59,6 +60,19 @@ def cli(verbose):
 
 for command in (export, build, run, bench, explain, bundle):
     cli.add_command(command)
+
+
+def terminate_like_interrupt() -> None:
+    """SIGTERM (what `timeout`, Docker and CI send) ends a command as Ctrl-C does: the same clean-up
+    (temporary folders removed, nothing half-written), the same message and exit code."""
+    import signal
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def run_reporting_errors(invoke, verbose: bool) -> int:

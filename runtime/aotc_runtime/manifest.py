@@ -359,6 +359,15 @@ def read_manifest(folder: Path) -> Manifest:
         ) from None
 
 
+def check_finished(folder: Path, manifest: Manifest) -> None:
+    """Refuse a package whose build never finished its numeric check (a killed build's temporary folder)."""
+    if manifest.numeric_check is None:
+        raise PackageError(
+            f"package {folder} was never finished: its build stopped before the numeric check; "
+            "rebuild it with `aotc build --force`"
+        )
+
+
 def verify_files(folder: Path, manifest: Manifest) -> None:
     """Refuse a package whose files differ from what the manifest recorded at build time."""
     expected = manifest.files

@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from .environment import check_compatible
 from .errors import PackageError
-from .manifest import MODEL_FILE, STATE_FILE, Manifest, read_manifest, verify_files
+from .manifest import MODEL_FILE, STATE_FILE, Manifest, check_finished, read_manifest, verify_files
 from .signature import Signature
 
 MAX_ACCEPTED_SIGNATURES = 256  # input (shape, dtype) combinations remembered as already checked
@@ -136,7 +136,13 @@ def _tf32_on() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def load(path: str | os.PathLike, verify: bool = True, reuse_outputs: bool = False) -> Package:
+def load(
+    path: str | os.PathLike,
+    verify: bool = True,
+    reuse_outputs: bool = False,
+    *,
+    unfinished: bool = False,
+) -> Package:
     """Open a package folder written by `aotc build`.
 
     Refuses (PackageError) a folder that is not a package, whose files differ from the manifest's
@@ -145,9 +151,13 @@ def load(path: str | os.PathLike, verify: bool = True, reuse_outputs: bool = Fal
     `reuse_outputs=True` (CUDA-graph packages only) returns the graph's own output buffers instead
     of copies, as torch.compile's reduce-overhead does: faster, but the next call overwrites them,
     so clone what you keep.
+    `unfinished=True` lets `aotc build` check a package it is still writing (its numeric check is
+    pending); every other caller gets a PackageError for such a folder.
     """
     path = Path(path)
     manifest = read_manifest(path)
+    if not unfinished:  # only `aotc build`'s own check loads a package it has not finished writing
+        check_finished(path, manifest)
     check_compatible(manifest, path)
     if verify:
         verify_files(path, manifest)

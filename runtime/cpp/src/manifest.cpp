@@ -235,7 +235,8 @@ Manifest read_fields(const json& data) {
   if (!files.data().contains(kModelFile)) f.fail("files", std::string("does not list ") + kModelFile);
   f.number("build_seconds");
   Fields check = f.object("numeric_check");
-  if (!(check.data().size() == 1 && check.data().contains("status") && check.data().at("status") == "pending")) {
+  m.finished = !(check.data().size() == 1 && check.data().contains("status") && check.data().at("status") == "pending");
+  if (m.finished) {
     check.text("reference");
     check.list("cases");
     check.number("atol");
@@ -337,6 +338,9 @@ void verify_files(const std::string& folder, const Manifest& manifest) {
 
 void check_compatible(const std::string& folder, const Manifest& m) {
   std::string where = "package " + folder;
+  if (!m.finished) {
+    throw package_error(where + " was never finished: its build stopped before the numeric check; rebuild it with `aotc build --force`");
+  }
   if (torch_release(m.torch) != running_torch()) {
     throw package_error(where + " was built with torch " + m.torch + ", this process runs torch " + running_torch() +
                         "; rebuild it with `aotc build` on a machine with this torch, or run it where that torch is installed");
