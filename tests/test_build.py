@@ -310,3 +310,44 @@ def test_two_builds_into_one_folder_at_once_are_refused(packages, tmp_path):
         )
     assert result.exit_code == 2 and "another aotc build is writing" in result.stderr
     assert not (tmp_path / "pkg").exists()
+
+
+def test_a_crafted_artifact_cannot_run_code_at_build(packages, tmp_path):
+    """A weight entry marked use_pickle makes torch.export.load unpickle it (code execution):
+    aotc refuses the file before torch reads it."""
+    import pickle
+    import subprocess
+    import zipfile
+
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (exec, (f"open({str(marker)!r}, 'w').write('x')",))
+
+    source, crafted = packages.get("mlp").artifact, tmp_path / "crafted.pt2"
+    with zipfile.ZipFile(source) as original:
+        config_name = next(n for n in original.namelist() if n.endswith("weights_config.json"))
+        config = json.loads(original.read(config_name))
+        entry = next(iter(config["config"].values()))
+        entry["use_pickle"] = True
+        weight_name = config_name.rsplit("/", 1)[0] + "/" + entry["path_name"]
+        with zipfile.ZipFile(crafted, "w") as out:
+            for info in original.infolist():
+                data = original.read(info)
+                if info.filename == config_name:
+                    data = json.dumps(config).encode()
+                elif info.filename == weight_name:
+                    data = pickle.dumps(Payload())
+                out.writestr(info, data)
+    # The threat is real: torch.export.load itself runs the payload.
+    subprocess.run(
+        [sys.executable, "-c", f"import torch; torch.export.load({str(crafted)!r})"],
+        capture_output=True,
+        timeout=300,
+    )
+    assert marker.exists(), "the crafted artifact did not reproduce the finding"
+    marker.unlink()
+    result = invoke("build", crafted, "--device", "cpu", "-o", tmp_path / "pkg")
+    assert result.exit_code == 2 and "pickled entries" in result.stderr, result.stderr
+    assert not marker.exists() and not (tmp_path / "pkg").exists()

@@ -82,10 +82,55 @@ def save_artifact(ep, meta: ArtifactMeta, output: Path) -> None:
         torch.export.save(ep, str(tmp), extra_files={ARTIFACT_META: json.dumps(meta.to_json())})
 
 
+# Entries torch.export.load would unpickle (running whatever code the pickle names): weights or
+# constants saved with use_pickle, torchbind objects (custom_obj_*) and opaque objects (opaque_obj_*).
+# aotc's artifacts hold plain tensors only, so any of these is refused before torch reads the file.
+_CODE_PREFIXES = ("custom_obj_", "opaque_obj_")
+_MAX_CONFIG_BYTES = 64 << 20
+
+
+def code_entries(path: Path) -> list:
+    """Names of the archive's entries that loading would unpickle; [] for a plain-tensor artifact."""
+    import zipfile
+
+    found = []
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(("weights_config.json", "constants_config.json")):
+                continue
+            if info.file_size > _MAX_CONFIG_BYTES:
+                return [f"{info.filename} (a {info.file_size}-byte config)"]
+            try:
+                config = json.loads(archive.read(info)).get("config", {})
+                entries = config.items()
+            except (ValueError, AttributeError):
+                return [f"{info.filename} (not a readable config)"]
+            for name, entry in entries:
+                if not isinstance(entry, dict):
+                    found.append(name)
+                elif entry.get("use_pickle") or str(entry.get("path_name", "")).startswith(
+                    _CODE_PREFIXES
+                ):
+                    found.append(name)
+    return found
+
+
 def load_artifact(path: Path):
-    """(ExportedProgram, ArtifactMeta) or a UserInputError that says this is not an aotc export artifact."""
+    """(ExportedProgram, ArtifactMeta) or a UserInputError that says this is not an aotc export artifact.
+
+    Nothing in the file runs: entries torch would unpickle are refused before it reads the file.
+    """
+    import zipfile
+
     import torch
 
+    if zipfile.is_zipfile(path):
+        pickled = code_entries(path)
+        if pickled:
+            raise UserInputError(
+                f"{path} holds pickled entries ({', '.join(pickled[:3])}), which would run code when loaded; "
+                "aotc loads artifacts of plain tensors only: re-export the model with `aotc export`"
+            )
     extra = {ARTIFACT_META: ""}
     try:
         with quiet_torch():
