@@ -107,7 +107,16 @@ def run_reporting_errors(invoke, verbose: bool) -> int:
 
 def main(argv=None) -> int:
     """Console entry point (`aotc`, `python -m aotc`)."""
-    cli.main(args=argv, prog_name="aotc")
+    try:
+        cli.main(args=argv, prog_name="aotc")
+    except SystemExit as done:
+        if done.code == INTERRUPTED_EXIT_CODE:
+            # Cleaned up and reported. Leave now: an interrupt that reaches Python's shutdown (torch's
+            # compile-worker pool is torn down there) would make the exit a death by SIGINT.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(INTERRUPTED_EXIT_CODE)
+        raise
 
 
 if __name__ == "__main__":
