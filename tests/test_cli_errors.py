@@ -214,3 +214,25 @@ def test_cuda_build_without_gpu(packages, tmp_path):
         "build", packages.get("mlp").artifact, "-o", tmp_path / "pkg", "--device", "cuda"
     )
     assert_error(result, 2, "--device cuda but this machine has no usable CUDA GPU")
+
+
+def test_a_full_disk_is_a_one_line_error_and_leaves_nothing(packages, tmp_path, monkeypatch):
+    """ENOSPC while writing outputs: exit 2 naming the place, no traceback, no partial file."""
+    import errno
+
+    import numpy
+
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def full_disk(handle, **arrays):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "y.npz"))
+
+    monkeypatch.setattr(numpy, "savez", full_disk)
+    result = invoke("run", packages.get("mlp").package, "--output", out / "y.npz")
+    assert result.exit_code == 2, result.stderr
+    assert (
+        result.stderr.startswith("error: no space left on the device holding")
+        and "Traceback" not in result.stderr
+    )
+    assert list(out.iterdir()) == []

@@ -5,6 +5,7 @@ Heavy imports (torch) happen inside commands so `aotc --help` stays fast.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -95,6 +96,24 @@ def run_reporting_errors(invoke, verbose: bool) -> int:
             raise
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
+    except OSError as exc:
+        if verbose:
+            raise
+        if exc.errno in (
+            errno.ENOSPC,
+            errno.EDQUOT,
+        ):  # the disk, not aotc: say where (the writers clean up)
+            where = exc.filename or "the output folder"
+            click.echo(
+                f"error: no space left on the device holding {where}; free space or write elsewhere",
+                err=True,
+            )
+            return 2
+        click.echo(
+            f"error: internal error in aotc: OSError: {exc}; rerun with --verbose and report it",
+            err=True,
+        )
+        return 1
     except Exception as exc:  # our own bug: say so, briefly
         if verbose:
             raise

@@ -6,6 +6,7 @@ argparse, not click: the runtime depends on torch alone.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 
@@ -35,6 +36,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        if args.verbose or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = exc.filename or "the output folder"
+        print(
+            f"error: no space left on the device holding {where}; free space or write elsewhere",
+            file=sys.stderr,
+        )
+        return 2
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
