@@ -299,17 +299,21 @@ def _inside_package(rel: str) -> bool:
     )
 
 
+def package_files(folder: Path) -> list[str]:
+    """Relative POSIX paths of every file under `folder` but the manifest: what `files` must list."""
+    folder = Path(folder)
+    found = []
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            rel = (Path(root) / name).relative_to(folder).as_posix()
+            if rel != MANIFEST_NAME:
+                found.append(rel)
+    return sorted(found)
+
+
 def hash_package_files(folder: Path) -> dict[str, str]:
     """sha256 of every file under `folder` except the manifest itself, keyed by relative path."""
-    folder = Path(folder)
-    hashes = {}
-    for root, _dirs, names in os.walk(folder):
-        for name in sorted(names):
-            path = Path(root) / name
-            rel = path.relative_to(folder).as_posix()
-            if rel != MANIFEST_NAME:
-                hashes[rel] = sha256_file(path)
-    return dict(sorted(hashes.items()))
+    return {rel: sha256_file(Path(folder) / rel) for rel in package_files(folder)}
 
 
 def read_manifest(folder: Path) -> Manifest:
@@ -385,11 +389,11 @@ def verify_files(folder: Path, manifest: Manifest) -> None:
             problems.append(f"{rel} is missing")
         elif sha256_file(path) != digest:
             problems.append(f"{rel} was modified (sha256 differs from the manifest)")
-    for root, _dirs, names in os.walk(folder):
-        for name in sorted(names):
-            rel = (Path(root) / name).relative_to(folder).as_posix()
-            if rel != MANIFEST_NAME and rel not in expected:
-                problems.append(f"{rel} is not listed in the manifest")
+    problems += [
+        f"{rel} is not listed in the manifest"
+        for rel in package_files(folder)
+        if rel not in expected
+    ]
     if problems:
         raise PackageError(
             f"package {folder} is damaged: {'; '.join(problems)}; rebuild it with `aotc build --force`"
