@@ -23,6 +23,7 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 MODEL_FILE = "model.pt2"
+SIGNATURE_FILE = "manifest.json.sig"  # `aotc sign`: ed25519 over manifest.json's bytes
 STATE_FILE = "state.pt"  # initial values of the state carried between calls (signature["state"])
 
 
@@ -300,13 +301,14 @@ def _inside_package(rel: str) -> bool:
 
 
 def package_files(folder: Path) -> list[str]:
-    """Relative POSIX paths of every file under `folder` but the manifest: what `files` must list."""
+    """Relative POSIX paths of every file under `folder` but the manifest and its signature: what
+    `files` must list (the signature covers the manifest, which covers the rest)."""
     folder = Path(folder)
     found = []
     for root, _dirs, names in os.walk(folder):
         for name in names:
             rel = (Path(root) / name).relative_to(folder).as_posix()
-            if rel != MANIFEST_NAME:
+            if rel not in (MANIFEST_NAME, SIGNATURE_FILE):
                 found.append(rel)
     return sorted(found)
 

@@ -141,6 +141,8 @@ def load(
     verify: bool = True,
     reuse_outputs: bool = False,
     *,
+    threads: int = 1,
+    public_key: str | os.PathLike | None = None,
     unfinished: bool = False,
 ) -> Package:
     """Open a package folder written by `aotc build`.
@@ -151,21 +153,31 @@ def load(
     `reuse_outputs=True` (CUDA-graph packages only) returns the graph's own output buffers instead
     of copies, as torch.compile's reduce-overhead does: faster, but the next call overwrites them,
     so clone what you keep.
+    `threads=N` lets N threads call the package at once (AOTInductor keeps N model instances, each
+    with its own buffers); with 1, concurrent calls wait for each other.
+    `public_key` (an ed25519 public key in PEM, from `aotc keygen`) refuses a package that is not
+    signed by its private key or was changed after signing (`aotc sign`).
     `unfinished=True` lets `aotc build` check a package it is still writing (its numeric check is
     pending); every other caller gets a PackageError for such a folder.
     """
     path = Path(path)
+    if public_key is not None:  # before anything in the folder is parsed
+        from .signing import verify_signature
+
+        verify_signature(path, public_key)
     manifest = read_manifest(path)
     if not unfinished:  # only `aotc build`'s own check loads a package it has not finished writing
         check_finished(path, manifest)
     check_compatible(manifest, path)
     if verify:
         verify_files(path, manifest)
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
     device_index = 0 if manifest.device.type == "cuda" else -1
     single_threaded = manifest.runtime.cuda_graphs
     try:
         loader = torch._C._aoti.AOTIModelPackageLoader(
-            str(path / MODEL_FILE), "model", single_threaded, 1, device_index
+            str(path / MODEL_FILE), "model", single_threaded, threads, device_index
         )
     except Exception as exc:  # the C++ loader raises RuntimeError with its own text
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
