@@ -133,7 +133,16 @@ def test_runner_does_not_link_libpython(runner):
 def _edit_manifest(package: Path, edit) -> None:
     manifest = json.loads((package / "manifest.json").read_text())
     edit(manifest)
-    (package / "manifest.json").write_text(json.dumps(manifest))
+    (package / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
+
+
+def _swap_model(package: Path, donor: Path) -> None:
+    """Replace model.pt2 with another package's and update its hash, as an attacker would."""
+    shutil.copy(donor / "model.pt2", package / "model.pt2")
+    _edit_manifest(
+        package,
+        lambda m: m["files"].update({"model.pt2": aotc_runtime.sha256_file(package / "model.pt2")}),
+    )
 
 
 def _error_cases(packages, tmp_path) -> dict:
@@ -162,7 +171,10 @@ def _error_cases(packages, tmp_path) -> dict:
         "no precision": (copy("no_precision"), []),
         "other torch": (copy("other_torch"), []),
         "cuda package": (copy("cuda_package"), []),
-        "format 3": (copy("format_3"), []),
+        "format 4": (copy("format_4"), []),
+        "manifest edited": (copy("manifest_edited"), []),
+        "manifest lies": (copy("manifest_lies"), []),
+        "swapped model": (copy("swapped_model"), []),
         "path outside": (copy("path_outside"), []),
         "absurd dim": (copy("absurd_dim"), []),
         "unlisted file": (copy("unlisted_file"), []),
@@ -195,7 +207,11 @@ def _error_cases(packages, tmp_path) -> dict:
         cases["cuda package"][0],
         lambda m: m["device"].update(type="cuda", gpu_name="X", compute_capability="9.0"),
     )
-    _edit_manifest(cases["format 3"][0], lambda m: m.update(format_version=3))
+    _edit_manifest(cases["format 4"][0], lambda m: m.update(format_version=4))
+    edited = cases["manifest edited"][0] / "manifest.json"  # its own hash left as it was
+    edited.write_text(edited.read_text().replace('"precision": "fp32"', '"precision": "tf32"'))
+    _edit_manifest(cases["manifest lies"][0], lambda m: m.update(mode="max-autotune"))
+    _swap_model(cases["swapped model"][0], packages.get("dynamic_mlp").package)
     _edit_manifest(cases["path outside"][0], lambda m: m["files"].update({"../x": "0" * 64}))
     _edit_manifest(
         cases["absurd dim"][0], lambda m: m["signature"]["inputs"][0].update(shape=[2**20, 2**20])

@@ -168,7 +168,7 @@ def test_other_gpu_architecture_is_refused(gpu_workdir, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["device"]["compute_capability"] = "8.0"
     manifest["device"]["gpu_name"] = "NVIDIA A100"
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
     result = invoke("run", copy)
     assert result.exit_code == 7
     assert "built for NVIDIA A100 (compute capability 8.0)" in result.stderr

@@ -46,9 +46,10 @@ def test_missing_manifest_is_refused(packages, tmp_path):
 
 
 def _edit_manifest(pkg, edit):
+    """Edit a manifest the way someone who knows the format would: its own hash recomputed."""
     manifest = json.loads((pkg / "manifest.json").read_text())
     edit(manifest)
-    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    (pkg / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,7 @@ def test_other_torch_version_is_refused(packages, tmp_path):
     pkg = copy_package(packages, tmp_path)
     manifest = json.loads((pkg / "manifest.json").read_text())
     manifest["toolchain"]["torch"] = "2.11.0+cu130"
-    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    (pkg / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
     result = invoke("run", pkg)
     assert result.exit_code == 7
     assert (
@@ -128,7 +129,7 @@ def test_cuda_package_refused_without_gpu(packages, tmp_path):
         "gpu_name": "NVIDIA H100 80GB HBM3",
         "compute_capability": "9.0",
     }
-    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    (pkg / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
     result = invoke("run", pkg)
     assert result.exit_code == 7 and "no usable GPU" in result.stderr
 
@@ -225,14 +226,17 @@ def test_python_module_runner(packages):
     assert json.loads(out)["outputs"][0]["shape"] == [10, 10]
 
 
-def test_tf32_package_sets_tf32_around_its_calls_only(packages, tmp_path):
+def test_tf32_package_sets_tf32_around_its_calls_only(packages, tmp_path, monkeypatch):
     """A tf32 package runs with TF32 on, and leaves the process's flags as it found them."""
+    # A CPU machine cannot build a tf32 package (CUDA only): this one is a CPU package whose manifest
+    # says tf32, so the check that the manifest describes the compiled model is switched off here.
+    monkeypatch.setattr("aotc_runtime.package.check_contract", lambda *args: None)
     package_dir = copy_package(packages, tmp_path)
     manifest_path = package_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     # what a --precision tf32 build records (CUDA only; the flags exist on CPU too)
     manifest["runtime"]["tf32"] = True
-    manifest_path.write_text(json.dumps(manifest))
+    manifest_path.write_text(aotc_runtime.hashed_manifest_text(manifest))
     flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # noqa: E731
     before = flags()
     try:
@@ -329,3 +333,55 @@ def test_an_unfinished_package_is_refused(packages, tmp_path):
     _edit_manifest(pkg, lambda m: m.update(numeric_check={"status": "pending"}))
     result = invoke("run", pkg)
     assert result.exit_code == 7 and "was never finished" in result.stderr
+
+
+def test_a_manifest_edited_after_the_build_is_refused(packages, tmp_path):
+    """Finding 2 of issue 14: manifest.json is covered by a hash of its own content."""
+    pkg = copy_package(packages, tmp_path)
+    path = pkg / "manifest.json"
+    path.write_text(path.read_text().replace('"mode": "default"', '"mode": "max-autotune"'))
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "manifest.json was modified after the build" in result.stderr
+
+
+@pytest.mark.parametrize("format_version", [3, 2])
+def test_a_manifest_that_lies_about_its_model_is_refused(packages, tmp_path, format_version):
+    """Finding 2: a manifest declaring shape 48 for a model compiled for 32 ran with rows 32-47
+    wrong. Its hash recomputed (anyone can), or posing as a format-2 manifest that has no hash, it
+    is still refused: the compiled model carries what it was built as."""
+    pkg = copy_package(packages, tmp_path)
+
+    def lie(manifest):
+        manifest["signature"]["inputs"][0]["shape"] = [48, 128]
+        manifest["format_version"] = format_version
+
+    _edit_manifest(pkg, lie)
+    result = invoke("run", pkg)
+    assert result.exit_code == 7, result.stderr
+    assert "signature.inputs[0].shape[0] is 48 in the manifest but 32 in model.pt2" in result.stderr
+
+
+def test_a_swapped_model_is_refused(packages, tmp_path):
+    """Finding 2: model.pt2 replaced by another model of the same signature, its hash updated."""
+    other = tmp_path / "other.py"
+    other.write_text(
+        "import torch\n\n\nclass Other(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(128, 10)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)\n\n\n"
+        "def get_model():\n    return Other()\n"
+    )
+    assert (
+        invoke("export", other, "--input-shape", "32x128", "-o", tmp_path / "o.pt2").exit_code == 0
+    )
+    result = invoke(
+        "build", tmp_path / "o.pt2", "--device", "cpu", "-o", tmp_path / "o_pkg", "--quiet"
+    )
+    assert result.exit_code == 0, result.stderr
+    pkg = copy_package(packages, tmp_path)
+    shutil.copy(tmp_path / "o_pkg" / "model.pt2", pkg / "model.pt2")
+    digest = aotc_runtime.sha256_file(pkg / "model.pt2")
+    _edit_manifest(pkg, lambda m: m["files"].update({"model.pt2": digest}))
+    result = invoke("run", pkg)
+    assert result.exit_code == 7, result.stderr
+    assert "source_sha256 is" in result.stderr and "in model.pt2" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import MODELS, invoke
 
+import aotc_runtime
 from aotc.errors import ModelError
 from aotc.export.call_structure import DICT, LIST, TENSOR, TUPLE, flat_leaves, output_layout
 
@@ -79,7 +80,6 @@ def _eager():
 
 @pytest.mark.slow
 def test_structured_outputs_signature_and_named_results(structured):
-    import aotc_runtime
 
     artifact, package_dir = structured
     package = aotc_runtime.load(package_dir)
@@ -145,7 +145,6 @@ def test_run_reads_named_npz_and_writes_named_outputs(structured, tmp_path):
 
 @pytest.mark.slow
 def test_inputs_by_name_errors(structured):
-    import aotc_runtime
     from aotc_runtime import InputMismatchError
 
     package = aotc_runtime.load(structured[1])
@@ -160,7 +159,6 @@ def test_inputs_by_name_errors(structured):
 
 @pytest.mark.slow
 def test_stateful_model_counts_across_calls_like_eager(tmp_path):
-    import aotc_runtime
 
     artifact = tmp_path / "counter.pt2"
     result = invoke("export", MODELS / "counter.py", "--input-shape", "2x3", "-o", artifact)
@@ -189,7 +187,9 @@ def test_stateful_model_counts_across_calls_like_eager(tmp_path):
     state_file.write_bytes(b"not a torch file")
     manifest = json.loads((tmp_path / "counter_pkg" / "manifest.json").read_text())
     manifest["files"]["state.pt"] = sha256_file(state_file)
-    (tmp_path / "counter_pkg" / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "counter_pkg" / "manifest.json").write_text(
+        aotc_runtime.hashed_manifest_text(manifest)
+    )
     result = invoke("run", tmp_path / "counter_pkg")
     assert (
         result.exit_code == 7

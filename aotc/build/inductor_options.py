@@ -39,5 +39,7 @@ def resolve_options(cfg: BuildConfig) -> dict:
         for key in unknown:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-        raise UserInputError(f"unknown Inductor option {', '.join(hints)}; see torch._inductor.config for the names")
+        raise UserInputError(
+            f"unknown Inductor option {', '.join(hints)}; see torch._inductor.config for the names"
+        )
     return dict(sorted(options.items()))

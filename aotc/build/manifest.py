@@ -6,14 +6,25 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from aotc_runtime import Device, Manifest, RuntimeSettings, Signature, Source, Toolchain, gpu_description, running_environment, sha256_file
-
 from aotc import __version__
 from aotc.config import BuildConfig, Precision, preset_runtime
 from aotc.export.artifact import ArtifactMeta
+from aotc_runtime import (
+    Device,
+    Manifest,
+    RuntimeSettings,
+    Signature,
+    Source,
+    Toolchain,
+    gpu_description,
+    running_environment,
+    sha256_file,
+)
 
 
-def new_manifest(cfg: BuildConfig, meta: ArtifactMeta, options: dict, compiler_record: dict) -> Manifest:
+def new_manifest(
+    cfg: BuildConfig, meta: ArtifactMeta, options: dict, compiler_record: dict
+) -> Manifest:
     """The manifest of a package about to be compiled: no files, no timings, numeric check pending."""
     running = running_environment()
     build_tools = dict(compiler_record)
@@ -30,13 +41,17 @@ def new_manifest(cfg: BuildConfig, meta: ArtifactMeta, options: dict, compiler_r
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         model=meta.model,
         source=Source(str(Path(cfg.artifact).resolve()), sha256_file(cfg.artifact)),
-        toolchain=Toolchain(running["torch"], running["python"], running["platform"], running["cuda"], build_tools),
+        toolchain=Toolchain(
+            running["torch"], running["python"], running["platform"], running["cuda"], build_tools
+        ),
         device=device,
         mode=cfg.mode.value,
         precision=cfg.precision.value,
         inductor_options=dict(options),
-        runtime=RuntimeSettings(cuda_graphs=bool(preset.get("cuda_graphs")) and cfg.device == "cuda",
-                                tf32=cfg.precision == Precision.TF32),
+        runtime=RuntimeSettings(
+            cuda_graphs=bool(preset.get("cuda_graphs")) and cfg.device == "cuda",
+            tf32=cfg.precision == Precision.TF32,
+        ),
         signature=Signature.from_json(meta.signature),
         files={},
         build_seconds=0.0,

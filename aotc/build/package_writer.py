@@ -10,17 +10,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from aotc_runtime import MANIFEST_NAME, Manifest, hash_package_files, write_text_atomically
+from aotc_runtime import (
+    MANIFEST_NAME,
+    Manifest,
+    hash_package_files,
+    manifest_text,
+    write_text_atomically,
+)
 
-
-VERIFY_PREFIX = "aotc-verify-"  # + PID + "-": the numeric check's work folders in the temp directory
+VERIFY_PREFIX = (
+    "aotc-verify-"  # + PID + "-": the numeric check's work folders in the temp directory
+)
 
 
 def _alive(pid: int) -> bool:
@@ -42,7 +48,9 @@ def remove_stale(target: Path) -> list:
     own = re.compile(rf"^\.{re.escape(target.name)}\.aotc-(?:tmp|old)-(\d+)$")
     candidates = [(p, own.match(p.name)) for p in target.parent.glob(f".{target.name}.aotc-*")]
     verify = re.compile(rf"^{VERIFY_PREFIX}(\d+)-")
-    candidates += [(p, verify.match(p.name)) for p in Path(tempfile.gettempdir()).glob(f"{VERIFY_PREFIX}*")]
+    candidates += [
+        (p, verify.match(p.name)) for p in Path(tempfile.gettempdir()).glob(f"{VERIFY_PREFIX}*")
+    ]
     for path, match in candidates:
         if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
@@ -99,7 +107,7 @@ def staging_folder(target: Path):
 def write_manifest(folder: Path, manifest: Manifest) -> Manifest:
     """Hash every file in the folder into the manifest's `files` and write manifest.json."""
     manifest = dataclasses.replace(manifest, files=hash_package_files(folder))
-    write_text_atomically(folder / MANIFEST_NAME, json.dumps(manifest.to_json(), indent=2, default=str) + "\n")
+    write_text_atomically(folder / MANIFEST_NAME, manifest_text(manifest))
     return manifest
 
 

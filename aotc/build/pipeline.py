@@ -7,28 +7,28 @@ write the manifest, load-and-run the package in a child process against eager, r
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotc_runtime import MODEL_FILE, STATE_FILE, Manifest
-
+from aotc.build.inductor_options import resolve_options
 from aotc.build.manifest import new_manifest
+from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
+from aotc.build.precision import place_program, tf32_matmuls
 from aotc.build.profile import TuningProgress, inductor_phase_times
-from aotc.export.call_structure import initial_state
+from aotc.build.ptxas import same_ptxas_as_workers
+from aotc.build.tolerances import tolerance
+from aotc.build.toolchain import compiler_options, use_compiler
+from aotc.build.verify import check_numerics
 from aotc.config import BuildConfig, Mode, Precision, resolve_device
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import load_artifact
-from aotc.build.inductor_options import resolve_options
-from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
-from aotc.build.precision import place_program, tf32_matmuls
-from aotc.progress import Progress
-from aotc.build.ptxas import same_ptxas_as_workers
-from aotc.quiet import quiet_torch
-from aotc.build.tolerances import tolerance
-from aotc.build.toolchain import compiler_options, use_compiler
+from aotc.export.call_structure import initial_state
 from aotc.export.user_frames import first_line
-from aotc.build.verify import check_numerics
+from aotc.progress import Progress
+from aotc.quiet import quiet_torch
+from aotc_runtime import CONTRACT_KEY, MODEL_FILE, STATE_FILE, Manifest, model_contract
 
 
 @dataclass
@@ -38,9 +38,15 @@ class BuildResult:
 
     def to_dict(self) -> dict:
         m = self.manifest
-        return {"package": str(self.output), "mode": m.mode, "device": m.device.to_json(), "precision": m.precision,
-                "build_seconds": m.build_seconds, "size_bytes": m.size_bytes,
-                "numeric_check": m.numeric_check.to_json() if m.numeric_check else None}
+        return {
+            "package": str(self.output),
+            "mode": m.mode,
+            "device": m.device.to_json(),
+            "precision": m.precision,
+            "build_seconds": m.build_seconds,
+            "size_bytes": m.size_bytes,
+            "numeric_check": m.numeric_check.to_json() if m.numeric_check else None,
+        }
 
 
 def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
@@ -53,7 +59,9 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
     import torch
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine")
+        raise UserInputError(
+            "--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine"
+        )
     compiler, compiler_record = compiler_options(cfg.bsymbolic)
     # Inductor's worker processes read $CXX when they start: name the compiler before anything
     # imports torch._inductor (see toolchain.use_compiler); on CUDA, give this process the ptxas
@@ -64,7 +72,9 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
         return _build(cfg, progress, started, compiler, compiler_record)
 
 
-def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict) -> BuildResult:
+def _build(
+    cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict
+) -> BuildResult:
     options = resolve_options(cfg)
     with progress.stage(f"loading {cfg.artifact}"):
         ep, meta = load_artifact(cfg.artifact)
@@ -73,22 +83,53 @@ def _build(cfg: BuildConfig, progress: Progress, started: float, compiler: dict,
         with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}
-        with progress.stage(f"compiling with AOTInductor, mode {cfg.mode.value}", detail=TuningProgress()), inductor_phase_times(phases):
-            compile_aoti(placed, staging / MODEL_FILE, {**options, **compiler}, cfg.precision)
+        manifest = new_manifest(cfg, meta, options, compiler_record)
+        # The compiled model carries what it was built as, so a runtime can tell an edited manifest
+        # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
+        described = {
+            "aot_inductor.metadata": {
+                CONTRACT_KEY: json.dumps(model_contract(manifest), sort_keys=True)
+            }
+        }
+        with (
+            progress.stage(
+                f"compiling with AOTInductor, mode {cfg.mode.value}", detail=TuningProgress()
+            ),
+            inductor_phase_times(phases),
+        ):
+            compile_aoti(
+                placed, staging / MODEL_FILE, {**options, **compiler, **described}, cfg.precision
+            )
         if signature.get("state"):
             write_state(ep, signature, staging)
         compile_seconds = time.perf_counter() - started
-        manifest = dataclasses.replace(new_manifest(cfg, meta, options, compiler_record),
-                                       build_seconds=round(compile_seconds, 2), build_phases=phases)
+        manifest = dataclasses.replace(
+            manifest, build_seconds=round(compile_seconds, 2), build_phases=phases
+        )
         write_manifest(staging, manifest)  # the check's child loads the package through the runtime
         atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol)
         with progress.stage("checking the package against eager in a child process"), quiet_torch():
             reference = place_program(ep, cfg.device, Precision.FP32, signature)
             strict = cfg.device == "cuda" and cfg.precision == Precision.FP32
-            check = check_numerics(reference, signature, staging, cfg.device, atol, rtol, cfg.allow_mismatch, strict=strict)
-        manifest = write_manifest(staging, dataclasses.replace(
-            manifest, numeric_check=check, build_seconds=round(time.perf_counter() - started, 2),
-            size_bytes=(staging / MODEL_FILE).stat().st_size))
+            check = check_numerics(
+                reference,
+                signature,
+                staging,
+                cfg.device,
+                atol,
+                rtol,
+                cfg.allow_mismatch,
+                strict=strict,
+            )
+        manifest = write_manifest(
+            staging,
+            dataclasses.replace(
+                manifest,
+                numeric_check=check,
+                build_seconds=round(time.perf_counter() - started, 2),
+                size_bytes=(staging / MODEL_FILE).stat().st_size,
+            ),
+        )
         commit(staging, cfg.output)
     progress.note(f"wrote {cfg.output} in {manifest.build_seconds:.1f}s")
     return BuildResult(cfg.output, manifest)
@@ -99,11 +140,16 @@ def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) ->
 
     try:
         with quiet_torch(), tf32_matmuls(precision == Precision.TF32):
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(package_path), inductor_configs=options)
+            torch._inductor.aoti_compile_and_package(
+                ep, package_path=str(package_path), inductor_configs=options
+            )
     except (KeyboardInterrupt, BuildError):
         raise
     except Exception as exc:
-        raise BuildError(f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; rerun with --verbose for details") from exc
+        raise BuildError(
+            f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; "
+            "rerun with --verbose for details"
+        ) from exc
 
 
 def write_state(ep, signature: dict, folder: Path) -> None:

@@ -44,17 +44,27 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
         def forward(self, *args):
             cast = [a.to(low) if a.is_floating_point() else a for a in args]
             out = self.module(*cast)
-            return torch.utils._pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+            return torch.utils._pytree.tree_map(
+                lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                out,
+            )
 
     example = [t.to(target) for t in ep.example_inputs[0]]
     try:
-        return torch.export.export(CastWrapper(inner), tuple(example), dynamic_shapes=dynamic_shapes(signature), strict=False)
+        return torch.export.export(
+            CastWrapper(inner),
+            tuple(example),
+            dynamic_shapes=dynamic_shapes(signature),
+            strict=False,
+        )
     except Exception as exc:
         from aotc.errors import BuildError
         from aotc.export.user_frames import first_line
 
-        raise BuildError(f"the program cannot run in {precision.value} ({type(exc).__name__}: {first_line(exc)[:200]}); "
-                         "build it in fp32 (or tf32 on CUDA)") from exc
+        raise BuildError(
+            f"the program cannot run in {precision.value} ({type(exc).__name__}: {first_line(exc)[:200]}); "
+            "build it in fp32 (or tf32 on CUDA)"
+        ) from exc
 
 
 def drop_dtype_assertions(module) -> None:
@@ -69,7 +79,12 @@ def drop_dtype_assertions(module) -> None:
         graph = getattr(graph_module, "graph", None)
         if graph is None or not hasattr(graph_module, "recompile"):
             continue
-        doomed = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten._assert_tensor_metadata.default]
+        doomed = [
+            n
+            for n in graph.nodes
+            if n.op == "call_function"
+            and n.target is torch.ops.aten._assert_tensor_metadata.default
+        ]
         for node in doomed:
             graph.erase_node(node)
         if doomed:
@@ -122,7 +137,9 @@ def name_graph_devices(graph_module, target) -> int:
                 continue
             positions, names = _device_arguments(node.target)
             args, kwargs = list(node.args), dict(node.kwargs)
-            slots = [(args, i) for i in positions if i < len(args)] + [(kwargs, k) for k in names if k in kwargs]
+            slots = [(args, i) for i in positions if i < len(args)] + [
+                (kwargs, k) for k in names if k in kwargs
+            ]
             for container, key in slots:
                 if _is_device_value(container[key]):
                     changed += torch.device(container[key]) != target
@@ -188,7 +205,10 @@ def dynamic_shapes(signature: dict):
     """The artifact's dynamic_shapes again, from its signature (state inputs are static)."""
     from aotc.export.shapes import DimSpec, export_dynamic_shapes
 
-    dims = {name: DimSpec(name, info["min"], info["max"]) for name, info in (signature.get("dims") or {}).items()}
+    dims = {
+        name: DimSpec(name, info["min"], info["max"])
+        for name, info in (signature.get("dims") or {}).items()
+    }
     shapes = [spec["shape"] for spec in signature["inputs"]]
     return export_dynamic_shapes(shapes, dims, extra_static=len(signature.get("state", ())))
 

@@ -34,7 +34,7 @@ def inductor_phase_times(into: dict):
 def _new_entries(metrics: dict, before: dict) -> dict:
     phases = {}
     for key, values in metrics.items():
-        new = values[before.get(key, 0):]
+        new = values[before.get(key, 0) :]
         total = sum(new)
         if total >= SHOWN_FROM_SECONDS:
             phases[key] = {"seconds": round(total, 2), "calls": len(new)}
@@ -50,9 +50,11 @@ class TuningProgress:
     Returns "" while nothing was tuned (every default-mode build).
     """
 
-    PHASES = (("select_algorithm_autotune", "GEMM/conv ops autotuned"),
-              ("select_algorithm_num_precompiles", "template choices compiled"),
-              ("coordesc_tuning_bench", "coordinate-descent trials"))
+    PHASES = (
+        ("select_algorithm_autotune", "GEMM/conv ops autotuned"),
+        ("select_algorithm_num_precompiles", "template choices compiled"),
+        ("coordesc_tuning_bench", "coordinate-descent trials"),
+    )
 
     def __init__(self):
         self.start = self._read()
@@ -68,5 +70,9 @@ class TuningProgress:
 
     def __call__(self) -> str:
         now = self._read()
-        parts = [f"{now[key] - self.start.get(key, 0)} {words}" for key, words in self.PHASES if now.get(key, 0) > self.start.get(key, 0)]
+        parts = [
+            f"{now[key] - self.start.get(key, 0)} {words}"
+            for key, words in self.PHASES
+            if now.get(key, 0) > self.start.get(key, 0)
+        ]
         return ", ".join(parts)

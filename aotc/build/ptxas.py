@@ -35,9 +35,16 @@ def workers_ptxas() -> str | None:
         from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
     except ImportError:  # a torch without the hook: its workers do not choose either
         return None
-    choose = getattr(_set_triton_ptxas_path, "__wrapped__", _set_triton_ptxas_path)  # it is cached per process
-    with env_set(**{ENV: None}), warnings.catch_warnings():  # it sets the variable: read it, then undo
-        warnings.simplefilter("ignore")  # "exists but is not an executable": then there is nothing to align
+    choose = getattr(
+        _set_triton_ptxas_path, "__wrapped__", _set_triton_ptxas_path
+    )  # it is cached per process
+    with (
+        env_set(**{ENV: None}),
+        warnings.catch_warnings(),
+    ):  # it sets the variable: read it, then undo
+        warnings.simplefilter(
+            "ignore"
+        )  # "exists but is not an executable": then there is nothing to align
         choose()
         return os.environ.get(ENV)
 

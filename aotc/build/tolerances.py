@@ -18,6 +18,8 @@ DEFAULTS = {
 }
 
 
-def tolerance(precision: str, device: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
+def tolerance(
+    precision: str, device: str, atol: float | None, rtol: float | None
+) -> tuple[float, float]:
     default_atol, default_rtol = DEFAULTS.get(f"{precision}-{device}", DEFAULTS[precision])
     return (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)

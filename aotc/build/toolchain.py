@@ -1,10 +1,10 @@
 """The C++ compiler Inductor uses for the model .so, and the link flag aotc adds to it.
 
-Why -Wl,-Bsymbolic (kept on by default as a second guard): the model .so carries its own copies of C++ standard-library template code
-(std::regex and friends, from the system g++ headers). Without -Bsymbolic the dynamic linker binds
-those names to copies already exported by the torch libraries in the process, which may come from
-another toolchain; on the GPU machine (torch 2.11 + g++ 13.3) that mix crashes inside
-`parse_device_str`'s std::regex on load. With -Bsymbolic the .so binds to its
+Why -Wl,-Bsymbolic (kept on by default as a second guard): the model .so carries its own copies of
+C++ standard-library template code (std::regex and friends, from the system g++ headers). Without
+-Bsymbolic the dynamic linker binds those names to copies already exported by the torch libraries
+in the process, which may come from another toolchain; on the GPU machine (torch 2.11 + g++ 13.3)
+that mix crashes inside `parse_device_str`'s std::regex on load. With -Bsymbolic the .so binds to its
 own copies. Where the copies already agree it changes nothing observable.
 
 Which g++: the one installed beside the libstdc++ this process (and so a serving process) loads,
@@ -32,10 +32,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from aotc_runtime import write_text_atomically
-
 from aotc.env_vars import env_set
 from aotc.errors import BuildError
+from aotc_runtime import write_text_atomically
 
 LINK_FLAG = "-Wl,-Bsymbolic"
 
@@ -50,7 +49,9 @@ exec "{real}" "$@"
 
 def loaded_libstdcxx() -> str | None:
     """Real path of the libstdc++ mapped into this process once torch is imported (Linux only)."""
-    importlib.import_module("torch")  # torch's libraries pull in the libstdc++ a serving process will use
+    importlib.import_module(
+        "torch"
+    )  # torch's libraries pull in the libstdc++ a serving process will use
 
     try:
         maps = Path("/proc/self/maps").read_text()
@@ -84,8 +85,12 @@ def library_gcc_release(library: str) -> int | None:
 def compiler_gcc_release(cxx: str) -> int | None:
     """_GLIBCXX_RELEASE of the C++ headers `cxx` compiles against (its GCC major version)."""
     try:
-        out = subprocess.run([cxx, "-x", "c++", "-dM", "-E", "-include", "bits/c++config.h", "/dev/null"],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [cxx, "-x", "c++", "-dM", "-E", "-include", "bits/c++config.h", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r"#define _GLIBCXX_RELEASE (\d+)", out)
@@ -120,27 +125,44 @@ def choose_compiler() -> tuple[str, dict]:
     if forced:
         path = shutil.which(forced)
         if path is None:
-            raise BuildError(f"AOTC_CXX={forced} is not an executable; point it at a g++ binary or unset it")
+            raise BuildError(
+                f"AOTC_CXX={forced} is not an executable; point it at a g++ binary or unset it"
+            )
         return path, {"cxx_choice": "AOTC_CXX"}
     library = loaded_libstdcxx()
     beside = compiler_beside(library)
     candidates = candidate_compilers(beside)
     if not candidates:
-        raise BuildError("no C++ compiler found: install g++ (or set CXX / AOTC_CXX to a g++ binary)")
+        raise BuildError(
+            "no C++ compiler found: install g++ (or set CXX / AOTC_CXX to a g++ binary)"
+        )
     available = library_gcc_release(library) if library else None
     record = {"libstdcxx": library, "libstdcxx_gcc_release": available}
     if beside is not None:
-        return beside, {**record, "cxx_headers_gcc_release": compiler_gcc_release(beside),
-                        "cxx_choice": "installed beside the libstdc++ torch loads"}
+        return beside, {
+            **record,
+            "cxx_headers_gcc_release": compiler_gcc_release(beside),
+            "cxx_choice": "installed beside the libstdc++ torch loads",
+        }
     if available is None:
-        return candidates[0], {**record, "cxx_choice": "first available (libstdc++ release unknown)"}
+        return candidates[0], {
+            **record,
+            "cxx_choice": "first available (libstdc++ release unknown)",
+        }
     for path in candidates:
         headers = compiler_gcc_release(path)
         if headers is not None and headers <= available:
-            return path, {**record, "cxx_headers_gcc_release": headers, "cxx_choice": "headers not newer than the libstdc++ torch loads"}
+            return path, {
+                **record,
+                "cxx_headers_gcc_release": headers,
+                "cxx_choice": "headers not newer than the libstdc++ torch loads",
+            }
     releases = ", ".join(f"{p} (GCC {compiler_gcc_release(p)})" for p in candidates)
-    raise BuildError(f"every g++ found ({releases}) has C++ headers newer than the libstdc++ torch loads (GCC {available}, {library}); "
-                     "its packages would crash on load: install a g++ of that release or older, or set AOTC_CXX")
+    raise BuildError(
+        f"every g++ found ({releases}) has C++ headers newer than the libstdc++ torch loads "
+        f"(GCC {available}, {library}); "
+        "its packages would crash on load: install a g++ of that release or older, or set AOTC_CXX"
+    )
 
 
 def compiler_version(path: str) -> str:
@@ -161,7 +183,9 @@ def bsymbolic_wrapper(real: str) -> Path:
     tag = hashlib.sha256(content.encode()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / f"aotc-toolchain-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
-    path = folder / f"aotc-{tag}-g++"  # Inductor recognises the compiler family by "g++" in the name
+    path = (
+        folder / f"aotc-{tag}-g++"
+    )  # Inductor recognises the compiler family by "g++" in the name
     if not path.is_file() or path.read_text() != content:
         write_text_atomically(path, content, mode=0o755)
     return path
@@ -170,7 +194,12 @@ def bsymbolic_wrapper(real: str) -> Path:
 def compiler_options(bsymbolic: bool) -> tuple[dict, dict]:
     """(Inductor options that select the compiler, what the manifest records about it)."""
     real, choice = choose_compiler()
-    record = {"cxx": real, "cxx_version": compiler_version(real), "link_flags": [LINK_FLAG] if bsymbolic else [], **choice}
+    record = {
+        "cxx": real,
+        "cxx_version": compiler_version(real),
+        "link_flags": [LINK_FLAG] if bsymbolic else [],
+        **choice,
+    }
     cxx = str(bsymbolic_wrapper(real)) if bsymbolic else real
     return {"cpp.cxx": (None, cxx)}, record
 

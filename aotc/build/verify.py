@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from aotc.build.package_writer import VERIFY_PREFIX
 from aotc.child_process import CHILD_TIMEOUT_S, child_command, child_env, failure_line
-from aotc.export.call_structure import initial_state
 from aotc.errors import BuildError, ModelError, NumericMismatchError
+from aotc.export.call_structure import initial_state
 from aotc.export.user_frames import first_line
 
 if TYPE_CHECKING:
@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 # Calls per input case, in the child and in the reference: a reduce-overhead package captures a CUDA
 # graph on the first call and replays it from the second, and a stateful model moves on each call.
 CALLS_PER_CASE = 2
-STRICT_FP32_ENV = "AOTC_CHECK_STRICT_FP32"  # tells the child to run with TF32 off, as the reference did
+STRICT_FP32_ENV = (
+    "AOTC_CHECK_STRICT_FP32"  # tells the child to run with TF32 off, as the reference did
+)
 
 
 def input_cases(ep, signature, device) -> list:
@@ -35,12 +37,21 @@ def input_cases(ep, signature, device) -> list:
 
     sig = Signature.from_json(signature)
     n_inputs = len(sig.inputs)  # the artifact's example inputs end with the initial state, if any
-    example = list(ep.example_inputs[0])[:n_inputs] if getattr(ep, "example_inputs", None) else sig.random_inputs(seed=0)
+    example = (
+        list(ep.example_inputs[0])[:n_inputs]
+        if getattr(ep, "example_inputs", None)
+        else sig.random_inputs(seed=0)
+    )
     cases = [("example", [t.to(device) for t in example])]
     if sig.dims:
         for label, pick in (("min", "min"), ("max", "max")):
             sizes = {name: info[pick] for name, info in sig.dims.items()}
-            cases.append((f"dims at {label} ({', '.join(f'{k}={v}' for k, v in sizes.items())})", sig.random_inputs(seed=1, sizes=sizes, device=device)))
+            cases.append(
+                (
+                    f"dims at {label} ({', '.join(f'{k}={v}' for k, v in sizes.items())})",
+                    sig.random_inputs(seed=1, sizes=sizes, device=device),
+                )
+            )
     return cases
 
 
@@ -48,6 +59,7 @@ def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
     """The program run eagerly as the package is run: each case `calls` times, in order, the state
     (if the model has any) carried from call to call, as the runtime carries it."""
     import torch
+
     from aotc_runtime import flatten_outputs
 
     module = ep.module()
@@ -61,8 +73,10 @@ def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
                 try:
                     out = [t.detach() for t in flatten_outputs(module(*tensors, *state))]
                 except Exception as exc:  # the model itself, not the package: say where
-                    raise ModelError(f"the exported model fails eagerly on the check's inputs at {label} "
-                                     f"({type(exc).__name__}: {first_line(exc)[:160]}); re-export it with a --dim range it supports") from exc
+                    raise ModelError(
+                        f"the exported model fails eagerly on the check's inputs at {label} "
+                        f"({type(exc).__name__}: {first_line(exc)[:160]}); re-export it with a --dim range it supports"
+                    ) from exc
                 if state:
                     out, state = out[:n_outputs], out[n_outputs:]
                 results.append([t.cpu() for t in out])
@@ -70,7 +84,9 @@ def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
 
 
 def check_command(package_dir: Path, inputs_path: Path, outputs_path: Path) -> list:
-    return child_command("aotc.build.verify_child", str(package_dir), str(inputs_path), str(outputs_path))
+    return child_command(
+        "aotc.build.verify_child", str(package_dir), str(inputs_path), str(outputs_path)
+    )
 
 
 def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
@@ -84,10 +100,15 @@ def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
         try:
             proc = subprocess.run(
                 check_command(package_dir, inputs_path, outputs_path),
-                capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env,
+                capture_output=True,
+                text=True,
+                timeout=CHILD_TIMEOUT_S,
+                env=env,
             )
         except subprocess.TimeoutExpired:
-            raise BuildError(f"the compiled package did not finish its check run within {CHILD_TIMEOUT_S}s; rerun with --verbose") from None
+            raise BuildError(
+                f"the compiled package did not finish its check run within {CHILD_TIMEOUT_S}s; rerun with --verbose"
+            ) from None
         if proc.returncode != 0:
             raise BuildError(_describe_child_failure(proc))
         return torch.load(outputs_path, weights_only=True)
@@ -96,24 +117,41 @@ def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
 def _describe_child_failure(proc) -> str:
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
-        return (f"the compiled package crashed when loaded and run in a child process ({name}); nothing was written. "
-                "A crash inside libstdc++ (std::regex) means the model .so and the process disagree on the C++ "
-                "library: keep the default -Wl,-Bsymbolic link and build with a g++ whose libstdc++ torch loads "
-                "(set AOTC_CXX=/usr/bin/g++); otherwise rerun with --verbose and report it")
+        return (
+            f"the compiled package crashed when loaded and run in a child process ({name}); nothing was written. "
+            "A crash inside libstdc++ (std::regex) means the model .so and the process disagree on the C++ "
+            "library: keep the default -Wl,-Bsymbolic link and build with a g++ whose libstdc++ torch loads "
+            "(set AOTC_CXX=/usr/bin/g++); otherwise rerun with --verbose and report it"
+        )
     return f"the compiled package failed its check run in a child process: {failure_line(proc.stderr, proc.returncode)}"
 
 
-def compare(outputs: list, references: list, atol: float, rtol: float, names: list, labels: list) -> list:
+def compare(
+    outputs: list, references: list, atol: float, rtol: float, names: list, labels: list
+) -> list:
     """Worst difference per output over all cases: [{name, max_abs, max_rel, atol, rtol, ok, worst_case}]."""
     import torch
 
     report = []
     for index, name in enumerate(names):
-        worst = {"name": name, "max_abs": 0.0, "max_rel": 0.0, "atol": atol, "rtol": rtol, "ok": True, "worst_case": labels[0]}
+        worst = {
+            "name": name,
+            "max_abs": 0.0,
+            "max_rel": 0.0,
+            "atol": atol,
+            "rtol": rtol,
+            "ok": True,
+            "worst_case": labels[0],
+        }
         for label, got_all, want_all in zip(labels, outputs, references):
             got, want = got_all[index], want_all[index]
             if got.shape != want.shape:
-                worst.update(ok=False, max_abs=float("inf"), max_rel=float("inf"), worst_case=f"{label}: shape {list(got.shape)} vs eager {list(want.shape)}")
+                worst.update(
+                    ok=False,
+                    max_abs=float("inf"),
+                    max_rel=float("inf"),
+                    worst_case=f"{label}: shape {list(got.shape)} vs eager {list(want.shape)}",
+                )
                 continue
             got64, want64 = got.to(torch.float64), want.to(torch.float64)
             diff = (got64 - want64).abs()
@@ -123,36 +161,57 @@ def compare(outputs: list, references: list, atol: float, rtol: float, names: li
             max_rel = float(rel.max()) if rel.numel() else 0.0
             ok = bool(torch.all(diff <= atol + rtol * want64.abs())) if diff.numel() else True
             if max_abs >= worst["max_abs"]:
-                worst.update(max_abs=max_abs, max_rel=max(max_rel, worst["max_rel"]), worst_case=label)
+                worst.update(
+                    max_abs=max_abs, max_rel=max(max_rel, worst["max_rel"]), worst_case=label
+                )
             worst["ok"] = worst["ok"] and ok
         report.append(worst)
     return report
 
 
-def check_numerics(ep, signature, package_dir: Path, device: str, atol: float, rtol: float, allow_mismatch: bool,
-                   strict: bool = False) -> NumericCheck:
+def check_numerics(
+    ep,
+    signature,
+    package_dir: Path,
+    device: str,
+    atol: float,
+    rtol: float,
+    allow_mismatch: bool,
+    strict: bool = False,
+) -> NumericCheck:
     """Run the check; return the manifest's numeric_check record or raise NumericMismatchError.
 
     `strict`: both sides run with TF32 off (an fp32 package on CUDA; see precision.strict_fp32).
     """
-    from aotc_runtime import NumericCheck, OutputCheck
-
     from aotc.build.precision import strict_fp32
+    from aotc_runtime import NumericCheck, OutputCheck
 
     cases = input_cases(ep, signature, device)
     with strict_fp32() if strict else contextlib.nullcontext():
         references = eager_outputs(ep, cases, signature)
-    outputs = run_in_child(package_dir, cases, strict)  # CALLS_PER_CASE calls per case: first call, then repeat call
+    outputs = run_in_child(
+        package_dir, cases, strict
+    )  # CALLS_PER_CASE calls per case: first call, then repeat call
     labels = [f"{label}, {call} call" for label, _ in cases for call in ("first", "repeat")]
-    names = [o["name"] for o in signature["outputs"]] or [f"output_{i}" for i in range(len(references[0]))]
+    names = [o["name"] for o in signature["outputs"]] or [
+        f"output_{i}" for i in range(len(references[0]))
+    ]
     report = compare(outputs, references, atol, rtol, names, labels)
-    record = NumericCheck(reference="ExportedProgram run eagerly on " + device + (", TF32 off on both sides" if strict else ""),
-                          cases=tuple(label for label, _ in cases), atol=atol, rtol=rtol,
-                          outputs=tuple(OutputCheck(**r) for r in report), passed=all(r["ok"] for r in report))
+    record = NumericCheck(
+        reference="ExportedProgram run eagerly on "
+        + device
+        + (", TF32 off on both sides" if strict else ""),
+        cases=tuple(label for label, _ in cases),
+        atol=atol,
+        rtol=rtol,
+        outputs=tuple(OutputCheck(**r) for r in report),
+        passed=all(r["ok"] for r in report),
+    )
     if not record.passed and not allow_mismatch:
         bad = max((r for r in report if not r["ok"]), key=lambda r: r["max_abs"])
         raise NumericMismatchError(
-            f"package output '{bad['name']}' differs from eager by max abs {bad['max_abs']:.3g} (max rel {bad['max_rel']:.3g}) "
+            f"package output '{bad['name']}' differs from eager by max abs {bad['max_abs']:.3g} "
+            f"(max rel {bad['max_rel']:.3g}) "
             f"at {bad['worst_case']}, above atol={atol:g} rtol={rtol:g}; loosen --atol/--rtol, try another --mode, "
             "or pass --allow-mismatch to keep the package anyway"
         )

@@ -17,10 +17,14 @@ from .errors import PackageError
 from .fields import FieldError, Fields
 from .signature import Signature
 
-FORMAT_VERSION = 2
-# Format 1 lacked the signature's output_structure, keyword inputs and state; this reader fills in
-# what those packages mean, so they keep loading. A format-1 reader refuses format 2.
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Format 1 lacked the signature's output_structure, keyword inputs and state; format 2 lacked the
+# manifest's own hash, the description of the package embedded in its compiled model, and the CPU
+# features a CPU package needs. This reader fills in what older packages mean, so they keep
+# loading; an older reader refuses a newer format.
+READABLE_VERSIONS = (1, 2, 3)
+HASH_FIELD = "manifest_sha256"  # sha256 of manifest.json with this field's value set to 64 zeros
+CONTRACT_KEY = "aotc.contract"  # AOTInductor package metadata: what the compiled model was built as
 MANIFEST_NAME = "manifest.json"
 MODEL_FILE = "model.pt2"
 SIGNATURE_FILE = "manifest.json.sig"  # `aotc sign`: ed25519 over manifest.json's bytes
@@ -78,6 +82,10 @@ class Device:
     requested: str | None = None  # "auto", "cpu" or "cuda" as asked at build
     gpu_name: str | None = None
     compute_capability: str | None = None  # "9.0": CUDA packages run only on this architecture
+    # CPU packages: the instruction set asked for (`aotc build --cpu-isa`: native, avx2, avx512) and
+    # the extensions the compiled code may use, in /proc/cpuinfo's names (empty: not recorded)
+    cpu_isa: str | None = None
+    cpu_features: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, fields: Fields) -> Device:
@@ -87,6 +95,8 @@ class Device:
             fields.optional_text("requested"),
             fields.optional_text("gpu_name"),
             fields.optional_text("compute_capability"),
+            fields.optional_text("cpu_isa"),
+            fields.strings("cpu_features", []),
         )
         if kind == "cuda" and not device.compute_capability:
             fields.fail("compute_capability", "is missing for a cuda package")
@@ -96,6 +106,8 @@ class Device:
         data: dict = {"type": self.type, "requested": self.requested}
         if self.type == "cuda":
             data.update(gpu_name=self.gpu_name, compute_capability=self.compute_capability)
+        if self.cpu_isa is not None:
+            data.update(cpu_isa=self.cpu_isa, cpu_features=list(self.cpu_features))
         return {k: v for k, v in data.items() if v is not None}
 
 
@@ -318,6 +330,124 @@ def hash_package_files(folder: Path) -> dict[str, str]:
     return {rel: sha256_file(Path(folder) / rel) for rel in package_files(folder)}
 
 
+_ZERO_HASH = "0" * 64
+
+
+def manifest_text(manifest: Manifest) -> str:
+    """manifest.json's text, its last field the sha256 of the text with that field's value zeroed."""
+    return hashed_manifest_text(manifest.to_json())
+
+
+def hashed_manifest_text(data: dict) -> str:
+    """The text of a manifest given as JSON data, with its hash (tests use it to forge a manifest
+    that passes the hash, as anyone can: the hash catches edits; a signature catches forgeries)."""
+    data = {**{k: v for k, v in data.items() if k != HASH_FIELD}, HASH_FIELD: _ZERO_HASH}
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return _with_hash(text, _ZERO_HASH, digest)
+
+
+def _with_hash(text: str, old: str, new: str) -> str:
+    # The field is written last, so its last occurrence is the top-level one; a string value that
+    # merely contains these characters would have its quotes escaped and cannot match.
+    marker = f'"{HASH_FIELD}": "{old}"'
+    at = text.rfind(marker)
+    return text[:at] + f'"{HASH_FIELD}": "{new}"' + text[at + len(marker) :] if at >= 0 else text
+
+
+def _check_manifest_hash(path: Path, text: str, data: dict) -> None:
+    """Refuse a manifest edited after the build (format 3 on: older manifests carry no hash)."""
+    if data.get("format_version", 0) < 3:
+        return
+    recorded = data.get(HASH_FIELD)
+    if not isinstance(recorded, str) or len(recorded) != 64:
+        raise PackageError(
+            f"{path} has no valid {HASH_FIELD}; rebuild the package with `aotc build --force`"
+        )
+    zeroed = _with_hash(text, recorded, _ZERO_HASH)
+    actual = hashlib.sha256(zeroed.encode()).hexdigest()
+    if zeroed == text or actual != recorded:
+        raise PackageError(
+            f"{path} was modified after the build: its {HASH_FIELD} is {recorded[:12]}..., its content "
+            f"hashes to {actual[:12]}...; rebuild the package with `aotc build --force`"
+        )
+
+
+def model_contract(manifest: Manifest) -> dict:
+    """What the compiled model was built as, embedded in it at build (CONTRACT_KEY) and compared
+    with the manifest at load: the model cannot hold the manifest's hash (the manifest holds the
+    model's), so it holds the manifest fields that describe it."""
+    return {
+        "signature": manifest.signature.to_json(),
+        "source_sha256": manifest.source.sha256 if manifest.source else None,
+        "mode": manifest.mode,
+        "precision": manifest.precision,
+        "device": manifest.device.type,
+        "runtime": manifest.runtime.to_json(),
+    }
+
+
+def check_contract(folder: Path, manifest: Manifest, metadata: dict[str, str]) -> None:
+    """Refuse a package whose manifest does not describe its compiled model (an edited signature,
+    a swapped model.pt2), naming the first difference with both sides."""
+    embedded = metadata.get(CONTRACT_KEY)
+    if embedded is None:
+        if manifest.format_version >= 3:
+            raise PackageError(
+                f"package {folder}: its {MODEL_FILE} carries no aotc description (it was replaced by "
+                "a model aotc did not build for this manifest); rebuild it with `aotc build --force`"
+            )
+        return  # a format-1/2 package, built before models carried one
+    try:
+        model_side = json.loads(embedded)
+    except (json.JSONDecodeError, RecursionError):
+        model_side = None
+    difference = _first_difference(model_contract(manifest), model_side, "")
+    if difference:
+        where, ours, theirs = difference
+        raise PackageError(
+            f"package {folder}: manifest.json does not describe its compiled model: {where or 'the description'} "
+            f"is {_short(ours)} in the manifest but {_short(theirs)} in {MODEL_FILE} (an edited "
+            "manifest or a swapped model); rebuild it with `aotc build --force`"
+        )
+
+
+def _first_difference(
+    ours: object, theirs: object, where: str
+) -> tuple[str, object, object] | None:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in sorted(set(ours) | set(theirs)):
+            found = _first_difference(
+                ours.get(key), theirs.get(key), f"{where}.{key}" if where else key
+            )
+            if found:
+                return found
+        return None
+    if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            found = _first_difference(a, b, f"{where}[{index}]")
+            if found:
+                return found
+        return None
+    same = (
+        ours == theirs
+        and type(ours) is type(theirs)
+        or (
+            isinstance(ours, (int, float))
+            and isinstance(theirs, (int, float))
+            and not isinstance(ours, bool)
+            and not isinstance(theirs, bool)
+            and ours == theirs
+        )
+    )
+    return None if same else (where, ours, theirs)
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def read_manifest(folder: Path) -> Manifest:
     """Read and check a package's manifest; every failure names the package, the field and the fix."""
     folder = Path(folder)
@@ -341,7 +471,8 @@ def read_manifest(folder: Path) -> Manifest:
                 f"{path} is {path.stat().st_size} bytes, above the {MAX_MANIFEST_BYTES >> 20} MiB a manifest may have; "
                 "rebuild the package with `aotc build`"
             )
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        data = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise PackageError(
             f"{path} is not valid JSON ({type(exc).__name__}: {str(exc)[:100]}); rebuild the package with `aotc build`"
@@ -357,6 +488,7 @@ def read_manifest(folder: Path) -> Manifest:
             f"{', '.join(map(str, READABLE_VERSIONS))}; "
             "rebuild the package with the aotc that matches this runtime"
         )
+    _check_manifest_hash(path, text, data)
     try:
         return Manifest.from_json(data)
     except FieldError as exc:

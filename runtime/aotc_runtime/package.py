@@ -17,7 +17,15 @@ from torch.utils import _pytree as pytree
 
 from .environment import check_compatible
 from .errors import PackageError
-from .manifest import MODEL_FILE, STATE_FILE, Manifest, check_finished, read_manifest, verify_files
+from .manifest import (
+    MODEL_FILE,
+    STATE_FILE,
+    Manifest,
+    check_contract,
+    check_finished,
+    read_manifest,
+    verify_files,
+)
 from .signature import Signature
 
 MAX_ACCEPTED_SIGNATURES = 256  # input (shape, dtype) combinations remembered as already checked
@@ -184,6 +192,7 @@ def load(
         raise PackageError(
             f"package {path} could not be loaded: {first_line}; rebuild it with `aotc build --force`"
         ) from exc
+    check_contract(path, manifest, loader.get_metadata())
     return Package(
         path,
         manifest,

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <tuple>
 #include <torch/headeronly/version.h>
 
 #include "aotc/error.h"
@@ -226,6 +228,22 @@ Manifest read_fields(const json& data) {
     m.tf32 = runtime.boolean("tf32");
   }
   m.signature = read_signature(f.object("signature"));
+  if (m.device_type == "cpu" && device.has("cpu_features")) {
+    const json& features = device.list("cpu_features");
+    for (const auto& feature : features) {
+      if (!feature.is_string()) device.fail("cpu_features", "is not a list of strings");
+      m.cpu_features.push_back(feature.get<std::string>());
+    }
+  }
+  // The same fields, in the same shape, as model_contract in aotc_runtime/manifest.py.
+  const json& source = data.contains("source") ? data.at("source") : json();
+  m.contract = json{{"signature", data.at("signature")},
+                    {"source_sha256", source.is_object() && source.contains("sha256") ? source.at("sha256") : json()},
+                    {"mode", m.mode},
+                    {"precision", m.precision},
+                    {"device", m.device_type},
+                    {"runtime", {{"cuda_graphs", m.cuda_graphs}, {"tf32", m.tf32}}}}
+                   .dump();
   Fields files = f.object("files");
   for (const auto& [rel, digest] : files.data().items()) {
     if (!digest.is_string()) f.fail("files", "is not an object of path -> sha256");
@@ -245,6 +263,64 @@ Manifest read_fields(const json& data) {
     check.boolean("passed");
   }
   return m;
+}
+
+constexpr const char* kHashField = "manifest_sha256";
+const std::string kZeroHash(64, '0');
+
+// The text with the hash field's value replaced (its last occurrence: the writer puts it last).
+std::string with_hash(const std::string& text, const std::string& old_value, const std::string& new_value) {
+  std::string marker = std::string("\"") + kHashField + "\": \"" + old_value + "\"";
+  size_t at = text.rfind(marker);
+  if (at == std::string::npos) return text;
+  return text.substr(0, at) + "\"" + kHashField + "\": \"" + new_value + "\"" + text.substr(at + marker.size());
+}
+
+// A manifest edited after the build (format 3 on) is refused, as _check_manifest_hash does.
+void check_manifest_hash(const fs::path& path, const std::string& text, const json& data) {
+  if (data.at("format_version").get<int64_t>() < 3) return;
+  const json recorded = data.contains(kHashField) ? data.at(kHashField) : json();
+  if (!recorded.is_string() || recorded.get<std::string>().size() != 64) {
+    throw package_error(path.string() + " has no valid " + kHashField + "; rebuild the package with `aotc build --force`");
+  }
+  std::string value = recorded.get<std::string>();
+  std::string zeroed = with_hash(text, value, kZeroHash);
+  std::string actual = sha256_hex(zeroed);
+  if (zeroed == text || actual != value) {
+    throw package_error(path.string() + " was modified after the build: its " + kHashField + " is " + value.substr(0, 12) +
+                        "..., its content hashes to " + actual.substr(0, 12) + "...; rebuild the package with `aotc build --force`");
+  }
+}
+
+using Difference = std::optional<std::tuple<std::string, json, json>>;
+
+// The first place two JSON values differ, in the order of _first_difference in manifest.py.
+Difference first_difference(const json& ours, const json& theirs, const std::string& where) {
+  if (ours.is_object() && theirs.is_object()) {
+    std::set<std::string> keys;
+    for (const auto& item : ours.items()) keys.insert(item.key());
+    for (const auto& item : theirs.items()) keys.insert(item.key());
+    for (const auto& key : keys) {
+      Difference found = first_difference(ours.contains(key) ? ours.at(key) : json(), theirs.contains(key) ? theirs.at(key) : json(),
+                                          where.empty() ? key : where + "." + key);
+      if (found) return found;
+    }
+    return std::nullopt;
+  }
+  if (ours.is_array() && theirs.is_array() && ours.size() == theirs.size()) {
+    for (size_t i = 0; i < ours.size(); ++i) {
+      Difference found = first_difference(ours[i], theirs[i], where + "[" + std::to_string(i) + "]");
+      if (found) return found;
+    }
+    return std::nullopt;
+  }
+  if (ours == theirs) return std::nullopt;  // numbers compare by value, as Python's 4 == 4.0
+  return std::make_tuple(where, ours, theirs);
+}
+
+std::string short_text(const json& value) {
+  std::string text = value.dump();
+  return text.size() <= 80 ? text : text.substr(0, 77) + "...";
 }
 
 std::string torch_release(const std::string& version) { return version.substr(0, version.find('+')); }
@@ -279,11 +355,12 @@ Manifest read_manifest(const std::string& folder) {
     throw package_error(path.string() + " is " + std::to_string(fs::file_size(path)) +
                         " bytes, above the 16 MiB a manifest may have; rebuild the package with `aotc build`");
   }
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   json data;
   try {
     // nlohmann's parser is iterative with a depth limit of its own, so deep nesting is an error, not a crash.
-    data = json::parse(in);
+    data = json::parse(text);
   } catch (const json::exception& exc) {
     throw package_error(path.string() + " is not valid JSON (" + std::string(exc.what()).substr(0, 100) +
                         "); rebuild the package with `aotc build`");
@@ -292,10 +369,11 @@ Manifest read_manifest(const std::string& folder) {
     throw package_error(path.string() + " is not an aotc manifest (no format_version); rebuild the package with `aotc build`");
   }
   const json& version = data.at("format_version");
-  if (!version.is_number_integer() || (version.get<int64_t>() != 1 && version.get<int64_t>() != 2)) {
+  if (!version.is_number_integer() || version.get<int64_t>() < 1 || version.get<int64_t>() > kFormatVersion) {
     throw package_error(folder + " has package format " + version.dump() +
-                        ", this runtime reads formats 1, 2; rebuild the package with the aotc that matches this runtime");
+                        ", this runtime reads formats 1, 2, 3; rebuild the package with the aotc that matches this runtime");
   }
+  check_manifest_hash(path, text, data);
   try {
     return read_fields(data);
   } catch (const FieldError& err) {
@@ -325,7 +403,7 @@ void verify_files(const std::string& folder, const Manifest& manifest) {
   for (const auto& entry : fs::recursive_directory_iterator(folder)) {
     if (!entry.is_symlink() && entry.is_directory()) continue;  // files, links and anything else count
     std::string rel = fs::relative(entry.path(), folder).generic_string();
-    if (rel != kManifestName && !listed.count(rel)) unlisted.push_back(rel + " is not listed in the manifest");
+    if (rel != kManifestName && rel != kSignatureFile && !listed.count(rel)) unlisted.push_back(rel + " is not listed in the manifest");
   }
   std::sort(unlisted.begin(), unlisted.end());
   problems.insert(problems.end(), unlisted.begin(), unlisted.end());
@@ -362,6 +440,25 @@ void check_compatible(const std::string& folder, const Manifest& m) {
 #endif
   throw package_error(where + " was built for CUDA (" + m.gpu_name +
                       "), but this machine has no usable GPU; build a CPU package with `aotc build --device cpu`");
+}
+
+void check_contract(const std::string& folder, const Manifest& manifest,
+                    const std::unordered_map<std::string, std::string>& metadata) {
+  auto embedded = metadata.find(kContractKey);
+  if (embedded == metadata.end()) {
+    if (manifest.format_version < 3) return;  // built before models carried one
+    throw package_error("package " + folder + ": its " + kModelFile +
+                        " carries no aotc description (it was replaced by a model aotc did not build for this manifest); "
+                        "rebuild it with `aotc build --force`");
+  }
+  json model_side = json::parse(embedded->second, nullptr, /*allow_exceptions=*/false);
+  if (model_side.is_discarded()) model_side = json();
+  Difference found = first_difference(json::parse(manifest.contract), model_side, "");
+  if (!found) return;
+  const auto& [where, ours, theirs] = *found;
+  throw package_error("package " + folder + ": manifest.json does not describe its compiled model: " +
+                      (where.empty() ? "the description" : where) + " is " + short_text(ours) + " in the manifest but " +
+                      short_text(theirs) + " in " + kModelFile + " (an edited manifest or a swapped model); rebuild it with `aotc build --force`");
 }
 
 }  // namespace aotc

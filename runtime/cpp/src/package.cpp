@@ -135,6 +135,7 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
     throw package_error("package " + folder + " could not be loaded: " + first_line(exc.what()) +
                         "; rebuild it with `aotc build --force`");
   }
+  check_contract(folder, package.manifest_, package.loader_->get_metadata());
   times.loader_ms = since(started);
   started = Clock::now();
   for (const auto& t : read_state(folder, package.manifest_)) package.initial_state_.push_back(t.to(package.device_));

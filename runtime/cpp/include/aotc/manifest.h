@@ -7,12 +7,15 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace aotc {
 
-inline constexpr int kFormatVersion = 2;
+inline constexpr int kFormatVersion = 3;
 inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kSignatureFile = "manifest.json.sig";  // `aotc sign`; the one unlisted file
+inline constexpr const char* kContractKey = "aotc.contract";  // AOTInductor metadata: what the model was built as
 inline constexpr const char* kModelFile = "model.pt2";
 inline constexpr const char* kStateFile = "state.pt";
 
@@ -51,6 +54,8 @@ struct Manifest {
   bool finished = true;                                   // false: numeric_check pending (a build that never ended)
   Signature signature;
   std::vector<std::pair<std::string, std::string>> files;  // relative path -> sha256, in file order
+  std::string contract;  // JSON: the manifest fields the compiled model must carry (model_contract in Python)
+  std::vector<std::string> cpu_features;  // CPU packages: extensions the compiled code may use (cpuinfo names)
 };
 
 // Read and check FOLDER/manifest.json; throws aotc::Error (exit 7) with the Python runtime's messages.
@@ -59,7 +64,12 @@ Manifest read_manifest(const std::string& folder);
 // Refuse a package whose files differ from the manifest's hashes (exit 7).
 void verify_files(const std::string& folder, const Manifest& manifest);
 
-// Refuse a package built for another torch release, platform or GPU architecture (exit 7).
+// Refuse a package built for another torch release, platform, GPU architecture or CPU (exit 7).
 void check_compatible(const std::string& folder, const Manifest& manifest);
+
+// Refuse a package whose manifest does not describe its compiled model: METADATA is the model's
+// AOTInductor metadata (exit 7, naming the first difference with both sides).
+void check_contract(const std::string& folder, const Manifest& manifest,
+                    const std::unordered_map<std::string, std::string>& metadata);
 
 }  // namespace aotc
