@@ -30,11 +30,34 @@ def run(
     output: str | Path | None = None,
     iters: int = 0,
     seed: int = 0,
+    public_key: str | Path | None = None,
 ) -> dict:
-    """Load a package through the thin runtime and run it (never compiles)."""
+    """Load a package through the thin runtime and run it (never compiles).
+
+    `public_key` (PEM, from `aotc keygen`): refuse the package unless its private key signed it.
+    """
     from aotc_runtime import run_package
 
-    return run_package(package, input_files, output, iters, seed)
+    return run_package(package, input_files, output, iters, seed, public_key=public_key)
+
+
+def verify(
+    package: str | Path,
+    public_key: str | Path | None = None,
+    artifact: str | Path | None = None,
+) -> dict:
+    """Re-check what a package claims: manifest, file hashes, compatibility, signature (with
+    `public_key`), loading, and the build's numeric check re-run against its export artifact
+    (`artifact`, default: the one the manifest records). Returns the report; report["ok"] says
+    whether every check passed and report["exit_code"] is the code of the first that failed.
+    """
+    from aotc.verify_package import verify_package
+
+    return verify_package(
+        Path(package),
+        Path(public_key) if public_key is not None else None,
+        Path(artifact) if artifact is not None else None,
+    )
 
 
 def bench(cfg: BenchConfig, progress: ProgressBar | None = None) -> dict:
@@ -73,6 +96,7 @@ __all__ = [
     "export",
     "build",
     "run",
+    "verify",
     "bench",
     "explain",
     "ExportConfig",

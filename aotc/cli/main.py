@@ -16,8 +16,10 @@ from aotc.cli.build import build
 from aotc.cli.bundle import bundle
 from aotc.cli.explain import explain
 from aotc.cli.export import export
+from aotc.cli.keys import keygen, sign
 from aotc.cli.run import run
 from aotc.cli.types import exit_codes_epilog
+from aotc.cli.verify import verify
 from aotc.errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
 from aotc.quiet import VERBOSE_ENV
 
@@ -59,7 +61,7 @@ def cli(verbose):
         os.environ.pop(VERBOSE_ENV, None)
 
 
-for command in (export, build, run, bench, explain, bundle):
+for command in (export, build, run, bench, explain, bundle, keygen, sign, verify):
     cli.add_command(command)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from aotc.cli.keys import required_key, signature_options
 from aotc.cli.types import exit_codes_epilog
 
 
@@ -39,15 +40,21 @@ from aotc.cli.types import exit_codes_epilog
     show_default=True,
     help="python: the aotc_runtime package; cpp: the C++ runner (`make runner`), to check both agree.",
 )
-def run(package, inputs, output, iters, seed, as_json, engine):
+@signature_options
+def run(package, inputs, output, iters, seed, as_json, engine, require_signature, public_key):
     """Run PACKAGE through the thin runtime: no compile, no warm-up."""
     from aotc.api import run as run_api
 
+    public_key = required_key(require_signature, public_key)
     if engine == "cpp":
+        if public_key is not None:
+            raise click.UsageError(
+                "the C++ runner does not check signatures yet; run a signed package with --engine python"
+            )
         raise click.exceptions.Exit(run_cpp(package, inputs, output, iters, seed, as_json))
     from aotc_runtime import format_report
 
-    report = run_api(package, inputs, output, iters, seed)
+    report = run_api(package, inputs, output, iters, seed, public_key=public_key)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .errors import AotcRuntimeError, InputMismatchError, PackageError
+from .errors import AotcRuntimeError, InputMismatchError, MissingDependencyError, PackageError
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,7 @@ _LAZY = {
     "OutputCheck": "manifest",
     "read_manifest": "manifest",
     "verify_files": "manifest",
+    "check_finished": "manifest",
     "hash_package_files": "manifest",
     "sha256_file": "manifest",
     "FORMAT_VERSION": "manifest",
@@ -55,6 +56,11 @@ _LAZY = {
     # the machine a package is built for and runs on
     "running_environment": "environment",
     "gpu_description": "environment",
+    "check_compatible": "environment",
+    # signing a package and checking its signature (ed25519; needs cryptography)
+    "verify_signature": "signing",
+    "sign_package": "signing",
+    "generate_keypair": "signing",
     # running, inputs and outputs, timing
     "run_package": "runner",
     "format_report": "runner",
@@ -72,6 +78,7 @@ __all__ = [
     "AotcRuntimeError",
     "PackageError",
     "InputMismatchError",
+    "MissingDependencyError",
     "__version__",
     "load",
     "Package",
@@ -84,6 +91,7 @@ __all__ = [
     "OutputCheck",
     "read_manifest",
     "verify_files",
+    "check_finished",
     "hash_package_files",
     "sha256_file",
     "FORMAT_VERSION",
@@ -105,6 +113,10 @@ __all__ = [
     "random_tensor",
     "running_environment",
     "gpu_description",
+    "check_compatible",
+    "verify_signature",
+    "sign_package",
+    "generate_keypair",
     "run_package",
     "format_report",
     "read_inputs",
@@ -118,7 +130,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .environment import gpu_description, running_environment
+    from .environment import check_compatible, gpu_description, running_environment
     from .fields import FieldError
     from .files import replaced_atomically, write_text_atomically
     from .manifest import (
@@ -137,6 +149,7 @@ if TYPE_CHECKING:
         RuntimeSettings,
         Source,
         Toolchain,
+        check_finished,
         hash_package_files,
         hashed_manifest_text,
         manifest_text,
@@ -148,6 +161,7 @@ if TYPE_CHECKING:
     from .package import Package, load
     from .runner import format_report, run_package
     from .signature import DTYPE_NAMES, DTYPES, Signature, TensorSpec, random_tensor
+    from .signing import generate_keypair, sign_package, verify_signature
     from .tensor_io import flatten_outputs, read_inputs, write_outputs
     from .timing import summarize, synchronize, time_calls
 

@@ -26,11 +26,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument(
+        "--require-signature",
+        action="store_true",
+        help="refuse the package unless --public-key's private key signed it (`aotc sign`)",
+    )
+    parser.add_argument(
+        "--public-key",
+        metavar="PEM",
+        help="ed25519 public key (`aotc keygen`); the package must be signed by its private key",
+    )
     args = parser.parse_args(argv)
+    if args.require_signature and not args.public_key:
+        parser.error(
+            "--require-signature needs --public-key PEM: the key the package must be signed with"
+        )
     from .runner import format_report, run_package
 
     try:
-        report = run_package(args.package, args.input, args.output, args.iters, args.seed)
+        report = run_package(
+            args.package,
+            args.input,
+            args.output,
+            args.iters,
+            args.seed,
+            public_key=args.public_key,
+        )
     except AotcRuntimeError as exc:
         if args.verbose:
             raise

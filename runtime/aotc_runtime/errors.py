@@ -21,3 +21,9 @@ class InputMismatchError(AotcRuntimeError):
     """Inputs given at run time do not match the package's signature."""
 
     exit_code = 8
+
+
+class MissingDependencyError(AotcRuntimeError):
+    """An optional library a feature needs (cryptography, for package signing) is not installed."""
+
+    exit_code = 2

@@ -448,8 +448,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def read_manifest(folder: Path) -> Manifest:
-    """Read and check a package's manifest; every failure names the package, the field and the fix."""
+def read_manifest(folder: Path, signed: bytes | None = None) -> Manifest:
+    """Read and check a package's manifest; every failure names the package, the field and the fix.
+    `signed`: the bytes whose signature was just checked; the manifest read must be those bytes."""
     folder = Path(folder)
     if not folder.is_dir():
         hint = (
@@ -471,7 +472,13 @@ def read_manifest(folder: Path) -> Manifest:
                 f"{path} is {path.stat().st_size} bytes, above the {MAX_MANIFEST_BYTES >> 20} MiB a manifest may have; "
                 "rebuild the package with `aotc build`"
             )
-        text = path.read_text()
+        raw = path.read_bytes()
+        if signed is not None and raw != signed:
+            raise PackageError(
+                f"{path} changed after its signature was checked; load the package again once "
+                "nothing else writes it"
+            )
+        text = raw.decode()
         data = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise PackageError(

@@ -169,15 +169,16 @@ def load(
     pending); every other caller gets a PackageError for such a folder.
     """
     path = Path(path)
+    signed = None
     if public_key is not None:  # before anything in the folder is parsed
         from .signing import verify_signature
 
-        verify_signature(path, public_key)
-    manifest = read_manifest(path)
+        signed = verify_signature(path, public_key)
+    manifest = read_manifest(path, signed=signed)
     if not unfinished:  # only `aotc build`'s own check loads a package it has not finished writing
         check_finished(path, manifest)
     check_compatible(manifest, path)
-    if verify:
+    if verify or signed is not None:  # a signature vouches for the files only through their hashes
         verify_files(path, manifest)
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive int, got {threads!r}")

@@ -20,10 +20,14 @@ def run_package(
     iters: int = 0,
     seed: int = 0,
     warmup: int = 3,
+    public_key: str | os.PathLike | None = None,
 ) -> dict:
-    """Run a package once (plus `iters` timed calls) and return a report dict (JSON-ready)."""
+    """Run a package once (plus `iters` timed calls) and return a report dict (JSON-ready).
+
+    `public_key` (PEM, from `aotc keygen`): refuse the package unless it is signed by its private key.
+    """
     started = time.perf_counter()
-    package = load(path)
+    package = load(path, public_key=public_key)
     loaded = time.perf_counter()
     if input_files:
         inputs = read_inputs(input_files, package.signature.input_names)

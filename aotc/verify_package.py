@@ -1,0 +1,264 @@
+"""`aotc verify`: re-check what a package claims, one check at a time, without trusting the build.
+
+Checks, in order: the manifest reads and the build finished; every file matches its sha256; the
+package was built for this torch, platform and GPU; its signature (when a public key is given); it
+loads; and the build's numeric check, re-run against the export artifact it was built from. A check
+whose prerequisite failed is skipped, not failed, so the first failure is the one that matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aotc.errors import AotcError, AotcRuntimeError, NumericMismatchError, UserInputError
+
+if TYPE_CHECKING:
+    from aotc_runtime import Manifest, NumericCheck
+
+CHECKS = ("manifest", "files", "compatibility", "signature", "load", "numeric")
+
+
+class VerificationFailed(AotcError):
+    """One or more checks of `aotc verify` failed; the exit code is the first failure's."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @classmethod
+    def of(cls, report: dict) -> VerificationFailed:
+        failed = [c for c in report["checks"] if c["status"] == "failed"]
+        names = ", ".join(c["name"] for c in failed)
+        return cls(
+            f"package {report['package']} failed {len(failed)} check(s) ({names}); the first: "
+            f"{failed[0]['detail']}",
+            failed[0]["exit_code"],
+        )
+
+
+def verify_package(
+    package: Path, public_key: Path | None = None, artifact: Path | None = None
+) -> dict:
+    """The report: {package, ok, exit_code, checks: [{name, status, detail[, exit_code]}], numeric_check}."""
+    return _Verification(Path(package), public_key, artifact).run()
+
+
+class _Verification:
+    def __init__(self, package: Path, public_key: Path | None, artifact: Path | None):
+        self.package, self.public_key, self.artifact = package, public_key, artifact
+        self.checks: list[dict] = []
+        self.manifest: Manifest | None = None
+        self.numeric: dict | None = None  # the re-run's figures, kept when the check fails too
+
+    def run(self) -> dict:
+        if not self._check("manifest", self._manifest):
+            for name in CHECKS[1:]:
+                self._skip(name, "the manifest could not be read")
+            return self._report()
+        files = self._check("files", self._files)
+        compatible = self._check("compatibility", self._compatibility)
+        if self.public_key is not None:
+            self._check("signature", self._signature)
+        else:
+            self._skip("signature", self._signature_not_asked())
+        if not (files and compatible):
+            reason = "the files" if not files else "the compatibility"
+            self._skip("load", f"{reason} check failed")
+            self._skip("numeric", f"{reason} check failed")
+        elif self._check("load", self._load):
+            self._check("numeric", self._numeric)
+        else:
+            self._skip("numeric", "the package does not load")
+        return self._report()
+
+    def _report(self) -> dict:
+        failed = [c for c in self.checks if c["status"] == "failed"]
+        return {
+            "package": str(self.package),
+            "ok": not failed,
+            "exit_code": failed[0]["exit_code"] if failed else 0,
+            "checks": self.checks,
+            "numeric_check": self.numeric,
+        }
+
+    def _check(self, name: str, check: Callable[[], str]) -> bool:
+        """Run one check: its detail line when it passes; the error's message and exit code when not."""
+        try:
+            detail = check()
+        except (AotcError, AotcRuntimeError) as exc:
+            self.checks.append(
+                {"name": name, "status": "failed", "detail": str(exc), "exit_code": exc.exit_code}
+            )
+            return False
+        self.checks.append({"name": name, "status": "ok", "detail": detail})
+        return True
+
+    def _skip(self, name: str, why: str) -> None:
+        self.checks.append({"name": name, "status": "skipped", "detail": why})
+
+    def _manifest(self) -> str:
+        from aotc_runtime import check_finished, read_manifest
+
+        manifest = read_manifest(self.package)
+        check_finished(self.package, manifest)
+        self.manifest = manifest
+        return (
+            f"format {manifest.format_version}, built by aotc {manifest.aotc_version} at {manifest.created}: "
+            f"{manifest.device.type}, {manifest.mode}, {manifest.precision}"
+        )
+
+    def _files(self) -> str:
+        from aotc_runtime import verify_files
+
+        verify_files(self.package, self._built())
+        return f"{len(self._built().files)} file(s) match the manifest's sha256"
+
+    def _compatibility(self) -> str:
+        from aotc_runtime import check_compatible, running_environment
+
+        manifest = self._built()
+        check_compatible(manifest, self.package)
+        running = running_environment()
+        target = manifest.device.gpu_name or manifest.device.type
+        return (
+            f"built with torch {manifest.toolchain.torch} for {manifest.toolchain.platform or 'any platform'} "
+            f"({target}); running torch {running['torch']} on {running['platform']}"
+        )
+
+    def _signature(self) -> str:
+        from aotc_runtime import verify_signature
+
+        key = self.public_key
+        assert key is not None  # run() asks for this check only with a key
+        verify_signature(self.package, key)
+        return f"manifest.json is signed by the private key of {key}"
+
+    def _signature_not_asked(self) -> str:
+        from aotc_runtime import SIGNATURE_FILE
+
+        signed = "signed" if (self.package / SIGNATURE_FILE).exists() else "not signed"
+        return f"not asked (pass --public-key to check it); the package is {signed}"
+
+    def _load(self) -> str:
+        import aotc_runtime
+
+        # The files were hashed by the check above; loading need not hash them again.
+        package = aotc_runtime.load(self.package, verify=False)
+        return f"loads through aotc_runtime on {package.device}"
+
+    def _numeric(self) -> str:
+        manifest = self._built()
+        artifact = self._artifact(manifest)
+        recorded = manifest.numeric_check
+        assert recorded is not None  # check_finished refused a package without one
+        check = rerun_numeric_check(self.package, manifest, artifact)
+        outputs = compare_with_build(check, recorded)
+        self.numeric = {"artifact": str(artifact), "cases": list(check.cases), "outputs": outputs}
+        if not check.passed:
+            raise NumericMismatchError(_mismatch_message(outputs, recorded.passed))
+        worst = max(outputs, key=lambda o: o["max_abs"])
+        return (
+            f"re-run against {artifact.name} on {len(check.cases)} case(s): worst max abs {worst['max_abs']:.3g} "
+            f"({worst['name']}; the build recorded {_figure(worst['recorded_max_abs'])}), within atol "
+            f"{check.atol:g} rtol {check.rtol:g}"
+        )
+
+    def _artifact(self, manifest: Manifest) -> Path:
+        from aotc_runtime import sha256_file
+
+        if manifest.source is None:
+            raise UserInputError(
+                f"package {self.package} records no export artifact and its sha256 (an older aotc built it), "
+                "so the numeric check cannot be re-run against the program it was built from; rebuild it "
+                "with `aotc build --force`"
+            )
+        artifact = self.artifact or Path(manifest.source.artifact)
+        if not artifact.is_file():
+            given = "" if self.artifact else " (where the build read it)"
+            raise UserInputError(
+                f"export artifact {artifact}{given} does not exist; pass --artifact with the .pt2 the "
+                f"package was built from (sha256 {manifest.source.sha256[:16]}...)"
+            )
+        digest = sha256_file(artifact)
+        if digest != manifest.source.sha256:
+            raise UserInputError(
+                f"export artifact {artifact} has sha256 {digest}, but package {self.package} was built from "
+                f"one with sha256 {manifest.source.sha256}; pass --artifact with the .pt2 it was built from"
+            )
+        return artifact
+
+    def _built(self) -> Manifest:
+        assert self.manifest is not None  # every check but the first runs after it succeeded
+        return self.manifest
+
+
+def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> NumericCheck:
+    """The build's numeric check (aotc/build/pipeline.py), run again on the finished package: the
+    fp32 program as reference, the build's tolerance, TF32 off on both sides for fp32 on CUDA."""
+    from aotc.build.precision import place_program
+    from aotc.build.tolerances import tolerance
+    from aotc.build.verify import check_numerics
+    from aotc.config import Precision
+    from aotc.export.artifact import load_artifact
+    from aotc.quiet import quiet_torch
+
+    recorded = manifest.numeric_check
+    assert recorded is not None
+    device = manifest.device.type
+    ep, meta = load_artifact(artifact)
+    atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
+    with quiet_torch():
+        reference = place_program(ep, device, Precision.FP32, meta.signature)
+        strict = device == "cuda" and manifest.precision == Precision.FP32.value
+        return check_numerics(
+            reference,
+            meta.signature,
+            package,
+            device,
+            atol,
+            rtol,
+            allow_mismatch=True,
+            strict=strict,
+        )
+
+
+def compare_with_build(check: NumericCheck, recorded: NumericCheck) -> list[dict]:
+    """Per output: the re-run's worst error beside the figures the build recorded."""
+    built = {o.name: o for o in recorded.outputs}
+    rows = []
+    for out in check.outputs:
+        then = built.get(out.name)
+        rows.append(
+            {
+                "name": out.name,
+                "max_abs": out.max_abs,
+                "max_rel": out.max_rel,
+                "atol": out.atol,
+                "rtol": out.rtol,
+                "ok": out.ok,
+                "worst_case": out.worst_case,
+                "recorded_max_abs": then.max_abs if then else None,
+                "recorded_max_rel": then.max_rel if then else None,
+            }
+        )
+    return rows
+
+
+def _mismatch_message(outputs: list[dict], build_passed: bool) -> str:
+    bad = max((o for o in outputs if not o["ok"]), key=lambda o: o["max_abs"])
+    then = (
+        f"the build recorded max abs {_figure(bad['recorded_max_abs'])}"
+        if build_passed
+        else "the build failed this check too and kept the package with --allow-mismatch"
+    )
+    return (
+        f"package output '{bad['name']}' differs from eager by max abs {bad['max_abs']:.3g} (max rel "
+        f"{bad['max_rel']:.3g}) at {bad['worst_case']}, above atol={bad['atol']:g} rtol={bad['rtol']:g} "
+        f"({then}); rebuild it with `aotc build --force`"
+    )
+
+
+def _figure(value: float | None) -> str:
+    return "nothing" if value is None else f"{value:.3g}"
