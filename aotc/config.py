@@ -100,6 +100,9 @@ class BuildConfig:
     force: bool = False
     # Link the model .so with -Wl,-Bsymbolic (see aotc/build/toolchain.py); on by default, harmless where not needed.
     bsymbolic: bool = True
+    # The CPU instruction set the C++ code is compiled for (aotc/build/cpu_isa.py): native is the
+    # build machine's; avx2 and avx512 are portable x86-64 levels.
+    cpu_isa: str = "native"
 
     def validate(self) -> None:
         problems = []
@@ -125,6 +128,10 @@ class BuildConfig:
         for name, value in (("--atol", self.atol), ("--rtol", self.rtol)):
             if value is not None and value < 0:
                 problems.append(f"{name} must be >= 0, got {value}")
+        from aotc.build.cpu_isa import ISAS
+
+        if self.cpu_isa not in ISAS:
+            problems.append(f"--cpu-isa {self.cpu_isa} is not one of {', '.join(ISAS)}")
         if problems:
             raise UserInputError("; ".join(problems))
 
@@ -166,6 +173,7 @@ BUILD_FILE_KEYS = {
     "rtol",
     "allow_mismatch",
     "bsymbolic",
+    "cpu_isa",
 }
 
 

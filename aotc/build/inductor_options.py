@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 
+from aotc.build.cpu_isa import isa_options
 from aotc.config import BuildConfig, preset_inductor_options
 from aotc.errors import UserInputError
 
@@ -31,7 +32,11 @@ def known_options() -> set:
 
 def resolve_options(cfg: BuildConfig) -> dict:
     """The exact Inductor options this build uses (recorded in the manifest)."""
-    options = {**preset_inductor_options(cfg.mode, cfg.device), **cfg.options}
+    options = {
+        **preset_inductor_options(cfg.mode, cfg.device),
+        **isa_options(cfg.cpu_isa),
+        **cfg.options,
+    }
     known = known_options()
     unknown = [key for key in options if key not in known]
     if unknown:

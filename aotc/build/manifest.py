@@ -3,6 +3,7 @@ docs/package-format.md). The build fills in what it measured with dataclasses.re
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -23,17 +24,30 @@ from aotc_runtime import (
 
 
 def new_manifest(
-    cfg: BuildConfig, meta: ArtifactMeta, options: dict, compiler_record: dict
+    cfg: BuildConfig,
+    meta: ArtifactMeta,
+    options: dict,
+    compiler_record: dict,
+    cpu_features: tuple[str, ...] = (),
 ) -> Manifest:
-    """The manifest of a package about to be compiled: no files, no timings, numeric check pending."""
+    """The manifest of a package about to be compiled: no files, no timings, numeric check pending.
+    `cpu_features`: the CPU extensions its C++ is compiled to use (aotc/build/cpu_isa.py)."""
     running = running_environment()
     build_tools = dict(compiler_record)
-    device = Device(cfg.device, cfg.requested_device or cfg.device)
+    # CUDA packages carry host C++ too (the wrapper that launches the kernels), compiled alike.
+    device = Device(
+        cfg.device,
+        cfg.requested_device or cfg.device,
+        cpu_isa=cfg.cpu_isa,
+        cpu_features=cpu_features,
+    )
     if cfg.device == "cuda":
         import torch
 
         gpu = gpu_description(torch.cuda.current_device())
-        device = Device(cfg.device, device.requested, gpu["gpu_name"], gpu["compute_capability"])
+        device = dataclasses.replace(
+            device, gpu_name=gpu["gpu_name"], compute_capability=gpu["compute_capability"]
+        )
         build_tools["triton"] = _triton_version()
     preset = preset_runtime(cfg.mode)
     return Manifest(

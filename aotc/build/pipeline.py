@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aotc.build.cpu_isa import compiled_features
 from aotc.build.inductor_options import resolve_options
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
@@ -83,7 +84,8 @@ def _build(
         with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}
-        manifest = new_manifest(cfg, meta, options, compiler_record)
+        features = compiled_features(cfg.cpu_isa, compiler["cpp.cxx"][1])
+        manifest = new_manifest(cfg, meta, options, compiler_record, features)
         # The compiled model carries what it was built as, so a runtime can tell an edited manifest
         # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
         described = {

@@ -68,6 +68,13 @@ from aotc.cli.types import exit_codes_epilog, option_type
     is_flag=True,
     help="Do not link the model .so with -Wl,-Bsymbolic (see docs/build-internals.md).",
 )
+@click.option(
+    "--cpu-isa",
+    type=click.Choice(["native", "avx2", "avx512"]),
+    default=None,
+    help="CPU instruction set of the compiled C++: native (this machine's) or a portable x86-64 "
+    "level; the runtime refuses a CPU that lacks it [default: native].",
+)
 @click.option("--force", is_flag=True, help="Replace an existing package.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
@@ -83,6 +90,7 @@ def build(
     rtol,
     allow_mismatch,
     no_bsymbolic,
+    cpu_isa,
     force,
     as_json,
     quiet,
@@ -101,6 +109,7 @@ def build(
         "atol": atol,
         "rtol": rtol,
         "allow_mismatch": allow_mismatch,
+        "cpu_isa": cpu_isa,
     }
     given = {key for key, value in flags.items() if value is not None}
     cfg = BuildConfig(
@@ -115,6 +124,7 @@ def build(
         atol=atol,
         rtol=rtol,
         allow_mismatch=bool(allow_mismatch),
+        cpu_isa=cpu_isa or "native",
     )
     if config_file:
         cfg = apply_config_file(cfg, config_file, given)

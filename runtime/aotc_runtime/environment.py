@@ -7,6 +7,7 @@ before anything native is loaded.
 
 from __future__ import annotations
 
+import os
 import platform
 from typing import TYPE_CHECKING
 
@@ -52,8 +53,41 @@ def check_compatible(manifest: Manifest, package_path: object) -> None:
         raise PackageError(
             f"{where} was built for {built.platform}, this machine is {running['platform']}; rebuild it here"
         )
+    _check_cpu(manifest.device, where)
     if manifest.device.type == "cuda":
         _check_gpu(manifest.device, where)
+
+
+CPUINFO_ENV = "AOTC_CPUINFO"  # another cpuinfo file to read (tests play an older CPU with it)
+
+
+def cpu_features() -> set[str] | None:
+    """This CPU's feature flags as /proc/cpuinfo names them; None where there is no such file."""
+    path = os.environ.get(CPUINFO_ENV, "/proc/cpuinfo")
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        return None
+    return None
+
+
+def _check_cpu(device: Device, where: str) -> None:
+    """A package compiled with extensions this CPU lacks would die with SIGILL: refuse it first."""
+    if not device.cpu_features:
+        return
+    here = cpu_features()
+    if here is None:  # not Linux: nothing to compare with (the build's platform check applies)
+        return
+    missing = [feature for feature in device.cpu_features if feature not in here]
+    if missing:
+        raise PackageError(
+            f"{where} was compiled for CPU features this CPU lacks: {', '.join(missing)} "
+            f"(--cpu-isa {device.cpu_isa}); rebuild it with `aotc build --cpu-isa avx2` for any "
+            "x86-64-v3 CPU, or on this machine"
+        )
 
 
 def _check_gpu(device: Device, where: str) -> None:

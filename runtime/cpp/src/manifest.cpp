@@ -5,6 +5,7 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <filesystem>
 #include <fstream>
@@ -228,7 +229,8 @@ Manifest read_fields(const json& data) {
     m.tf32 = runtime.boolean("tf32");
   }
   m.signature = read_signature(f.object("signature"));
-  if (m.device_type == "cpu" && device.has("cpu_features")) {
+  m.cpu_isa = device.optional_text("cpu_isa");
+  if (device.has("cpu_features")) {
     const json& features = device.list("cpu_features");
     for (const auto& feature : features) {
       if (!feature.is_string()) device.fail("cpu_features", "is not a list of strings");
@@ -321,6 +323,22 @@ Difference first_difference(const json& ours, const json& theirs, const std::str
 std::string short_text(const json& value) {
   std::string text = value.dump();
   return text.size() <= 80 ? text : text.substr(0, 77) + "...";
+}
+
+// This CPU's flags from /proc/cpuinfo (or $AOTC_CPUINFO, as the Python runtime); empty when unreadable.
+std::optional<std::set<std::string>> cpu_features() {
+  const char* override_path = std::getenv("AOTC_CPUINFO");
+  std::ifstream in(override_path ? override_path : "/proc/cpuinfo");
+  if (!in) return std::nullopt;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::set<std::string> flags;
+    std::stringstream words(line.substr(line.find(':') == std::string::npos ? line.size() : line.find(':') + 1));
+    for (std::string word; words >> word;) flags.insert(word);
+    return flags;
+  }
+  return std::nullopt;
 }
 
 std::string torch_release(const std::string& version) { return version.substr(0, version.find('+')); }
@@ -425,6 +443,17 @@ void check_compatible(const std::string& folder, const Manifest& m) {
   }
   if (!m.platform.empty() && m.platform != running_platform()) {
     throw package_error(where + " was built for " + m.platform + ", this machine is " + running_platform() + "; rebuild it here");
+  }
+  if (!m.cpu_features.empty()) {
+    if (auto here = cpu_features()) {
+      std::string missing;
+      for (const auto& feature : m.cpu_features)
+        if (!here->count(feature)) missing += (missing.empty() ? "" : ", ") + feature;
+      if (!missing.empty()) {
+        throw package_error(where + " was compiled for CPU features this CPU lacks: " + missing + " (--cpu-isa " + m.cpu_isa +
+                            "); rebuild it with `aotc build --cpu-isa avx2` for any x86-64-v3 CPU, or on this machine");
+      }
+    }
   }
   if (m.device_type != "cuda") return;
 #ifdef AOTC_WITH_CUDA

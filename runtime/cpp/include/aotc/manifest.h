@@ -55,7 +55,8 @@ struct Manifest {
   Signature signature;
   std::vector<std::pair<std::string, std::string>> files;  // relative path -> sha256, in file order
   std::string contract;  // JSON: the manifest fields the compiled model must carry (model_contract in Python)
-  std::vector<std::string> cpu_features;  // CPU packages: extensions the compiled code may use (cpuinfo names)
+  std::string cpu_isa;                    // as asked with `aotc build --cpu-isa`
+  std::vector<std::string> cpu_features;  // extensions the compiled C++ may use (/proc/cpuinfo names)
 };
 
 // Read and check FOLDER/manifest.json; throws aotc::Error (exit 7) with the Python runtime's messages.
