@@ -31,14 +31,18 @@ def run(
     iters: int = 0,
     seed: int = 0,
     public_key: str | Path | None = None,
+    threads: int = 1,
 ) -> dict:
     """Load a package through the thin runtime and run it (never compiles).
 
     `public_key` (PEM, from `aotc keygen`): refuse the package unless its private key signed it.
+    `threads` > 1: `iters` calls from each of that many threads at once (throughput).
     """
     from aotc_runtime import run_package
 
-    return run_package(package, input_files, output, iters, seed, public_key=public_key)
+    return run_package(
+        package, input_files, output, iters, seed, public_key=public_key, threads=threads
+    )
 
 
 def verify(

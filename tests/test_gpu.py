@@ -226,3 +226,28 @@ def test_densenet121_through_the_cpp_runner(gpu_workdir, densenet, mode, tmp_pat
             want = package(x.cuda()).cpu()
         got = torch.from_numpy(numpy.load(tmp_path / "y.npz")["output_0"])
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_eight_threads_share_a_cuda_package(gpu_workdir, mode):
+    """Issue 14, finding 10, on the GPU: a CUDA-graph package replays into static buffers, so its
+    calls serialize (and order themselves across the callers' streams); every caller must still get
+    its own answer, with batch sizes differing per thread (one graph each)."""
+    from test_concurrency import CALLS, THREADS, call_from_threads
+
+    artifact = export_once(gpu_workdir, "mlp_dyn", MLP, "--input-shape", "Bx128", "--dim", "B=1:64")
+    folder = build_once(gpu_workdir, artifact, f"mlp_dyn_{mode}", "--mode", mode)
+    package = aotc_runtime.load(folder, threads=THREADS)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [
+        [(torch.randn(1 + index * 7, 128, device="cuda", generator=generator),) for _ in range(2)]
+        for index in range(THREADS)
+    ]
+    with torch.inference_mode():
+        expected = [[package(*x).clone() for x in per_thread] for per_thread in inputs]
+    outputs = call_from_threads(package, lambda index: inputs[index])
+    torch.cuda.synchronize()
+    for index, per_thread in enumerate(outputs):
+        assert len(per_thread) == CALLS
+        for call, out in enumerate(per_thread):
+            assert torch.equal(out, expected[index][call % 2]), (mode, index, call)

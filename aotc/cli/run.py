@@ -32,6 +32,14 @@ from aotc.cli.types import exit_codes_epilog
     help="Timed calls after the first (median/p90/p99).",
 )
 @click.option("--seed", type=int, default=0, help="Seed of the random inputs.")
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1, max=256),
+    default=1,
+    show_default=True,
+    help="Threads calling the package at once, each making --iters calls; reports throughput "
+    "(CPU: each thread gets cores/N intra-op threads).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
     "--engine",
@@ -41,7 +49,9 @@ from aotc.cli.types import exit_codes_epilog
     help="python: the aotc_runtime package; cpp: the C++ runner (`make runner`), to check both agree.",
 )
 @signature_options
-def run(package, inputs, output, iters, seed, as_json, engine, require_signature, public_key):
+def run(
+    package, inputs, output, iters, seed, threads, as_json, engine, require_signature, public_key
+):
     """Run PACKAGE through the thin runtime: no compile, no warm-up."""
     from aotc.api import run as run_api
 
@@ -51,10 +61,14 @@ def run(package, inputs, output, iters, seed, as_json, engine, require_signature
             raise click.UsageError(
                 "the C++ runner does not check signatures yet; run a signed package with --engine python"
             )
+        if threads > 1:
+            raise click.UsageError(
+                "--threads is for --engine python; the C++ runner calls from one thread"
+            )
         raise click.exceptions.Exit(run_cpp(package, inputs, output, iters, seed, as_json))
     from aotc_runtime import format_report
 
-    report = run_api(package, inputs, output, iters, seed, public_key=public_key)
+    report = run_api(package, inputs, output, iters, seed, public_key=public_key, threads=threads)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 

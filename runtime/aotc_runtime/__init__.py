@@ -67,6 +67,8 @@ _LAZY = {
     "read_inputs": "tensor_io",
     "write_outputs": "tensor_io",
     "flatten_outputs": "tensor_io",
+    "run_concurrently": "concurrency",
+    "intra_op_threads": "concurrency",
     "time_calls": "timing",
     "summarize": "timing",
     "synchronize": "timing",
@@ -122,6 +124,8 @@ __all__ = [
     "read_inputs",
     "write_outputs",
     "flatten_outputs",
+    "run_concurrently",
+    "intra_op_threads",
     "time_calls",
     "summarize",
     "synchronize",
@@ -130,6 +134,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .concurrency import intra_op_threads, run_concurrently
     from .environment import check_compatible, gpu_description, running_environment
     from .fields import FieldError
     from .files import replaced_atomically, write_text_atomically

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="write outputs to .npz (output_0, ...) or .pt")
     parser.add_argument("--iters", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="threads calling at once, each making --iters calls"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument(
@@ -37,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         help="ed25519 public key (`aotc keygen`); the package must be signed by its private key",
     )
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.require_signature and not args.public_key:
         parser.error(
             "--require-signature needs --public-key PEM: the key the package must be signed with"
@@ -51,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             args.iters,
             args.seed,
             public_key=args.public_key,
+            threads=args.threads,
         )
     except AotcRuntimeError as exc:
         if args.verbose:

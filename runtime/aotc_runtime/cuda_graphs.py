@@ -16,6 +16,7 @@ that signature falls back to plain calls, with one warning.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +50,20 @@ class CudaGraphRunner:
         self._graphs: dict = {}
         self._uncapturable: set = set()
         self._pool: Any = None  # one memory pool shared by every graph of this package
+        # A graph replays into static input and output buffers: one call at a time. Calls from
+        # threads on other CUDA streams are ordered after the previous call's work on its stream.
+        self._lock = threading.Lock()
+        self._last_stream: Any = None
 
     def __call__(self, flat: list[torch.Tensor], key: tuple | None = None) -> list[torch.Tensor]:
+        with self._lock:
+            stream = torch.cuda.current_stream(self._device)
+            if self._last_stream is not None and self._last_stream != stream:
+                stream.wait_stream(self._last_stream)
+            self._last_stream = stream
+            return self._call(flat, key)
+
+    def _call(self, flat: list[torch.Tensor], key: tuple | None) -> list[torch.Tensor]:
         if key is None:
             key = tuple((t.shape, t.dtype) for t in flat)
         entry = self._graphs.get(key)

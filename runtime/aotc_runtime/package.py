@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,13 @@ class Package:
     nested structures) a dict from output name to tensor. State that forward mutates (a counter, a
     cache) is kept between calls on this Package, as eager keeps it on the module; `reset_state()`
     puts it back to its value at export.
+
+    Threads: a package may be called from several threads at once. Loaded with `threads=N`, N calls
+    run in parallel (AOTInductor keeps N model instances); beyond N, calls wait for a free one.
+    A package with state, or with CUDA graphs (which replay into static buffers), runs one call at
+    a time whatever N. With `reuse_outputs=True` a returned tensor is overwritten by the next call
+    from any thread. On CPU, give each of N calling threads cores // N intra-op threads
+    (torch.set_num_threads in that thread; aotc_runtime.intra_op_threads(N) computes it).
     """
 
     def __init__(
@@ -59,6 +67,7 @@ class Package:
         self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
         self._initial_state = [t.to(self.device) for t in initial_state]
         self._state = [t.clone() for t in self._initial_state]
+        self._state_lock = threading.Lock()
         self._n_outputs = len(self.signature.outputs)
         # The input check runs before every call, and with CUDA-graph replay the rest of a call is a
         # few µs of CPU work: a signature that passed once is remembered, not re-checked dim by dim.
@@ -91,14 +100,19 @@ class Package:
         device = self.device
         flat = [t if t.device == device else t.to(device) for t in tensors]
         if self._state:
-            flat += self._state
-        with self.run_settings():
-            outputs = self._call_flat(flat, key)
-        if self._state:
-            # The package returns the state's new values after the model's outputs (aotc/export/call_structure.py).
-            self._state = list(outputs[self._n_outputs :])
-            outputs = outputs[: self._n_outputs]
+            with self._state_lock:  # each call reads the state the previous one left
+                outputs = self._call_with_state(flat, key)
+        else:
+            with self.run_settings():
+                outputs = self._call_flat(flat, key)
         return self._rebuild(outputs)
+
+    def _call_with_state(self, flat: list[torch.Tensor], key: tuple | None) -> list[torch.Tensor]:
+        with self.run_settings():
+            outputs = self._call_flat(flat + self._state, key)
+        # The package returns the state's new values after the model's outputs (aotc/export/call_structure.py).
+        self._state = list(outputs[self._n_outputs :])
+        return list(outputs[: self._n_outputs])
 
     def run_settings(self) -> contextlib.AbstractContextManager:
         """The process-wide settings this package runs under (TF32 for a tf32 package), as a context

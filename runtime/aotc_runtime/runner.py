@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .concurrency import run_concurrently
 from .package import load
 from .tensor_io import flatten_outputs, read_inputs, write_outputs
 from .timing import summarize, synchronize, time_calls
@@ -21,13 +22,16 @@ def run_package(
     seed: int = 0,
     warmup: int = 3,
     public_key: str | os.PathLike | None = None,
+    threads: int = 1,
 ) -> dict:
     """Run a package once (plus `iters` timed calls) and return a report dict (JSON-ready).
 
     `public_key` (PEM, from `aotc keygen`): refuse the package unless it is signed by its private key.
+    `threads` > 1: load it for that many concurrent calls, and make the `iters` calls from each of
+    that many threads at once; the report adds throughput ("concurrency").
     """
     started = time.perf_counter()
-    package = load(path, public_key=public_key)
+    package = load(path, public_key=public_key, threads=threads)
     loaded = time.perf_counter()
     if input_files:
         inputs = read_inputs(input_files, package.signature.input_names)
@@ -41,8 +45,11 @@ def run_package(
         result = package(*inputs)
         synchronize(package.device)
         first_ms = (time.perf_counter() - first_start) * 1e3
-        latency = None
-        if iters > 0:
+        latency = concurrency = None
+        if iters > 0 and threads > 1:
+            concurrency = run_concurrently(package, inputs, threads, iters)
+            latency = concurrency["latency"]
+        elif iters > 0:
             latency = summarize(
                 time_calls(lambda: package(*inputs), iters, package.device, warmup=warmup)
             )
@@ -62,6 +69,7 @@ def run_package(
         "first_call_ms": first_ms,
         "iters": iters,
         "latency": latency,
+        "concurrency": concurrency,
         "output_file": str(output) if output else None,
     }
 
@@ -77,6 +85,13 @@ def format_report(report: dict) -> str:
         lines.append(
             f"latency   median {lat['median_ms']:.3f} ms  p90 {lat['p90_ms']:.3f} ms  p99 "
             f"{lat['p99_ms']:.3f} ms  ({lat['n']} calls)"
+        )
+    many = report.get("concurrency")
+    if many:
+        intra = f", {many['intra_op_threads']} intra-op each" if many["intra_op_threads"] else ""
+        lines.append(
+            f"threads   {many['threads']} calling at once{intra}: {many['calls_per_second']:.1f} calls/s "
+            f"({many['calls']} calls in {many['seconds']:.2f} s)"
         )
     if report["output_file"]:
         lines.append(f"wrote     {report['output_file']}")
