@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from aotc.build.cpu_isa import compiled_features
-from aotc.build.inductor_options import resolve_options
+from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
 from aotc.build.precision import place_program, tf32_matmuls
@@ -102,6 +103,17 @@ def _build(
             compile_aoti(
                 placed, staging / MODEL_FILE, {**options, **compiler, **described}, cfg.precision
             )
+            if empty_weights_blob(staging / MODEL_FILE):
+                # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
+                # keeps the default layout, its (empty) constants inside the .so
+                options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
+                manifest = dataclasses.replace(manifest, inductor_options=options)
+                compile_aoti(
+                    placed,
+                    staging / MODEL_FILE,
+                    {**options, **compiler, **described},
+                    cfg.precision,
+                )
         if signature.get("state"):
             write_state(ep, signature, staging)
         compile_seconds = time.perf_counter() - started
@@ -135,6 +147,15 @@ def _build(
         commit(staging, cfg.output)
     progress.note(f"wrote {cfg.output} in {manifest.build_seconds:.1f}s")
     return BuildResult(cfg.output, manifest)
+
+
+def empty_weights_blob(package_path: Path) -> bool:
+    """Whether AOTInductor wrote its weights blob with nothing in it."""
+    with zipfile.ZipFile(package_path) as archive:
+        return any(
+            info.filename.endswith("_weights.blob") and info.file_size == 0
+            for info in archive.infolist()
+        )
 
 
 def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) -> None:
