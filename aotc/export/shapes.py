@@ -14,6 +14,11 @@ from dataclasses import dataclass
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_EXAMPLE = 16  # example size of a dynamic dim without one, clamped into its range
+# The largest size a package may declare (aotc_runtime/signature.py refuses a manifest with more).
+# Checked here so that a huge number is the flag's one-line error, not int()'s own ValueError
+# ("Exceeds the limit (4300 digits)") or a package the runtime then refuses.
+MAX_SIZE = 2**31 - 1
+# Messages quote what the user wrote with repr(): a line break in a flag must not split the one-line error.
 
 
 @dataclass(frozen=True)
@@ -66,18 +71,18 @@ def parse_shape(text: str) -> tuple:
         token = token.strip()
         if token == "":
             raise ValueError(
-                f"shape '{text}' has an empty dim at position {position}; write e.g. 16x3x128x128"
+                f"shape {text!r} has an empty dim at position {position}; write e.g. 16x3x128x128"
             )
         if re.fullmatch(r"[+-]?\d+", token):
-            size = int(token)
+            size = _size(token, f"shape {text!r}: dim {position}")
             if size < 1:
-                raise ValueError(f"shape '{text}': dim {position} is {size}; sizes must be >= 1")
+                raise ValueError(f"shape {text!r}: dim {position} is {size}; sizes must be >= 1")
             dims.append(size)
         elif NAME.match(token):
             dims.append(token)
         else:
             raise ValueError(
-                f"shape '{text}': dim {position} '{token}' is neither a positive integer nor a dim name (like B)"
+                f"shape {text!r}: dim {position} {token!r} is neither a positive integer nor a dim name (like B)"
             )
     return tuple(dims)
 
@@ -90,7 +95,7 @@ def parse_input_shape(text: str) -> InputShape:
     name = name.strip()
     if not NAME.match(name):
         raise ValueError(
-            f"input shape '{text}': '{name}' is not an input name; write NAME=SHAPE, e.g. input_ids=8x128"
+            f"input shape {text!r}: {name!r} is not an input name; write NAME=SHAPE, e.g. input_ids=8x128"
         )
     return InputShape(name, parse_shape(rest))
 
@@ -106,16 +111,12 @@ def parse_dim(text: str) -> DimSpec:
     match = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+):(\d+)(?::(\d+))?\s*", text)
     if not match:
         raise ValueError(
-            f"dim '{text}' must look like NAME=MIN:MAX or NAME=MIN:MAX:EXAMPLE, e.g. B=1:64 "
+            f"dim {text!r} must look like NAME=MIN:MAX or NAME=MIN:MAX:EXAMPLE, e.g. B=1:64 "
             "(with example_inputs(): B=1:64@input_ids:0)"
         )
-    name, low, high, example = (
-        match.group(1),
-        int(match.group(2)),
-        int(match.group(3)),
-        match.group(4),
-    )
-    example = int(example) if example is not None else None
+    name = match.group(1)
+    low, high = _size(match.group(2), f"dim {name}: MIN"), _size(match.group(3), f"dim {name}: MAX")
+    example = _size(match.group(4), f"dim {name}: EXAMPLE") if match.group(4) is not None else None
     if low < 1:
         raise ValueError(f"dim {name}: MIN is {low}; sizes must be >= 1")
     if high < low:
@@ -133,6 +134,15 @@ def parse_dim(text: str) -> DimSpec:
     return DimSpec(name, low, high, example, _parse_targets(name, at) if at else ())
 
 
+def _size(token: str, what: str) -> int:
+    """int(token) of [+-]digits; above MAX_SIZE (either sign) refused before int() sees 4300 digits."""
+    digits = token.lstrip("+-").lstrip("0")
+    if len(digits) > len(str(MAX_SIZE)) or int(digits or "0") > MAX_SIZE:
+        shown = token if len(token) <= 20 else token[:17] + "..."
+        raise ValueError(f"{what} is {shown}; sizes must be between 1 and {MAX_SIZE}")
+    return int(token)
+
+
 def _parse_targets(name: str, text: str) -> tuple:
     """'input_ids:0,attention_mask:0' -> (('input_ids', 0), ('attention_mask', 0)); '0:1' -> ((0, 1),)."""
     targets = []
@@ -140,7 +150,7 @@ def _parse_targets(name: str, text: str) -> tuple:
         match = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*|\d+)\s*:\s*(\d+)\s*", item)
         if not match:
             raise ValueError(
-                f"dim {name}: '@{text}' must list INPUT:AXIS pairs, e.g. @input_ids:0,attention_mask:0"
+                f"dim {name}: {'@' + text!r} must list INPUT:AXIS pairs, e.g. @input_ids:0,attention_mask:0"
             )
         target = int(match.group(1)) if match.group(1).isdigit() else match.group(1)
         targets.append((target, int(match.group(2))))

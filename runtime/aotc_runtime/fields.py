@@ -7,11 +7,25 @@ as a KeyError deep inside a call.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 _MISSING = object()
+
+# repr() of a manifest's value for a message, bounded: repr() recurses once per nesting level (a
+# list nested 5000 deep raised RecursionError), refuses ints of more than 4300 digits (ValueError),
+# and would copy a 16 MiB string into the one-line error.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
+
+
+def shown(value: Any) -> str:
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # an int too long for repr() (reprlib calls it before truncating)
+        return "(a value too long to show)"
 
 
 class FieldError(ValueError):
@@ -32,6 +46,9 @@ class Fields:
         self.where = where
 
     def path(self, key: str) -> str:
+        # A key is any JSON string: quoted when it holds a line break or other control character,
+        # which would split the one-line error.
+        key = key if str(key).isprintable() else repr(key)
         return f"{self.where}.{key}" if self.where else key
 
     def fail(self, key: str, problem: str) -> NoReturn:
@@ -61,7 +78,7 @@ class Fields:
     def choice(self, key: str, options: tuple, default: Any = _MISSING) -> Any:
         value = self.value(key, default)
         if value is not default and value not in options:
-            self.fail(key, f"is {value!r}, not one of {', '.join(map(str, options))}")
+            self.fail(key, f"is {shown(value)}, not one of {', '.join(map(str, options))}")
         return value
 
     def integer(self, key: str, default: Any = _MISSING) -> Any:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PackageError
-from .fields import FieldError, Fields
+from .fields import FieldError, Fields, shown
 from .signature import Signature
 
 FORMAT_VERSION = 3
@@ -418,7 +418,7 @@ def _first_difference(
     if isinstance(ours, dict) and isinstance(theirs, dict):
         for key in sorted(set(ours) | set(theirs)):
             found = _first_difference(
-                ours.get(key), theirs.get(key), f"{where}.{key}" if where else key
+                ours.get(key), theirs.get(key), f"{where}.{_key(key)}" if where else _key(key)
             )
             if found:
                 return found
@@ -441,6 +441,11 @@ def _first_difference(
         )
     )
     return None if same else (where, ours, theirs)
+
+
+def _key(key: str) -> str:
+    # quoted when it would split the one-line error (a line break in a dim name)
+    return key if key.isprintable() else repr(key)
 
 
 def _short(value: object) -> str:
@@ -480,7 +485,8 @@ def read_manifest(folder: Path, signed: bytes | None = None) -> Manifest:
             )
         text = raw.decode()
         data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    # ValueError: json.loads refuses an integer of more than 4300 digits with a plain ValueError
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise PackageError(
             f"{path} is not valid JSON ({type(exc).__name__}: {str(exc)[:100]}); rebuild the package with `aotc build`"
         ) from None
@@ -491,7 +497,7 @@ def read_manifest(folder: Path, signed: bytes | None = None) -> Manifest:
     version = data["format_version"]
     if version not in READABLE_VERSIONS:
         raise PackageError(
-            f"{folder} has package format {version}, this runtime reads formats "
+            f"{folder} has package format {shown(version)}, this runtime reads formats "
             f"{', '.join(map(str, READABLE_VERSIONS))}; "
             "rebuild the package with the aotc that matches this runtime"
         )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import InputMismatchError
-from .fields import Fields
+from .fields import Fields, shown
 
 DTYPES = {
     "float32": torch.float32,
@@ -38,6 +38,12 @@ DTYPES = {
     "bool": torch.bool,
 }
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+# The value_range an integer input may have: what its dtype holds, high + 1 included (random_tensor).
+INT_RANGES = {
+    dtype: (torch.iinfo(dtype).min, min(torch.iinfo(dtype).max, 2**63 - 2))
+    for dtype in DTYPES.values()
+    if not dtype.is_floating_point and dtype != torch.bool
+}
 
 
 SHAPE_PROBLEM = "is not a list of sizes (integers 0 to 2**31-1) and dim names"
@@ -72,6 +78,16 @@ class TensorSpec:
             )
         ):
             fields.fail("value_range", "is not null or [low, high] integers")
+        # random_tensor draws integer inputs with torch.randint(low, high + 1, dtype=...): an inverted
+        # range, or one the dtype cannot hold (high + 1 past int64 included), failed there instead,
+        # `aotc run` ending in a traceback.
+        if value_range is not None and DTYPES[dtype] in INT_RANGES:
+            smallest, largest = INT_RANGES[DTYPES[dtype]]
+            if not smallest <= value_range[0] <= value_range[1] <= largest:
+                fields.fail(
+                    "value_range",
+                    f"is {value_range}, not [low, high] with {smallest} <= low <= high <= {largest}",
+                )
         keyword = fields.boolean("keyword", False) if is_input else False
         return cls(name, dtype, tuple(shape), tuple(value_range) if value_range else None, keyword)
 
@@ -112,13 +128,12 @@ def _read_dim(parent: Fields, name: str) -> dict:
     info = {key: fields.integer(key) for key in ("min", "max", "example")}
     if info["max"] > MAX_SIZE:
         fields.fail(
-            "max", f"is {info['max']}, above the largest size a runtime accepts ({MAX_SIZE})"
+            "max", f"is {shown(info['max'])}, above the largest size a runtime accepts ({MAX_SIZE})"
         )
     if not 0 <= info["min"] <= info["example"] <= info["max"]:
-        parent.fail(
-            name,
-            f"range is not min <= example <= max ({info['min']}, {info['example']}, {info['max']})",
-        )
+        # shown(): str() of an int past 4300 digits raises ValueError
+        values = ", ".join(shown(info[key]) for key in ("min", "example", "max"))
+        parent.fail(name, f"range is not min <= example <= max ({values})")
     return info
 
 
@@ -146,17 +161,23 @@ class Signature:
         if named - set(dims):
             fields.fail(
                 "inputs",
-                f"name dims with no range in {fields.path('dims')}: {', '.join(sorted(named - set(dims)))}",
+                f"name dims with no range in {fields.path('dims')}: "
+                # quoted when they hold a line break, which would split the one-line error
+                + ", ".join(n if n.isprintable() else repr(n) for n in sorted(named - set(dims))),
             )
         for index, spec in enumerate(inputs):
             elements = 1
             for entry in spec.shape:
                 elements *= entry if isinstance(entry, int) else dims[entry]["example"]
-            if elements > MAX_EXAMPLE_ELEMENTS:
-                fields.fail(
-                    f"inputs[{index}].shape",
-                    f"declares {elements} elements at the example sizes, above the runtime's bound of 2**32",
-                )
+                # Refused at the first factor past the bound, as the C++ runner does: the product of
+                # a shape of 500 sizes of 2**31-1 was too long for str() here (ValueError past 4300
+                # digits), and that of a million slow to compute.
+                if elements > MAX_EXAMPLE_ELEMENTS:
+                    fields.fail(
+                        f"inputs[{index}].shape",
+                        f"declares {elements} elements or more at the example sizes, "
+                        "above the runtime's bound of 2**32",
+                    )
         structure = fields.choice("output_structure", OUTPUT_STRUCTURES + ("",), "")
         constants = fields.raw_object("constants", {})
         return cls(

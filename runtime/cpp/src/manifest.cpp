@@ -5,10 +5,12 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <set>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -36,13 +38,29 @@ struct FieldError {
   std::string field, problem;
 };
 
+// A manifest's value for a one-line message: JSON with everything but printable ASCII escaped (a
+// line break in a name must not split the error line), cut at 80 characters.
+std::string shown(const json& value) {
+  std::string text = value.dump(-1, ' ', true, json::error_handler_t::replace);
+  return text.size() <= 80 ? text : text.substr(0, 77) + "...";
+}
+
+bool plain(const std::string& text) {
+  return std::all_of(text.begin(), text.end(), [](unsigned char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+// A key or name as written when it is plain printable ASCII, else shown() (quoted and escaped).
+std::string shown_name(const std::string& name) { return plain(name) ? name : shown(json(name)); }
+
 // One JSON object being read; `where` is its path from the document's root.
 class Fields {
  public:
   Fields(const json& data, std::string where) : data_(data), where_(std::move(where)) {
     if (!data_.is_object()) throw FieldError{where_.empty() ? "(document)" : where_, "is not an object"};
   }
-  std::string path(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
+  std::string path(const std::string& key) const {
+    return where_.empty() ? shown_name(key) : where_ + "." + shown_name(key);
+  }
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const { throw FieldError{path(key), problem}; }
   bool has(const std::string& key) const { return data_.contains(key); }
   const json& value(const std::string& key) const {
@@ -64,11 +82,12 @@ class Fields {
   }
   std::string choice(const std::string& key, const std::vector<std::string>& options) const {
     const json& v = value(key);
-    std::string given = v.is_string() ? v.get<std::string>() : v.dump();
+    std::string given = v.is_string() ? v.get<std::string>() : "";
     if (!v.is_string() || std::find(options.begin(), options.end(), given) == options.end()) {
       std::string joined;
       for (const auto& o : options) joined += (joined.empty() ? "" : ", ") + o;
-      fail(key, "is " + (v.is_string() ? "'" + given + "'" : given) + ", not one of " + joined);
+      bool as_is = v.is_string() && plain(given) && given.size() <= 80;
+      fail(key, "is " + (as_is ? "'" + given + "'" : shown(v)) + ", not one of " + joined);
     }
     return given;
   }
@@ -107,6 +126,35 @@ bool is_size(const json& v) {
   return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxSize;
 }
 
+// An integer that get<int64_t>() returns unchanged (an unsigned one above 2**63 - 1 would wrap).
+bool is_int64(const json& v) {
+  return v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX});
+}
+
+// The value_range an integer input may have: what its dtype holds, with high + 1 (random inputs are
+// drawn with randint(low, high + 1)) inside int64, as INT_RANGES in aotc_runtime/signature.py.
+const std::map<std::string, std::pair<int64_t, int64_t>> kIntRanges = {
+    {"int64", {INT64_MIN, INT64_MAX - 1}}, {"int32", {INT32_MIN, INT32_MAX}}, {"int16", {INT16_MIN, INT16_MAX}},
+    {"int8", {INT8_MIN, INT8_MAX}},        {"uint8", {0, UINT8_MAX}}};
+
+// Nesting deeper than any manifest, about where Python's json.loads stops (its recursion limit).
+// dump() and the comparison with the model's contract recurse once per level: a list nested
+// 100,000 deep was a stack overflow (SIGSEGV) instead of exit 7.
+constexpr size_t kMaxDepth = 1000;
+
+size_t depth_of(const json& root) {
+  size_t deepest = 0;
+  std::vector<std::pair<const json*, size_t>> stack{{&root, 1}};
+  while (!stack.empty()) {
+    auto [value, depth] = stack.back();
+    stack.pop_back();
+    deepest = std::max(deepest, depth);
+    if (value->is_structured())
+      for (const auto& child : *value) stack.emplace_back(&child, depth + 1);
+  }
+  return deepest;
+}
+
 // A relative POSIX path that stays in the package: no absolute path, no `..`, no empty part.
 bool inside_package(const std::string& rel) {
   if (rel.empty() || rel[0] == '/' || rel.find('\\') != std::string::npos) return false;
@@ -138,9 +186,17 @@ TensorSpec read_tensor(const Fields& f, bool is_input) {
   if (is_input) {
     if (f.has("value_range") && !f.data().at("value_range").is_null()) {
       const json& r = f.data().at("value_range");
-      if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer())
+      if (!r.is_array() || r.size() != 2 || !is_int64(r[0]) || !is_int64(r[1]))
         f.fail("value_range", "is not null or [low, high] integers");
       spec.value_range = std::make_pair(r[0].get<int64_t>(), r[1].get<int64_t>());
+      // An inverted range, or high + 1 past the dtype (int64's: signed overflow), failed in randint.
+      auto bounds = kIntRanges.find(spec.dtype);
+      auto [low, high] = *spec.value_range;
+      if (bounds != kIntRanges.end() && !(bounds->second.first <= low && low <= high && high <= bounds->second.second)) {
+        f.fail("value_range", "is [" + std::to_string(low) + ", " + std::to_string(high) + "], not [low, high] with " +
+                                  std::to_string(bounds->second.first) + " <= low <= high <= " +
+                                  std::to_string(bounds->second.second));
+      }
     }
     spec.keyword = f.has("keyword") ? f.boolean("keyword") : false;
   }
@@ -185,7 +241,7 @@ Signature read_signature(const Fields& f) {
   if (!unnamed.empty()) {
     std::sort(unnamed.begin(), unnamed.end());
     std::string joined;
-    for (const auto& n : unnamed) joined += (joined.empty() ? "" : ", ") + n;
+    for (const auto& n : unnamed) joined += (joined.empty() ? "" : ", ") + shown_name(n);
     f.fail("inputs", "name dims with no range in " + f.path("dims") + ": " + joined);
   }
   for (size_t i = 0; i < sig.inputs.size(); ++i) {
@@ -249,7 +305,7 @@ Manifest read_fields(const json& data) {
   Fields files = f.object("files");
   for (const auto& [rel, digest] : files.data().items()) {
     if (!digest.is_string()) f.fail("files", "is not an object of path -> sha256");
-    if (!inside_package(rel)) f.fail("files", "names '" + rel + "', which is not a plain path inside the package");
+    if (!inside_package(rel)) f.fail("files", "names " + shown(json(rel)) + ", which is not a plain path inside the package");
     m.files.emplace_back(rel, digest.get<std::string>());
   }
   if (!files.data().contains(kModelFile)) f.fail("files", std::string("does not list ") + kModelFile);
@@ -304,7 +360,7 @@ Difference first_difference(const json& ours, const json& theirs, const std::str
     for (const auto& item : theirs.items()) keys.insert(item.key());
     for (const auto& key : keys) {
       Difference found = first_difference(ours.contains(key) ? ours.at(key) : json(), theirs.contains(key) ? theirs.at(key) : json(),
-                                          where.empty() ? key : where + "." + key);
+                                          where.empty() ? shown_name(key) : where + "." + shown_name(key));
       if (found) return found;
     }
     return std::nullopt;
@@ -320,10 +376,7 @@ Difference first_difference(const json& ours, const json& theirs, const std::str
   return std::make_tuple(where, ours, theirs);
 }
 
-std::string short_text(const json& value) {
-  std::string text = value.dump();
-  return text.size() <= 80 ? text : text.substr(0, 77) + "...";
-}
+std::string short_text(const json& value) { return shown(value); }
 
 // This CPU's flags from /proc/cpuinfo (or $AOTC_CPUINFO, as the Python runtime); empty when unreadable.
 std::optional<std::set<std::string>> cpu_features() {
@@ -383,12 +436,16 @@ Manifest read_manifest(const std::string& folder) {
     throw package_error(path.string() + " is not valid JSON (" + std::string(exc.what()).substr(0, 100) +
                         "); rebuild the package with `aotc build`");
   }
+  if (depth_of(data) > kMaxDepth) {
+    throw package_error(path.string() + " is not valid JSON (nested more than " + std::to_string(kMaxDepth) +
+                        " levels deep); rebuild the package with `aotc build`");
+  }
   if (!data.is_object() || !data.contains("format_version")) {
     throw package_error(path.string() + " is not an aotc manifest (no format_version); rebuild the package with `aotc build`");
   }
   const json& version = data.at("format_version");
   if (!version.is_number_integer() || version.get<int64_t>() < 1 || version.get<int64_t>() > kFormatVersion) {
-    throw package_error(folder + " has package format " + version.dump() +
+    throw package_error(folder + " has package format " + shown(version) +
                         ", this runtime reads formats 1, 2, 3; rebuild the package with the aotc that matches this runtime");
   }
   check_manifest_hash(path, text, data);
