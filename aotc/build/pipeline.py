@@ -20,6 +20,7 @@ from aotc.build.package_writer import commit, output_lock, staging_folder, write
 from aotc.build.precision import place_program, tf32_matmuls
 from aotc.build.profile import TuningProgress, inductor_phase_times
 from aotc.build.ptxas import same_ptxas_as_workers
+from aotc.build.reproducible import normalize_archive
 from aotc.build.tolerances import tolerance
 from aotc.build.toolchain import compiler_options, use_compiler
 from aotc.build.verify import check_numerics
@@ -114,6 +115,7 @@ def _build(
                     {**options, **compiler, **described},
                     cfg.precision,
                 )
+        normalize_archive(staging / MODEL_FILE)  # the same inputs give the same bytes
         if signature.get("state"):
             write_state(ep, signature, staging)
         compile_seconds = time.perf_counter() - started
