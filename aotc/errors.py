@@ -20,6 +20,14 @@ class UserInputError(AotcError):
     exit_code = 2
 
 
+class DiskFullError(UserInputError):
+    """A device the command writes to is full. When native code failed on it, objects torch still
+    holds would abort the process as they are destroyed: the CLI leaves at once after reporting."""
+
+    exit_code = 2
+    leave_at_once = False  # set when such an error was raised after a native failure
+
+
 class ModelError(AotcError):
     """The user's model cannot be loaded, constructed, or fails on its own example inputs."""
 

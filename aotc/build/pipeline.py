@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aotc.build.cpu_isa import compiled_features
+from aotc.build.disk_space import check_space, full_device
 from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
@@ -25,7 +26,7 @@ from aotc.build.tolerances import tolerance
 from aotc.build.toolchain import compiler_options, use_compiler
 from aotc.build.verify import check_numerics
 from aotc.config import BuildConfig, Mode, Precision, resolve_device
-from aotc.errors import BuildError, UserInputError
+from aotc.errors import BuildError, DiskFullError, UserInputError
 from aotc.export.artifact import load_artifact
 from aotc.export.call_structure import initial_state
 from aotc.export.user_frames import first_line
@@ -79,6 +80,7 @@ def _build(
     cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict
 ) -> BuildResult:
     options = resolve_options(cfg)
+    check_space(cfg.output, cfg.artifact)
     with progress.stage(f"loading {cfg.artifact}"):
         ep, meta = load_artifact(cfg.artifact)
     signature = meta.signature
@@ -160,6 +162,9 @@ def empty_weights_blob(package_path: Path) -> bool:
         )
 
 
+_FAILED_NATIVE_WRITES: list = []
+
+
 def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) -> None:
     import torch
 
@@ -171,6 +176,13 @@ def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) ->
     except (KeyboardInterrupt, BuildError):
         raise
     except Exception as exc:
+        full = full_device(package_path.parent)
+        if full:
+            # torch's zip writer, still referenced by this traceback, throws again when destroyed
+            # (std::terminate): keep it alive and let the CLI leave before it is collected.
+            _FAILED_NATIVE_WRITES.append(exc)
+            DiskFullError.leave_at_once = True
+            raise DiskFullError(full) from None
         raise BuildError(
             f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; "
             "rerun with --verbose for details"

@@ -20,7 +20,7 @@ from aotc.cli.keys import keygen, sign
 from aotc.cli.run import run
 from aotc.cli.types import exit_codes_epilog
 from aotc.cli.verify import verify
-from aotc.errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError
+from aotc.errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError, DiskFullError
 from aotc.quiet import VERBOSE_ENV
 
 
@@ -131,6 +131,11 @@ def main(argv=None) -> int:
     try:
         cli.main(args=argv, prog_name="aotc")
     except SystemExit as done:
+        if DiskFullError.leave_at_once:
+            # Reported; torch's failed native writer would abort the process as it is destroyed.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(done.code if isinstance(done.code, int) else 2)
         if done.code == INTERRUPTED_EXIT_CODE:
             # Cleaned up and reported. Leave now: an interrupt that reaches Python's shutdown (torch's
             # compile-worker pool is torn down there) would make the exit a death by SIGINT.
