@@ -30,7 +30,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e ./runtime -e . > "$R
 # The tests validate every package against docs/manifest.schema.json; offline GPU machines get
 # jsonschema from wheels downloaded beforehand (docs/gpu.md).
 if [ -d .gpu/wheels ]; then
-  python3 -m pip install -q --no-index --find-links .gpu/wheels jsonschema >> "$RESULTS/install.log" 2>&1 || log "jsonschema install failed"
+  python3 -m pip install -q --no-index --find-links .gpu/wheels jsonschema hypothesis cryptography nlohmann-json \
+    >> "$RESULTS/install.log" 2>&1 || log "test dependencies install failed"
 fi
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" >> "$RESULTS/gpu.txt" 2>&1
