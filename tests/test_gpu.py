@@ -251,3 +251,15 @@ def test_eight_threads_share_a_cuda_package(gpu_workdir, mode):
         assert len(per_thread) == CALLS
         for call, out in enumerate(per_thread):
             assert torch.equal(out, expected[index][call % 2]), (mode, index, call)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_reloading_a_cuda_package_returns_its_gpu_memory(gpu_workdir, mode):
+    """Issue 14, finding 10, on the GPU: each capture's warm-up once ran on a new CUDA stream, and
+    AOTInductor keeps 33 MiB for every stream a model ran on: +33 MiB of GPU memory per reload."""
+    from aotc.bench.soak import load_unload_cycles
+
+    artifact = export_once(gpu_workdir, "mlp_dyn", MLP, "--input-shape", "Bx128", "--dim", "B=1:64")
+    folder = build_once(gpu_workdir, artifact, f"mlp_dyn_{mode}", "--mode", mode)
+    report = load_unload_cycles(folder, cycles=20)
+    assert report["per_cycle_mib"]["cuda_allocated"] < 1, report

@@ -200,7 +200,13 @@ def load(
     single_threaded = manifest.runtime.cuda_graphs
     try:
         loader = torch._C._aoti.AOTIModelPackageLoader(
-            str(path / MODEL_FILE), "model", single_threaded, threads, device_index
+            # A CUDA-graph package serializes its calls (static buffers) and AOTInductor's
+            # single-threaded runner takes one model instance.
+            str(path / MODEL_FILE),
+            "model",
+            single_threaded,
+            1 if single_threaded else threads,
+            device_index,
         )
     except Exception as exc:  # the C++ loader raises RuntimeError with its own text
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
