@@ -17,12 +17,57 @@ import aotc_runtime
 from aotc.bench.soak import load_unload_cycles, soak_calls
 
 
+def thread_throughput(path: str, threads: int, calls: int = 200) -> dict:
+    """calls/s of one thread, and of `threads` threads with all-core intra-op threads (what a naive
+    server gets) and with cores/N each (what aotc run --threads and the README advise)."""
+    package = aotc_runtime.load(path, threads=threads)
+    inputs = package.signature.random_inputs(seed=0, device=package.device)
+    cores = torch.get_num_threads()
+    figures = {}
+    for label, count, intra in (
+        ("1 thread", 1, cores),
+        (f"{threads} threads x {cores} intra-op", threads, cores),
+        (f"{threads} threads x cores/N intra-op", threads, aotc_runtime.intra_op_threads(threads)),
+    ):
+        torch.set_num_threads(intra)
+        result = _concurrent(package, inputs, count, calls, intra)
+        figures[label] = result
+    torch.set_num_threads(cores)
+    return figures
+
+
+def _concurrent(package, inputs, threads: int, calls: int, intra: int) -> float:
+    import threading
+
+    def work() -> None:
+        torch.set_num_threads(intra)
+        with torch.inference_mode():
+            for _ in range(calls):
+                package(*inputs)
+
+    with torch.inference_mode():
+        package(*inputs)
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return threads * calls / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="+")
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--json", dest="json_out")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="also: throughput of 1 thread and of N threads, with all-core and cores/N intra-op threads",
+    )
     args = parser.parse_args()
     rows = []
     for path in args.packages:
@@ -32,7 +77,10 @@ def main() -> None:
         device = str(package.device)
         del package
         cycles = load_unload_cycles(path, args.cycles)
-        rows.append({"package": path, "device": device, "calls": calls, "cycles": cycles})
+        row = {"package": path, "device": device, "calls": calls, "cycles": cycles}
+        if args.threads:
+            row["threads"] = thread_throughput(path, args.threads)
+        rows.append(row)
     machine = (
         f"{platform.node()}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
     )
@@ -50,6 +98,9 @@ def main() -> None:
             f"{cycles['cycles']} | {cycles['per_cycle_mib'].get('VmRSS', '-')} | "
             f"{cycles['per_cycle_mib'].get('RssAnon', '-')} | {cycles['per_cycle_mib'].get('cuda_allocated', '-')} |"
         )
+    for row in rows:
+        for label, figure in row.get("threads", {}).items():
+            print(f"{row['package']}: {label}: {figure:.1f} calls/s")
     if args.json_out:
         with open(args.json_out, "w") as handle:
             json.dump(
