@@ -48,8 +48,17 @@ def test_manifest_records_the_build(packages):
         "g++" in manifest["toolchain"]["cxx_version"]
         or "gcc" in manifest["toolchain"]["cxx_version"]
     )
-    assert manifest["device"] == {"type": "cpu", "requested": "cpu"}
-    assert manifest["mode"] == "default" and manifest["inductor_options"] == {}
+    device = manifest["device"]
+    assert {k: device[k] for k in ("type", "requested", "cpu_isa")} == {
+        "type": "cpu",
+        "requested": "cpu",
+        "cpu_isa": "native",
+    }
+    assert isinstance(device["cpu_features"], list)
+    # the default mode adds nothing to Inductor's defaults but how the weights are packaged
+    from aotc.build.inductor_options import PACKAGING_OPTIONS
+
+    assert manifest["mode"] == "default" and manifest["inductor_options"] == PACKAGING_OPTIONS
     check = manifest["numeric_check"]
     assert check["passed"] and check["outputs"][0]["name"] == "output_0"
     assert {"max_abs", "max_rel", "atol", "rtol", "ok"} <= set(check["outputs"][0])

@@ -75,7 +75,7 @@ def test_device_auto_is_resolved_said_and_recorded(default_build, packages):
         assert "device auto -> cpu (no CUDA GPU)" in result.stderr
     # conftest builds with --device cpu
     explicit = json.loads((packages.get("mlp").package / "manifest.json").read_text())
-    assert explicit["device"] == {"type": "cpu", "requested": "cpu"}
+    assert explicit["device"]["type"] == "cpu" and explicit["device"]["requested"] == "cpu"
 
 
 def test_resolve_device(monkeypatch, tmp_path):
