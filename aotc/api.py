@@ -19,6 +19,29 @@ def export(cfg: ExportConfig) -> ExportResult:
     return export_model(cfg)
 
 
+def export_onnx(artifact: str | Path, output: str | Path, force: bool = False) -> ExportResult:
+    """Convert an export artifact (.pt2) to an ONNX model (needs aotc[onnx])."""
+    import time
+
+    from aotc.errors import UserInputError
+    from aotc.export.artifact import load_artifact
+    from aotc.onnx.convert import export_to_onnx
+
+    started = time.perf_counter()
+    artifact, output = Path(artifact), Path(output)
+    if not artifact.is_file():
+        raise UserInputError(f"artifact {artifact} does not exist; create one with `aotc export`")
+    if output.exists() and not force:
+        raise UserInputError(
+            f"output {output} exists; pass --force to replace it or choose another -o"
+        )
+    ep, meta = load_artifact(artifact)
+    info = export_to_onnx(ep, meta, output)
+    return ExportResult(
+        output, meta.model or str(artifact), info.signature, time.perf_counter() - started
+    )
+
+
 def build(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
     """Compile an export artifact ahead of time into a package folder."""
     return build_package(cfg, progress)
@@ -98,6 +121,7 @@ __all__ = [
     "bundle",
     "BundleResult",
     "export",
+    "export_onnx",
     "build",
     "run",
     "verify",

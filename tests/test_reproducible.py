@@ -26,6 +26,9 @@ def test_building_twice_gives_the_same_package(tmp_path):
     manifests = [json.loads((f / "manifest.json").read_text()) for f in folders]
     differ = {key for key in manifests[0] if manifests[0][key] != manifests[1].get(key)}
     assert differ <= BUILD_EVENT_FIELDS, differ
+    assert (
+        set(manifests[0]["varies_per_build"]["fields"]) == BUILD_EVENT_FIELDS
+    )  # it says so itself
     assert manifests[0]["files"] == manifests[1]["files"]
 
 

@@ -11,6 +11,7 @@ from aotc import __version__
 from aotc.config import BuildConfig, Precision, preset_runtime
 from aotc.export.artifact import ArtifactMeta
 from aotc_runtime import (
+    HASH_FIELD,
     Device,
     Manifest,
     RuntimeSettings,
@@ -50,6 +51,11 @@ def new_manifest(
         )
         build_tools["triton"] = _triton_version()
     preset = preset_runtime(cfg.mode)
+    varies = {
+        "fields": ["created", "build_seconds", "build_phases", HASH_FIELD],
+        "why": "they record the build as an event (when, how long), and the hash covers them; "
+        "the model files are byte-identical",
+    }
     return Manifest(
         aotc_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -70,6 +76,7 @@ def new_manifest(
         files={},
         build_seconds=0.0,
         numeric_check=None,
+        varies_per_build=varies,
     )
 
 

@@ -60,6 +60,15 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
     if resolved:
         progress.note(resolved)
     cfg.validate()
+    if cfg.backend == "onnxruntime":
+        from aotc.onnx.package import build_onnx_package
+
+        return build_onnx_package(cfg, progress or Progress(), started)
+    if Path(cfg.artifact).suffix == ".onnx":
+        raise UserInputError(
+            f"{cfg.artifact} is an ONNX model: build it with --backend onnxruntime (AOTInductor "
+            "builds .pt2 artifacts from `aotc export`)"
+        )
     import torch
 
     if cfg.device == "cuda" and not torch.cuda.is_available():

@@ -178,17 +178,25 @@ def check_numerics(
     rtol: float,
     allow_mismatch: bool,
     strict: bool = False,
+    reference=None,
 ) -> NumericCheck:
     """Run the check; return the manifest's numeric_check record or raise NumericMismatchError.
 
     `strict`: both sides run with TF32 off (an fp32 package on CUDA; see precision.strict_fp32).
+    `reference`: (description, function of the cases -> outputs, as eager_outputs gives them) when
+    the reference is not `ep` run eagerly (an ONNX model built without its artifact).
     """
     from aotc.build.precision import strict_fp32
     from aotc_runtime import NumericCheck, OutputCheck
 
     cases = input_cases(ep, signature, device)
-    with strict_fp32() if strict else contextlib.nullcontext():
-        references = eager_outputs(ep, cases, signature)
+    if reference is not None:
+        described, run_reference = reference
+        references = run_reference(cases)
+    else:
+        described = "ExportedProgram run eagerly on " + device
+        with strict_fp32() if strict else contextlib.nullcontext():
+            references = eager_outputs(ep, cases, signature)
     outputs = run_in_child(
         package_dir, cases, strict
     )  # CALLS_PER_CASE calls per case: first call, then repeat call
@@ -198,9 +206,7 @@ def check_numerics(
     ]
     report = compare(outputs, references, atol, rtol, names, labels)
     record = NumericCheck(
-        reference="ExportedProgram run eagerly on "
-        + device
-        + (", TF32 off on both sides" if strict else ""),
+        reference=described + (", TF32 off on both sides" if strict else ""),
         cases=tuple(label for label, _ in cases),
         atol=atol,
         rtol=rtol,

@@ -75,6 +75,13 @@ from aotc.cli.types import exit_codes_epilog, option_type
     help="CPU instruction set of the compiled C++: native (this machine's) or a portable x86-64 "
     "level; the runtime refuses a CPU that lacks it [default: native].",
 )
+@click.option(
+    "--backend",
+    type=click.Choice(["aotinductor", "onnxruntime"]),
+    default=None,
+    help="What compiles and runs the model: AOTInductor, or ONNX Runtime (CPU; needs aotc[onnx]); "
+    "an .onnx ARTIFACT implies onnxruntime [default: aotinductor].",
+)
 @click.option("--force", is_flag=True, help="Replace an existing package.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
@@ -91,6 +98,7 @@ def build(
     allow_mismatch,
     no_bsymbolic,
     cpu_isa,
+    backend,
     force,
     as_json,
     quiet,
@@ -110,6 +118,7 @@ def build(
         "rtol": rtol,
         "allow_mismatch": allow_mismatch,
         "cpu_isa": cpu_isa,
+        "backend": backend,
     }
     given = {key for key, value in flags.items() if value is not None}
     cfg = BuildConfig(
@@ -125,6 +134,7 @@ def build(
         rtol=rtol,
         allow_mismatch=bool(allow_mismatch),
         cpu_isa=cpu_isa or "native",
+        backend=backend or ("onnxruntime" if Path(artifact).suffix == ".onnx" else "aotinductor"),
     )
     if config_file:
         cfg = apply_config_file(cfg, config_file, given)

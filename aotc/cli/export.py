@@ -19,16 +19,36 @@ from aotc.cli.types import exit_codes_epilog, model_options
     default=None,
     help="Artifact path [default: <model>.pt2].",
 )
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["pt2", "onnx"]),
+    default=None,
+    help="pt2: the artifact `aotc build` compiles; onnx: an ONNX model (needs aotc[onnx]); MODEL may "
+    "then be a .pt2 artifact to convert [default: from -o's suffix, else pt2].",
+)
 @click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, force, as_json):
-    """Trace MODEL (a .py file or package.module:attr) into an export artifact (.pt2)."""
+def export(
+    model, output, input_shapes, dims, dtypes, entry, weights, output_format, strict, force, as_json
+):
+    """Trace MODEL (a .py file or package.module:attr) into an export artifact (.pt2), or an ONNX model."""
     from aotc.api import export as export_api
     from aotc.config import ExportConfig
 
+    if output_format is None:
+        output_format = "onnx" if output is not None and output.suffix == ".onnx" else "pt2"
     if output is None:
-        output = Path(Path(model.split(":")[-1]).stem + ".pt2")
+        output = Path(Path(model.split(":")[-1]).stem + "." + output_format)
+    if model.endswith(".pt2"):
+        if output_format != "onnx":
+            raise click.UsageError(f"{model} is already an artifact; convert it with --format onnx")
+        from aotc.api import export_onnx
+
+        result = export_onnx(Path(model), output, force)
+        click.echo(f"converted {model} -> {result.output} in {result.seconds:.1f}s")
+        return
     cfg = ExportConfig(
         model=model,
         output=output,
@@ -39,6 +59,7 @@ def export(model, output, input_shapes, dims, dtypes, entry, weights, strict, fo
         weights=weights,
         strict=strict,
         force=force,
+        format=output_format,
     )
     result = export_api(cfg)
     if as_json:

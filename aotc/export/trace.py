@@ -65,7 +65,12 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     if call.dims:
         check_dim_ranges(ep, signature, call)
     meta = ArtifactMeta.new(model=loaded.description, signature=signature)
-    save_artifact(ep, meta, cfg.output)
+    if cfg.format == "onnx":
+        from aotc.onnx.convert import export_to_onnx
+
+        export_to_onnx(ep, meta, cfg.output)
+    else:
+        save_artifact(ep, meta, cfg.output)
     return ExportResult(cfg.output, loaded.description, signature, time.perf_counter() - started)
 
 

@@ -56,6 +56,7 @@ _LAZY = {
     # the machine a package is built for and runs on
     "running_environment": "environment",
     "gpu_description": "environment",
+    "cpu_features": "environment",
     "check_compatible": "environment",
     # signing a package and checking its signature (ed25519; needs cryptography)
     "verify_signature": "signing",
@@ -115,6 +116,7 @@ __all__ = [
     "random_tensor",
     "running_environment",
     "gpu_description",
+    "cpu_features",
     "check_compatible",
     "verify_signature",
     "sign_package",
@@ -135,7 +137,12 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .concurrency import intra_op_threads, run_concurrently
-    from .environment import check_compatible, gpu_description, running_environment
+    from .environment import (
+        check_compatible,
+        cpu_features,
+        gpu_description,
+        running_environment,
+    )
     from .fields import FieldError
     from .files import replaced_atomically, write_text_atomically
     from .manifest import (

@@ -44,7 +44,9 @@ def check_compatible(manifest: Manifest, package_path: object) -> None:
     built = manifest.toolchain
     running = running_environment()
     where = f"package {package_path}"
-    if torch_release(built.torch) != torch_release(running["torch"]):
+    if manifest.backend == "onnxruntime":
+        _check_onnxruntime(manifest, where)
+    elif torch_release(built.torch) != torch_release(running["torch"]):
         raise PackageError(
             f"{where} was built with torch {built.torch}, this process runs torch {running['torch']}; "
             "rebuild it with `aotc build` on a machine with this torch, or run it where that torch is installed"
@@ -56,6 +58,20 @@ def check_compatible(manifest: Manifest, package_path: object) -> None:
     _check_cpu(manifest.device, where)
     if manifest.device.type == "cuda":
         _check_gpu(manifest.device, where)
+
+
+def _check_onnxruntime(manifest: Manifest, where: str) -> None:
+    """An ONNX Runtime package needs ONNX Runtime, and the release that optimized its graph: an
+    optimized graph holds that release's fused operators and layouts (not the torch ABI)."""
+    from .onnx_backend import import_onnxruntime
+
+    here = str(import_onnxruntime().__version__)
+    built = str(manifest.backend_options.get("onnxruntime", here))
+    if built != here:
+        raise PackageError(
+            f"{where} was optimized by ONNX Runtime {built}, this process has {here}; rebuild it with "
+            "`aotc build --backend onnxruntime` here, or install that release"
+        )
 
 
 CPUINFO_ENV = "AOTC_CPUINFO"  # another cpuinfo file to read (tests play an older CPU with it)

@@ -29,6 +29,9 @@ MANIFEST_NAME = "manifest.json"
 MODEL_FILE = "model.pt2"
 SIGNATURE_FILE = "manifest.json.sig"  # `aotc sign`: ed25519 over manifest.json's bytes
 STATE_FILE = "state.pt"  # initial values of the state carried between calls (signature["state"])
+# The compiled model's file for each backend: AOTInductor's package, or an ONNX graph that ONNX
+# Runtime optimized at build (aotc build --backend onnxruntime).
+MODEL_FILES = {"aotinductor": MODEL_FILE, "onnxruntime": "model.onnx"}
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,17 @@ class Manifest:
     size_bytes: int | None = None
     build_phases: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    backend: str = "aotinductor"
+    # What differs between two builds of the same artifact with the same options and toolchain,
+    # and why (every other byte of the package is the same): written by the build, never read.
+    varies_per_build: dict = field(default_factory=dict)
+    # onnxruntime: its version, the optimization level applied at build, whether the optimized
+    # graph is tied to the build machine's hardware
+    backend_options: dict = field(default_factory=dict)
+
+    @property
+    def model_file(self) -> str:
+        return MODEL_FILES[self.backend]
 
     @classmethod
     def from_json(cls, data: object) -> Manifest:
@@ -236,11 +250,12 @@ class Manifest:
             if version >= 2 or "runtime" in fields.data
             else RuntimeSettings()
         )
+        backend = fields.choice("backend", tuple(MODEL_FILES), "aotinductor")
         files = fields.raw_object("files")
         if not all(isinstance(v, str) for v in files.values()):
             fields.fail("files", "is not an object of path -> sha256")
-        if MODEL_FILE not in files:
-            fields.fail("files", f"does not list {MODEL_FILE}")
+        if MODEL_FILES[backend] not in files:
+            fields.fail("files", f"does not list {MODEL_FILES[backend]}")
         for rel in files:
             if not _inside_package(rel):
                 fields.fail("files", f"names {rel!r}, which is not a plain path inside the package")
@@ -263,6 +278,9 @@ class Manifest:
             size_bytes=fields.integer("size_bytes", None),
             build_phases=fields.raw_object("build_phases", {}),
             format_version=version,
+            backend=backend,
+            backend_options=fields.raw_object("backend_options", {}),
+            varies_per_build=fields.raw_object("varies_per_build", {}),
         )
 
     def to_json(self) -> dict:
@@ -276,6 +294,8 @@ class Manifest:
             "device": self.device.to_json(),
             "mode": self.mode,
             "precision": self.precision,
+            "backend": self.backend,
+            "backend_options": dict(self.backend_options),
             "inductor_options": dict(self.inductor_options),
             "runtime": self.runtime.to_json(),
             "signature": self.signature.to_json(),
@@ -285,6 +305,7 @@ class Manifest:
             else dict(NumericCheck.PENDING),
             "build_phases": dict(self.build_phases),
             "size_bytes": self.size_bytes,
+            "varies_per_build": dict(self.varies_per_build),
             "files": dict(self.files),
         }
         return {k: v for k, v in data.items() if v is not None or k == "model"}
@@ -394,7 +415,7 @@ def check_contract(folder: Path, manifest: Manifest, metadata: dict[str, str]) -
     if embedded is None:
         if manifest.format_version >= 3:
             raise PackageError(
-                f"package {folder}: its {MODEL_FILE} carries no aotc description (it was replaced by "
+                f"package {folder}: its {manifest.model_file} carries no aotc description (it was replaced by "
                 "a model aotc did not build for this manifest); rebuild it with `aotc build --force`"
             )
         return  # a format-1/2 package, built before models carried one
@@ -407,7 +428,7 @@ def check_contract(folder: Path, manifest: Manifest, metadata: dict[str, str]) -
         where, ours, theirs = difference
         raise PackageError(
             f"package {folder}: manifest.json does not describe its compiled model: {where or 'the description'} "
-            f"is {_short(ours)} in the manifest but {_short(theirs)} in {MODEL_FILE} (an edited "
+            f"is {_short(ours)} in the manifest but {_short(theirs)} in {manifest.model_file} (an edited "
             "manifest or a swapped model); rebuild it with `aotc build --force`"
         )
 

@@ -196,6 +196,14 @@ def load(
         verify_files(path, manifest)
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive int, got {threads!r}")
+    if manifest.backend == "onnxruntime":
+        from .onnx_backend import open_session
+
+        loader: Any = open_session(
+            path, len(manifest.signature.outputs) + len(manifest.signature.state), threads
+        )
+        check_contract(path, manifest, loader.get_metadata())
+        return Package(path, manifest, loader, initial_state=_read_state(path, manifest))
     device_index = 0 if manifest.device.type == "cuda" else -1
     single_threaded = manifest.runtime.cuda_graphs
     try:

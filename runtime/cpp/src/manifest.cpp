@@ -449,6 +449,12 @@ Manifest read_manifest(const std::string& folder) {
                         ", this runtime reads formats 1, 2, 3; rebuild the package with the aotc that matches this runtime");
   }
   check_manifest_hash(path, text, data);
+  if (data.contains("backend") && data.at("backend") != "aotinductor") {
+    // ONNX Runtime packages: linking ONNX Runtime's C++ library would give this runner a second
+    // native runtime beside libtorch; the Python runtime runs them.
+    throw package_error("package " + folder + " runs on the " + shown(data.at("backend")) +
+                        " backend; the C++ runner runs AOTInductor packages only: run it with `aotc run` or `aotc-run`");
+  }
   try {
     return read_fields(data);
   } catch (const FieldError& err) {

@@ -1,0 +1,217 @@
+"""An exported program -> an ONNX model: torch.onnx's dynamo exporter (onnxscript), inputs and
+outputs named as aotc's signature names them, dynamic dims named as the signature's dims, the
+signature stored in the model's metadata_props, onnx.checker's full check, and the model checked
+against the program run eagerly (the figures stored beside the signature).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotc.errors import ExportError, UserInputError
+from aotc.export.artifact import ArtifactMeta
+
+SIGNATURE_KEY = "aotc.signature"  # metadata_props: the signature JSON (aotc_runtime.Signature)
+MODEL_KEY = "aotc.model"  # what was exported
+CHECK_KEY = "aotc.export_check"  # the model against eager at export: worst max abs per output
+ONNX_PIN = "onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.31.1"
+
+
+@dataclass
+class OnnxModelInfo:
+    signature: dict
+    model: str | None
+    export_check: dict
+
+
+def require_onnx() -> None:
+    """The extra is installed, or a one-line error (exit 2) with the install line."""
+    missing = []
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        from aotc_runtime import MissingDependencyError
+
+        raise MissingDependencyError(
+            f"ONNX export and the onnxruntime backend need {', '.join(missing)}, not installed; "
+            f"pip install 'aotc[onnx]' (pinned: {ONNX_PIN})"
+        )
+
+
+def flat_names(signature: dict) -> tuple[list[str], list[str]]:
+    """ONNX input and output names: the signature's inputs then state, outputs then new state."""
+    state = [s["name"] for s in signature.get("state", ())]
+    inputs = [s["name"] for s in signature["inputs"]] + state
+    outputs = [s["name"] for s in signature["outputs"]] + [f"{name}__new" for name in state]
+    return inputs, outputs
+
+
+def export_to_onnx(ep, meta: ArtifactMeta, output: Path) -> OnnxModelInfo:
+    """Write `output` (.onnx) from the exported program; refuse what the exporter cannot handle."""
+    require_onnx()
+    import onnx
+    import torch
+
+    from aotc.quiet import quiet_torch
+
+    inputs, outputs = flat_names(meta.signature)
+    try:
+        with quiet_torch(), torch.no_grad():
+            program = torch.onnx.export(
+                ep,
+                args=tuple(ep.example_inputs[0]),
+                dynamo=True,
+                input_names=inputs,
+                output_names=outputs,
+                verbose=False,
+            )
+    except Exception as exc:
+        raise ExportError(unsupported_message(exc, ep)) from None
+    model = program.model_proto
+    name_dims(model, meta.signature)
+    set_metadata(model, {SIGNATURE_KEY: json.dumps(meta.signature), MODEL_KEY: meta.model or ""})
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:
+        raise ExportError(
+            f"the ONNX model torch.onnx produced fails onnx.checker: {_first(exc)}; export the "
+            "model for AOTInductor instead (aotc export without --format onnx)"
+        ) from None
+    check = check_against_eager(model, ep, meta.signature)
+    set_metadata(model, {CHECK_KEY: json.dumps(check)})
+    from aotc_runtime import replaced_atomically
+
+    with replaced_atomically(output) as tmp:
+        onnx.save_model(model, str(tmp))
+    return OnnxModelInfo(meta.signature, meta.model, check)
+
+
+def unsupported_message(exc: BaseException, ep=None) -> str:
+    """One line: the operator or construct the exporter stopped at, where the model calls it, and
+    what to do."""
+    text = " ".join(str(exc).split())
+    operator = re.search(r"(aten::[\w.]+|aten\.[\w.]+|torch\.ops\.[\w.]+)", text)
+    where = _call_site(ep, operator.group(1)) if operator and ep is not None else None
+    at = f" (at {where})" if where else ""
+    if operator:
+        return (
+            f"the ONNX exporter cannot convert {operator.group(1)}{at}: no ONNX translation for it; "
+            "build this model with AOTInductor (aotc build without --backend onnxruntime), or "
+            "rewrite that operation with ones ONNX has"
+        )
+    return (
+        f"the ONNX exporter failed: {type(exc).__name__}: {text[:240]}; build this model with "
+        "AOTInductor (aotc build without --backend onnxruntime)"
+    )
+
+
+def _call_site(ep, operator: str) -> str | None:
+    """The user's file:line of the graph node that calls `operator` (from its stack trace)."""
+    from aotc.export.user_frames import is_user_file, location
+
+    wanted = operator.replace("::", ".").split(".")
+    name = wanted[1] if len(wanted) > 1 and wanted[0] in ("aten", "torch") else wanted[-1]
+    if name == "ops" and len(wanted) > 3:
+        name = wanted[3]
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or name.lstrip("_") not in str(node.target):
+            continue
+        frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+        user = [(file, int(line)) for file, line in frames if is_user_file(file)]
+        if user:
+            return str(location(*user[-1]))
+    return None
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:240]
+
+
+def name_dims(model, signature: dict) -> None:
+    """Dynamic dims of graph inputs named as the signature names them (B, S) instead of s39."""
+    specs = list(signature["inputs"]) + list(signature.get("state", ()))
+    for value, spec in zip(model.graph.input, specs):
+        for dim, size in zip(value.type.tensor_type.shape.dim, spec["shape"]):
+            if isinstance(size, str):
+                dim.dim_param = size
+
+
+def set_metadata(model, entries: dict) -> None:
+    for key, value in entries.items():
+        for prop in model.metadata_props:
+            if prop.key == key:
+                prop.value = value
+                break
+        else:
+            prop = model.metadata_props.add()
+            prop.key, prop.value = key, value
+
+
+def metadata(model) -> dict:
+    return {prop.key: prop.value for prop in model.metadata_props}
+
+
+def check_against_eager(model, ep, signature: dict) -> dict:
+    """The ONNX model (ONNX Runtime, no graph optimization) against the program run eagerly, on the
+    build check's cases; {output name: max abs difference}."""
+    import onnxruntime as ort
+    import torch
+
+    from aotc.build.verify import eager_outputs, input_cases
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    cases = input_cases(ep, signature, "cpu")
+    references = eager_outputs(ep, cases, signature, calls=1)
+    names = [o.name for o in session.get_outputs()]
+    feeds_names = [i.name for i in session.get_inputs()]
+    state = [t.numpy() for t in _initial_state(ep, signature)]
+    worst: dict = {}
+    for (_label, tensors), reference in zip(cases, references):
+        feeds = dict(zip(feeds_names, [t.numpy() for t in tensors] + state))
+        got = session.run(names, feeds)
+        for name, array, want in zip(names, got, reference):
+            diff = float((torch.from_numpy(array).double() - want.double()).abs().max())
+            worst[name] = max(worst.get(name, 0.0), diff)
+    return worst
+
+
+def _initial_state(ep, signature: dict) -> list:
+    from aotc.export.call_structure import initial_state
+
+    return initial_state(ep, signature, "cpu")
+
+
+def read_onnx_model(path: Path) -> tuple[object, OnnxModelInfo]:
+    """An ONNX file written by `aotc export --format onnx`, with the signature it carries."""
+    require_onnx()
+    import onnx
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:
+        raise UserInputError(f"{path} is not an ONNX model ({_first(exc)})") from None
+    props = metadata(model)
+    if SIGNATURE_KEY not in props:
+        raise UserInputError(
+            f"{path} carries no aotc signature; make it with `aotc export MODEL --format onnx` "
+            "(or build from the .pt2 artifact with --backend onnxruntime)"
+        )
+    try:
+        signature = json.loads(props[SIGNATURE_KEY])
+        check = json.loads(props.get(CHECK_KEY, "{}"))
+    except ValueError:
+        raise UserInputError(
+            f"{path}: its {SIGNATURE_KEY} metadata is not JSON; export it again"
+        ) from None
+    return model, OnnxModelInfo(signature, props.get(MODEL_KEY) or None, check)
