@@ -155,3 +155,19 @@ def test_inductor_settings_are_refused_for_onnxruntime(packages, tmp_path):
         tmp_path / "p",
     )
     assert result.exit_code == 2 and "Inductor mode" in result.stderr
+
+
+def test_bench_times_onnxruntime_beside_the_package(packages, tmp_path):
+    """`aotc bench --against onnxruntime`: the artifact built for ONNX Runtime, timed interleaved
+    with the AOTInductor package, and its cold start in a fresh process."""
+    out = tmp_path / "bench.json"
+    result = invoke(
+        "bench", packages.get("mlp").package, "--against", "onnxruntime",
+        "--iters", 6, "--warmup", 1, "--rounds", 2, "--cold-runs", 1, "--json", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert [c["name"] for c in report["contenders"]] == ["package", "onnxruntime"]
+    rows = {row["contender"]: row for row in report["results"]}
+    assert rows["onnxruntime"]["latency"]["n"] == 6
+    assert {entry["contender"] for entry in report["cold_start"]} == {"package", "onnxruntime"}

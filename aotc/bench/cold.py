@@ -59,14 +59,14 @@ def cold_start_plan(names, runs: int) -> list:
 
 
 def measure_cold_starts(
-    plan, package: Path, artifact: Path | None, manifest: Manifest, bar
+    plan, package: Path, artifact: Path | None, manifest: Manifest, bar, others: dict | None = None
 ) -> list:
     """Run the plan; return one summary per case (times in ms, medians over runs).
 
     A baseline that cannot start in a fresh process (eager or torch.compile failing on this model)
     costs only its own row: it is reported as {"contender", "label", "error"} and the other cases,
     with everything measured before them, are kept. The package failing stays fatal: it is what
-    the benchmark is about.
+    the benchmark is about. `others`: contender name -> its own package folder (onnxruntime).
     """
     runs: dict = {}
     failed: dict = {}
@@ -84,7 +84,9 @@ def measure_cold_starts(
                 warm_dirs.setdefault(case.name, cache)
             try:
                 runs.setdefault(case, []).append(
-                    run_child(case, package, artifact, manifest, cache)
+                    run_child(
+                        case, (others or {}).get(case.name, package), artifact, manifest, cache
+                    )
                 )
             except (
                 ModelError,

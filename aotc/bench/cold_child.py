@@ -52,7 +52,7 @@ def main(spec: dict) -> None:
 def load_contender(spec: dict, device):
     import torch
 
-    if spec["kind"] == "package":
+    if spec["kind"] in ("package", "onnxruntime"):  # onnxruntime: an ONNX Runtime package
         import aotc_runtime
 
         return aotc_runtime.load(spec["package"])

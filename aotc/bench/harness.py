@@ -10,6 +10,7 @@ the table and JSON are aotc/bench/report.py, the plot aotc/bench/plot.py.
 from __future__ import annotations
 
 import functools
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +40,12 @@ def parse_against(text: str) -> tuple:
             continue
         if item == "compile":
             item = "compile:default"
-        if item not in ("eager", "cpp") and not (
+        if item not in ("eager", "cpp", "onnxruntime") and not (
             item.startswith("compile:") and item.split(":", 1)[1] in COMPILE_MODES
         ):
             known = ", ".join(
-                ("eager", "cpp", "none") + tuple(f"compile:{m}" for m in COMPILE_MODES)
+                ("eager", "cpp", "onnxruntime", "none")
+                + tuple(f"compile:{m}" for m in COMPILE_MODES)
             )
             raise ValueError(f"'{item}' is not a contender; use a comma-separated list of {known}")
         if item not in names:
@@ -151,13 +153,17 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     signature = manifest.signature
     batch_sizes = resolve_batch_sizes(signature, cfg.batch_sizes)
     baselines = [
-        n for n in names if n == "eager" or n.startswith("compile:")
+        n for n in names if n in ("eager", "onnxruntime") or n.startswith("compile:")
     ]  # what needs the artifact
     artifact = resolve_artifact(cfg, manifest) if baselines else None
     device = torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserInputError(
             f"package {cfg.package} is a CUDA package but this machine has no usable GPU; bench it on a GPU machine"
+        )
+    if "onnxruntime" in names and device.type != "cpu":
+        raise UserInputError(
+            "--against onnxruntime is a CPU baseline (this onnxruntime has no CUDA); bench a CPU package"
         )
     rounds = min(cfg.rounds, cfg.iters)
     cold_plan = cold_start_plan(names, cfg.cold_runs) if cfg.cold_start else []
@@ -168,7 +174,13 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
         + len(batch_sizes) * (len(names) * (1 + rounds) + compiles * COMPILE_WEIGHT)
         + sum(case.weight for _run, case in cold_plan)
     )
+    work = tempfile.TemporaryDirectory(prefix="aotc-bench-")
+    others = {}
+    if "onnxruntime" in names:
+        bar.note("building the ONNX Runtime package of the artifact")
+        others["onnxruntime"] = onnxruntime_package(artifact, Path(work.name))
     with (
+        work,
         fresh_compile_cache(),
         tf32_matmuls(manifest.precision == "tf32"),
     ):  # baselines of a tf32 package use TF32 too
@@ -181,7 +193,9 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
             try:
                 for name in names:
                     bar.step(f"loading {name}")
-                    contenders.append(setup_contender(name, ep, Path(cfg.package)))
+                    contenders.append(
+                        setup_contender(name, ep, Path(others.get(name, cfg.package)))
+                    )
                 rows = [
                     row
                     for batch in batch_sizes
@@ -191,11 +205,11 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
                 for contender in contenders:
                     if contender.native is not None:
                         contender.native.close()
-    cold = (
-        measure_cold_starts(cold_plan, Path(cfg.package), artifact, manifest, bar)
-        if cold_plan
-        else None
-    )
+        cold = (
+            measure_cold_starts(cold_plan, Path(cfg.package), artifact, manifest, bar, others)
+            if cold_plan
+            else None
+        )
     bar.finish()
     return {
         "report_version": REPORT_VERSION,
@@ -337,7 +351,7 @@ def setup_contender(name: str, ep, package_path: Path) -> Contender:
     kind, _, mode = name.partition(":")
     contender = Contender(name, kind, mode or None)
     started = time.perf_counter()
-    if kind == "package":
+    if kind in ("package", "onnxruntime"):  # onnxruntime: the artifact's ONNX Runtime package
         import aotc_runtime
 
         contender.call = aotc_runtime.load(package_path)
@@ -350,6 +364,18 @@ def setup_contender(name: str, ep, package_path: Path) -> Contender:
         contender.call = module if kind == "eager" else torch.compile(module, mode=mode)
     contender.setup_ms = (time.perf_counter() - started) * 1e3
     return contender
+
+
+def onnxruntime_package(artifact: Path, work: Path) -> Path:
+    """The artifact built with --backend onnxruntime (numeric check included) into `work`."""
+    from aotc.config import BuildConfig
+    from aotc.onnx.package import build_onnx_package
+    from aotc.progress import Progress
+
+    cfg = BuildConfig(
+        artifact=artifact, output=work / "onnxruntime_pkg", device="cpu", backend="onnxruntime"
+    )
+    return build_onnx_package(cfg, Progress(enabled=False), time.perf_counter()).output
 
 
 def place_baseline(artifact: Path, manifest: Manifest, device):
