@@ -3,6 +3,7 @@
     python scripts/zoo.py --device cpu --set zoo --merge                  # the small transformers models, on CPU
     python scripts/zoo.py --device cuda --set gpu --mode reduce-overhead --jobs 4 --merge   # realistic sizes, GPU
     python scripts/zoo.py --only bert gpt2 --iters 20 --out /tmp/m.md --work /tmp/zoo      # a few, quickly
+    python scripts/zoo.py --backend onnxruntime --set zoo --jobs 2 --merge   # the ONNX Runtime backend, CPU
 
 Per model, each step in a fresh process: `aotc export` (the catalog's --dim flags), `aotc build --json`
 (status, seconds, package size, the build's own numeric check), then `python scripts/zoo.py _measure NAME PKG`:
@@ -12,6 +13,11 @@ process (aotc bench's rounds: aotc.bench.harness.interleaved). A failing step ke
 aotc's one-line `error:`; later steps show `-`. --jobs N runs the export+build of N models at once; the
 measurements always run one at a time. Records go to JSON (default: --out with .json, one record per
 model per device); --merge keeps the other records of that file, so CPU and GPU runs share one page.
+
+--backend onnxruntime builds with `aotc build --backend onnxruntime` (CPU, mode default) instead: the
+build's progress lines tell which of its steps failed (conversion to ONNX, ONNX Runtime's optimization
+or load of the graph, the numeric check), and its records (one per model, device and backend) get a
+table of their own, "ONNX Runtime backend (CPU)", with the onnx/onnxscript/onnxruntime versions.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -33,6 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 ZOO_DIR = ROOT / "tests" / "zoo"
 COMPILE = "compile:reduce-overhead"
 AOTC = [sys.executable, "-m", "aotc"]  # the CLI of the same Python as this script
+DEFAULT_BACKEND = "aotinductor"
+# The sub-steps of `aotc build --backend onnxruntime`, as its table's columns name them.
+ONNX_STEPS = {
+    "convert": "ONNX conversion",
+    "ort": "ORT optimize/load",
+    "check": "numeric check",
+}
 
 
 def catalog():
@@ -88,11 +102,13 @@ def run_step(command: list, timeout: float, env=None) -> dict:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # the step and its compile workers
-            proc.communicate()
+            _, stderr = proc.communicate()
             return {
                 "status": "fail",
                 "wall_s": timeout,
                 "stdout": "",
+                "stderr": stderr,
+                "returncode": None,
                 "error": f"error: timed out after {timeout:.0f} s",
             }
     wall = time.perf_counter() - started
@@ -101,9 +117,18 @@ def run_step(command: list, timeout: float, env=None) -> dict:
             "status": "fail",
             "wall_s": wall,
             "stdout": stdout,
+            "stderr": stderr,
+            "returncode": proc.returncode,
             "error": error_line(stderr, proc.returncode),
         }
-    return {"status": "ok", "wall_s": wall, "stdout": stdout, "error": None}
+    return {
+        "status": "ok",
+        "wall_s": wall,
+        "stdout": stdout,
+        "stderr": stderr,
+        "returncode": 0,
+        "error": None,
+    }
 
 
 def last_json(stdout: str) -> dict:
@@ -141,6 +166,7 @@ def export_and_build(model, args, work: Path, env) -> dict:
     result = {"export": export, "build": None, "package": str(package)}
     if step["status"] != "ok":
         return result
+    onnx = args.backend == "onnxruntime"
     step = run_step(
         [
             *AOTC,
@@ -154,7 +180,8 @@ def export_and_build(model, args, work: Path, env) -> dict:
             args.mode,
             "--force",
             "--json",
-            "--quiet",
+            # ONNX: the progress lines on stderr say which of the build's steps failed
+            *(["--backend", "onnxruntime"] if onnx else ["--quiet"]),
         ],
         args.timeout,
         env,
@@ -166,6 +193,10 @@ def export_and_build(model, args, work: Path, env) -> dict:
         "check_max_abs": None,
         "error": step["error"],
     }
+    if onnx:
+        build["failed_step"] = (
+            None if step["status"] == "ok" else onnx_failed_step(step, build["error"])
+        )
     if step["status"] == "ok":
         report = last_json(step["stdout"]) or last_json((package / "manifest.json").read_text())
         outputs = (report.get("numeric_check") or {}).get("outputs") or []
@@ -176,6 +207,29 @@ def export_and_build(model, args, work: Path, env) -> dict:
         )
     result["build"] = build
     return result
+
+
+def onnx_failed_step(step: dict, error: str) -> str:
+    """Which sub-step of `aotc build --backend onnxruntime` failed (a key of ONNX_STEPS): the last
+    stage its progress announced and did not finish, refined by the exit code and the error."""
+    started = None
+    for line in step.get("stderr", "").splitlines():
+        found = re.match(r"\[aotc\s+[\d.]+s\] (.*?)(: done in [\d.]+s| \.\.\.)$", line.strip())
+        if found:
+            started = None if found.group(2).startswith(":") else found.group(1)
+    stage = started or ""
+    code, error = step.get("returncode"), error or ""
+    if stage.startswith("optimizing with ONNX Runtime"):
+        return "ort"
+    if stage.startswith("checking the package"):
+        # the child that runs the package could not load it (ONNX Runtime refused the graph)
+        return "ort" if code != 6 and "could not be loaded" in error else "check"
+    if stage.startswith("converting to ONNX"):
+        # the conversion runs the converted model in ONNX Runtime against eager: a session that
+        # cannot be made (onnxruntime's exceptions read "[ONNXRuntimeError] : 1 : FAIL : ...") is
+        # ONNX Runtime's refusal, not the exporter's
+        return "ort" if "[ONNXRuntimeError]" in error else "convert"
+    return "check" if code == 6 else "convert"
 
 
 def measure_step(model, package: str, args) -> dict:
@@ -296,12 +350,10 @@ def interleaved_latency(
     Each callable's first call and `warmup` untimed calls, then `iters` timed calls split into `rounds`
     interleaved rounds: aotc bench's own timing (aotc.bench.harness.interleaved, aotc_runtime.time_calls).
     """
-    from types import SimpleNamespace
-
     import torch
 
     import aotc_runtime
-    from aotc.bench.harness import interleaved
+    from aotc.bench.harness import Contender, interleaved
     from aotc.progress import ProgressBar
 
     first_call = {}
@@ -312,7 +364,12 @@ def interleaved_latency(
             aotc_runtime.synchronize(device)
             first_call[name] = (time.perf_counter() - started) * 1e3
             aotc_runtime.time_calls(fn, 0, device, warmup=warmup)
-        timed = [SimpleNamespace(name=name, call=fn) for name, fn in contenders.items()]
+        # aotc bench's own contender record (its fields past `call` have defaults: `native` None,
+        # an in-process callable)
+        timed = [
+            Contender(name=name, kind=name.split(":")[0], mode=None, call=fn)
+            for name, fn in contenders.items()
+        ]
         samples = interleaved(timed, [], iters, rounds, device, ProgressBar(enabled=False), "")
     return {
         name: {**aotc_runtime.summarize(times), "first_call_ms": first_call[name]}
@@ -352,7 +409,26 @@ def machine(device_type: str) -> dict:
     return {"machine": name, "torch": info["torch"]}
 
 
+def onnx_versions() -> dict:
+    import onnx
+    import onnxruntime
+    import onnxscript
+
+    return {
+        "onnx": onnx.__version__,
+        "onnxscript": onnxscript.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def backend_of(record: dict) -> str:
+    """The record's build backend (records written before --backend existed are AOTInductor's)."""
+    return record.get("backend", DEFAULT_BACKEND)
+
+
 def new_record(model, args, host: dict, command: str) -> dict:
+    # the default backend's records keep their old shape (no "backend" key)
+    backend = {} if args.backend == DEFAULT_BACKEND else {"backend": args.backend}
     return {
         "model": model.name,
         "family": model.family,
@@ -361,6 +437,7 @@ def new_record(model, args, host: dict, command: str) -> dict:
         "expected_failure": model.expected_failure,
         "device": args.device,
         "mode": args.mode,
+        **backend,
         **host,
         "date": time.strftime("%Y-%m-%d"),
         "command": command,
@@ -377,6 +454,8 @@ def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda reco
     time limit (the GPU machine's 10-minute calls) keeps what it measured.
     """
     host = machine(args.device)
+    if args.backend == "onnxruntime":
+        host["versions"] = onnx_versions()
     env = dict(os.environ)
     if args.jobs > 1:  # N builds at once share the cores among their Inductor compile workers
         env.setdefault(
@@ -387,9 +466,11 @@ def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda reco
     def one(model):
         steps = export_and_build(model, args, work, env)
         records[model.name].update(export=steps["export"], build=steps["build"])
+        failed = (steps["build"] or {}).get("failed_step")
         print(
             f"[zoo] {model.name}: export {steps['export']['status']}, build "
-            f"{(steps['build'] or {}).get('status', '-')}",
+            f"{(steps['build'] or {}).get('status', '-')}"
+            + (f" ({ONNX_STEPS[failed]})" if failed else ""),
             file=sys.stderr,
             flush=True,
         )
@@ -410,12 +491,16 @@ def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda reco
 
 
 def save_records(records: list, path: Path, merge: bool) -> list:
-    """Write the JSON (with --merge: over the file's records, replacing those of the same model and device)."""
+    """Write the JSON (with --merge: over the file's records, replacing those of the same model, device
+    and backend)."""
     from aotc.bench.report import write_json
 
+    def key(r):
+        return r["model"], r["device"], backend_of(r)
+
     old = json.loads(path.read_text())["records"] if merge and path.is_file() else []
-    new_keys = {(r["model"], r["device"]) for r in records}
-    kept = [r for r in old if (r["model"], r["device"]) not in new_keys] + records
+    new_keys = {key(r) for r in records}
+    kept = [r for r in old if key(r) not in new_keys] + records
     write_json({"version": 1, "records": kept}, path)
     return kept
 
@@ -476,11 +561,106 @@ def failures(records: list) -> list:
     return lines or ["- none"]
 
 
+def onnx_steps(r: dict) -> list:
+    """The ONNX build's sub-steps as table cells: ok up to the one that failed, fail, then -."""
+    build = r["build"]
+    if build is None:
+        return ["-"] * len(ONNX_STEPS)
+    if build["status"] == "ok":
+        return ["ok"] * len(ONNX_STEPS)
+    failed = list(ONNX_STEPS).index(build.get("failed_step") or "convert")
+    return ["ok"] * failed + ["fail"] + ["-"] * (len(ONNX_STEPS) - failed - 1)
+
+
+def onnx_table_row(r: dict) -> list:
+    row = table_row(r, cuda=False)
+    # model, family, source, dims, export | build -> its sub-steps | run, max abs | check max abs | ...
+    check = (r["build"] or {}).get("check_max_abs")
+    return row[:5] + onnx_steps(r) + row[6:8] + [_cell(check, "{:.1e}")] + row[8:]
+
+
+def onnx_failures(records: list) -> list:
+    lines = []
+    for r in records:
+        for name in ("export", "build", "run"):
+            step = r[name]
+            if step and step["status"] != "ok":
+                label = (
+                    ONNX_STEPS[step.get("failed_step") or "convert"] if name == "build" else name
+                )
+                lines.append(f"- **{r['model']}** ({label}): `{step['error']}`")
+    return lines or ["- none"]
+
+
+def render_onnx(rows: list) -> list:
+    """One "ONNX Runtime backend" section: the build's sub-steps as columns, the versions in the title."""
+    first = rows[0]
+    versions = "; ".join(f"{k} {v}" for k, v in (first.get("versions") or {}).items())
+    header = [
+        "model",
+        "family",
+        "source",
+        "dynamic dims",
+        "export",
+        *ONNX_STEPS.values(),
+        "run",
+        "max abs err",
+        "check max abs",
+        "build s",
+        "package MB",
+        "eager ms",
+        "package ms",
+        "speedup",
+    ]
+    lines = [
+        f"## ONNX Runtime backend ({first['device'].upper()}): {first['machine']}; torch "
+        f"{first['torch']}; {versions}; {max(r['date'] for r in rows)}",
+        "",
+        "Each model exported as above, then built with `aotc build --backend onnxruntime`: the "
+        "artifact converted by torch.onnx's dynamo exporter (onnx.checker, and the ONNX model run by "
+        "ONNX Runtime without graph optimization against the program run eagerly), the graph "
+        "optimized by ONNX Runtime (level all) and loaded, and the package checked against the "
+        "program run eagerly at the example sizes and at the min and max of every dim (check max "
+        "abs: the worst output over those). Then the package runs against eager as above (max abs "
+        "err, latency). The build's steps are columns: the one that failed is `fail` with aotc's "
+        "one-line error under Failures, later ones `-`.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    lines += [
+        "| " + " | ".join(c.replace("|", "\\|") for c in onnx_table_row(r)) + " |" for r in rows
+    ]
+    commands = sorted({r["command"] for r in rows})
+    loads = [r["run"]["load_before"] for r in rows if r["run"] and "load_before" in r["run"]]
+    load = (
+        f" 1-minute load average before each measurement: {min(loads):.1f} to {max(loads):.1f} on this machine."
+        if loads
+        else ""
+    )
+    lines += [
+        "",
+        f"Latency: medians on the example inputs; speedup = eager / package.{load} Made by: "
+        + "; ".join(f"`{c}`" for c in commands),
+        "",
+        "Failures:",
+        "",
+        *onnx_failures(rows),
+        "",
+    ]
+    return lines
+
+
 def render(records: list, json_name: str) -> str:
     """docs/models.md: one table per (device, machine, torch, mode) in catalog order, each with its failures."""
-    cat, groups = catalog(), {}
+    cat, groups, onnx_groups = catalog(), {}, {}
     order = {m.name: i for i, m in enumerate(cat.ZOO + cat.GPU_ZOO)}
     for r in sorted(records, key=lambda r: order.get(r["model"], len(order))):
+        # other backends: after the AOTInductor tables, in sections of their own
+        if backend_of(r) != DEFAULT_BACKEND:
+            versions = json.dumps(r.get("versions"), sort_keys=True)
+            onnx_groups.setdefault((r["device"], r["machine"], r["torch"], versions), []).append(r)
+            continue
         groups.setdefault((r["device"], r["machine"], r["torch"], r["mode"]), []).append(r)
     lines = [
         "# aotc model zoo: compatibility matrix",
@@ -538,6 +718,8 @@ def render(records: list, json_name: str) -> str:
             + failures(rows)
             + [""]
         )
+    for _key, rows in sorted(onnx_groups.items()):
+        lines += render_onnx(rows)
     return "\n".join(lines)
 
 
@@ -559,6 +741,12 @@ def parse_args(argv: list):
         help="folder for artifacts and packages [default: a temporary one, removed]",
     )
     parser.add_argument("--mode", default="default", help="aotc build --mode")
+    parser.add_argument(
+        "--backend",
+        choices=(DEFAULT_BACKEND, "onnxruntime"),
+        default=DEFAULT_BACKEND,
+        help="aotc build --backend (onnxruntime: CPU and mode default only) [default: aotinductor]",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="export+build steps run at once")
     parser.add_argument("--iters", type=int, default=100, help="timed calls per contender")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per step")
@@ -567,7 +755,10 @@ def parse_args(argv: list):
         action="store_true",
         help="on CUDA, leave out the torch.compile reduce-overhead column (its compile takes minutes per model)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.backend == "onnxruntime" and (args.device != "cpu" or args.mode != "default"):
+        parser.error("--backend onnxruntime builds CPU packages: --device cpu, --mode default")
+    return args
 
 
 def main(argv: list) -> int:

@@ -179,6 +179,7 @@ def check_numerics(
     allow_mismatch: bool,
     strict: bool = False,
     reference=None,
+    fix: str = "loosen --atol/--rtol, try another --mode, or pass --allow-mismatch to keep the package anyway",
 ) -> NumericCheck:
     """Run the check; return the manifest's numeric_check record or raise NumericMismatchError.
 
@@ -218,7 +219,6 @@ def check_numerics(
         raise NumericMismatchError(
             f"package output '{bad['name']}' differs from eager by max abs {bad['max_abs']:.3g} "
             f"(max rel {bad['max_rel']:.3g}) "
-            f"at {bad['worst_case']}, above atol={atol:g} rtol={rtol:g}; loosen --atol/--rtol, try another --mode, "
-            "or pass --allow-mismatch to keep the package anyway"
+            f"at {bad['worst_case']}, above atol={atol:g} rtol={rtol:g}; {fix}"
         )
     return record

@@ -168,18 +168,30 @@ def check_against_eager(model, ep, signature: dict) -> dict:
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # onnxruntime's own exception types
+        raise ExportError(
+            f"ONNX Runtime cannot load the ONNX model torch.onnx produced: {_first(exc)}; export "
+            "the model for AOTInductor instead (aotc export without --format onnx)"
+        ) from None
     cases = input_cases(ep, signature, "cpu")
     references = eager_outputs(ep, cases, signature, calls=1)
     names = [o.name for o in session.get_outputs()]
     feeds_names = [i.name for i in session.get_inputs()]
     state = [t.numpy() for t in _initial_state(ep, signature)]
     worst: dict = {}
-    for (_label, tensors), reference in zip(cases, references):
+    for (label, tensors), reference in zip(cases, references):
         feeds = dict(zip(feeds_names, [t.numpy() for t in tensors] + state))
-        got = session.run(names, feeds)
+        try:
+            got = session.run(names, feeds)
+        except Exception as exc:  # onnxruntime's own exception types
+            raise ExportError(
+                f"ONNX Runtime fails on the ONNX model at {label}: {_first(exc)}; export the model "
+                "for AOTInductor instead (aotc export without --format onnx)"
+            ) from None
         for name, array, want in zip(names, got, reference):
             diff = float((torch.from_numpy(array).double() - want.double()).abs().max())
             worst[name] = max(worst.get(name, 0.0), diff)

@@ -21,8 +21,9 @@ from aotc.build.package_writer import commit, output_lock, staging_folder, write
 from aotc.build.tolerances import tolerance
 from aotc.build.verify import CALLS_PER_CASE, check_numerics
 from aotc.config import BuildConfig, Mode, Precision
-from aotc.errors import UserInputError
+from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import ArtifactMeta, load_artifact
+from aotc.export.user_frames import first_line
 from aotc.onnx.convert import export_to_onnx, read_onnx_model, require_onnx, set_metadata
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
@@ -108,6 +109,8 @@ def build_onnx_package(cfg: BuildConfig, progress: Progress, started: float):
                 rtol,
                 cfg.allow_mismatch,
                 reference=reference,
+                fix="build it with the AOTInductor backend (no --backend), loosen --atol/--rtol, or "
+                "pass --allow-mismatch to keep the package anyway",
             )
         manifest = write_manifest(
             staging,
@@ -156,10 +159,15 @@ def optimize(model, target: Path) -> None:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(target)
-    options.log_severity_level = (
-        3  # its warning that the result is hardware specific is in the manifest
-    )
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    # its warning that the result is hardware specific is in the manifest
+    options.log_severity_level = 3
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's own exception types
+        raise BuildError(
+            f"ONNX Runtime could not optimize the model: {first_line(exc)[:300]}; build it with the "
+            "AOTInductor backend (no --backend)"
+        ) from None
     optimized = onnx.load(str(target))
     # ONNX Runtime keeps the model's metadata; make sure, the runtime's checks read it
     wanted = {p.key: p.value for p in model.metadata_props}
