@@ -207,6 +207,23 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
     recorded = manifest.numeric_check
     assert recorded is not None
     device = manifest.device.type
+    if Path(artifact).suffix == ".onnx":  # an ONNX Runtime package built from an .onnx export
+        from aotc.onnx.convert import read_onnx_model
+        from aotc.onnx.package import onnx_reference
+
+        model, info = read_onnx_model(Path(artifact))
+        atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
+        with quiet_torch():
+            return check_numerics(
+                None,
+                info.signature,
+                package,
+                device,
+                atol,
+                rtol,
+                allow_mismatch=True,
+                reference=onnx_reference(model),
+            )
     ep, meta = load_artifact(artifact)
     atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
     with quiet_torch():

@@ -171,3 +171,9 @@ def test_bench_times_onnxruntime_beside_the_package(packages, tmp_path):
     rows = {row["contender"]: row for row in report["results"]}
     assert rows["onnxruntime"]["latency"]["n"] == 6
     assert {entry["contender"] for entry in report["cold_start"]} == {"package", "onnxruntime"}
+
+
+def test_verify_reruns_the_check_of_an_onnx_package(onnx_packages):
+    result = invoke("verify", onnx_packages["two_input"])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "numeric" in result.stdout and "verified" in result.stdout

@@ -95,7 +95,7 @@ def build_onnx_package(cfg: BuildConfig, progress: Progress, started: float):
             progress.stage("checking the package against its reference in a child process"),
             quiet_torch(),
         ):
-            reference = None if ep is not None else _onnx_reference(model)
+            reference = None if ep is not None else onnx_reference(model)
             if ep is not None:
                 from aotc.build.precision import place_program
 
@@ -176,7 +176,7 @@ def optimize(model, target: Path) -> None:
         onnx.save_model(optimized, str(target))
 
 
-def _onnx_reference(model):
+def onnx_reference(model):
     """The ONNX model as exported, run by ONNX Runtime with no graph optimization: the reference of
     a build from an .onnx file (which has no program to run eagerly; its export checked it)."""
     import onnxruntime as ort
