@@ -148,18 +148,26 @@ def _build(
                 cfg.allow_mismatch,
                 strict=strict,
             )
-        manifest = write_manifest(
-            staging,
-            dataclasses.replace(
-                manifest,
-                numeric_check=check,
-                build_seconds=round(time.perf_counter() - started, 2),
-                size_bytes=(staging / MODEL_FILE).stat().st_size,
-            ),
-        )
-        commit(staging, cfg.output)
-    progress.note(f"wrote {cfg.output} in {manifest.build_seconds:.1f}s")
-    return BuildResult(cfg.output, manifest)
+        return finish(staging, manifest, check, cfg.output, started, progress)
+
+
+def finish(
+    staging: Path, manifest: Manifest, check, output: Path, started: float, progress
+) -> BuildResult:
+    """The last step of every backend's build: the check's record, the final manifest, the rename
+    into place (inside the caller's output lock and staging folder)."""
+    manifest = write_manifest(
+        staging,
+        dataclasses.replace(
+            manifest,
+            numeric_check=check,
+            build_seconds=round(time.perf_counter() - started, 2),
+            size_bytes=(staging / manifest.model_file).stat().st_size,
+        ),
+    )
+    commit(staging, output)
+    progress.note(f"wrote {output} in {manifest.build_seconds:.1f}s")
+    return BuildResult(output, manifest)
 
 
 def empty_weights_blob(package_path: Path) -> bool:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
+from aotc.build.package_writer import output_lock, staging_folder, write_manifest
 from aotc.build.tolerances import tolerance
 from aotc.build.verify import CALLS_PER_CASE, check_numerics
 from aotc.config import BuildConfig, Mode, Precision
@@ -53,7 +53,7 @@ def check_config(cfg: BuildConfig) -> None:
 
 
 def build_onnx_package(cfg: BuildConfig, progress: Progress, started: float):
-    from aotc.build.pipeline import BuildResult, write_state
+    from aotc.build.pipeline import finish, write_state
 
     require_onnx()
     check_config(cfg)
@@ -112,18 +112,7 @@ def build_onnx_package(cfg: BuildConfig, progress: Progress, started: float):
                 fix="build it with the AOTInductor backend (no --backend), loosen --atol/--rtol, or "
                 "pass --allow-mismatch to keep the package anyway",
             )
-        manifest = write_manifest(
-            staging,
-            dataclasses.replace(
-                manifest,
-                numeric_check=check,
-                build_seconds=round(time.perf_counter() - started, 2),
-                size_bytes=(staging / manifest.model_file).stat().st_size,
-            ),
-        )
-        commit(staging, cfg.output)
-    progress.note(f"wrote {cfg.output} in {manifest.build_seconds:.1f}s")
-    return BuildResult(cfg.output, manifest)
+        return finish(staging, manifest, check, cfg.output, started, progress)
 
 
 def _manifest(cfg: BuildConfig, meta: ArtifactMeta, model):
