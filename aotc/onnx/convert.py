@@ -161,10 +161,25 @@ def metadata(model) -> dict:
 def check_against_eager(model, ep, signature: dict) -> dict:
     """The ONNX model (ONNX Runtime, no graph optimization) against the program run eagerly, on the
     build check's cases; {output name: max abs difference}."""
+    from aotc.build.verify import eager_outputs, input_cases
+
+    cases = input_cases(ep, signature, "cpu")
+    references = eager_outputs(ep, cases, signature, calls=1)
+    state = _initial_state(ep, signature)
+    names = [o.name for o in model.graph.output]
+    worst: dict = {}
+    for got, reference in zip(unoptimized_outputs(model, cases, state), references):
+        for name, array, want in zip(names, got, reference):
+            diff = float((array.double() - want.double()).abs().max())
+            worst[name] = max(worst.get(name, 0.0), diff)
+    return worst
+
+
+def unoptimized_outputs(model, cases: list, state: list = ()) -> list:
+    """The ONNX model run by ONNX Runtime with no graph optimization on each (label, tensors) case
+    (the initial state after the inputs): one list of output tensors per case."""
     import onnxruntime as ort
     import torch
-
-    from aotc.build.verify import eager_outputs, input_cases
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -177,25 +192,18 @@ def check_against_eager(model, ep, signature: dict) -> dict:
             f"ONNX Runtime cannot load the ONNX model torch.onnx produced: {_first(exc)}; export "
             "the model for AOTInductor instead (aotc export without --format onnx)"
         ) from None
-    cases = input_cases(ep, signature, "cpu")
-    references = eager_outputs(ep, cases, signature, calls=1)
-    names = [o.name for o in session.get_outputs()]
-    feeds_names = [i.name for i in session.get_inputs()]
-    state = [t.numpy() for t in _initial_state(ep, signature)]
-    worst: dict = {}
-    for (label, tensors), reference in zip(cases, references):
-        feeds = dict(zip(feeds_names, [t.numpy() for t in tensors] + state))
+    names = [i.name for i in session.get_inputs()]
+    results = []
+    for label, tensors in cases:
+        feeds = dict(zip(names, [t.numpy() for t in [*tensors, *state]]))
         try:
-            got = session.run(names, feeds)
+            results.append([torch.from_numpy(a) for a in session.run(None, feeds)])
         except Exception as exc:  # onnxruntime's own exception types
             raise ExportError(
                 f"ONNX Runtime fails on the ONNX model at {label}: {_first(exc)}; export the model "
                 "for AOTInductor instead (aotc export without --format onnx)"
             ) from None
-        for name, array, want in zip(names, got, reference):
-            diff = float((torch.from_numpy(array).double() - want.double()).abs().max())
-            worst[name] = max(worst.get(name, 0.0), diff)
-    return worst
+    return results
 
 
 def _initial_state(ep, signature: dict) -> list:

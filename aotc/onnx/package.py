@@ -24,7 +24,13 @@ from aotc.config import BuildConfig, Mode, Precision
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import ArtifactMeta, load_artifact
 from aotc.export.user_frames import first_line
-from aotc.onnx.convert import export_to_onnx, read_onnx_model, require_onnx, set_metadata
+from aotc.onnx.convert import (
+    export_to_onnx,
+    read_onnx_model,
+    require_onnx,
+    set_metadata,
+    unoptimized_outputs,
+)
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
 
@@ -168,22 +174,9 @@ def optimize(model, target: Path) -> None:
 def onnx_reference(model):
     """The ONNX model as exported, run by ONNX Runtime with no graph optimization: the reference of
     a build from an .onnx file (which has no program to run eagerly; its export checked it)."""
-    import onnxruntime as ort
-    import torch
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    names = [i.name for i in session.get_inputs()]
 
     def run(cases):
-        results = []
-        for _label, tensors in cases:
-            feeds = dict(zip(names, [t.numpy() for t in tensors]))
-            outputs = [torch.from_numpy(a) for a in session.run(None, feeds)]
-            results += [outputs] * CALLS_PER_CASE  # the package is called that often per case
-        return results
+        # the package is called CALLS_PER_CASE times per case; the reference answers each call
+        return [out for out in unoptimized_outputs(model, cases) for _ in range(CALLS_PER_CASE)]
 
     return ("the exported ONNX model run by ONNX Runtime without graph optimization", run)

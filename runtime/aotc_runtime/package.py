@@ -182,6 +182,8 @@ def load(
     `unfinished=True` lets `aotc build` check a package it is still writing (its numeric check is
     pending); every other caller gets a PackageError for such a folder.
     """
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
     path = Path(path)
     signed = None
     if public_key is not None:  # before anything in the folder is parsed
@@ -194,20 +196,28 @@ def load(
     check_compatible(manifest, path)
     if verify or signed is not None:  # a signature vouches for the files only through their hashes
         verify_files(path, manifest)
-    if not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    loader = _open_model(path, manifest, threads)
+    check_contract(path, manifest, loader.get_metadata())
+    return Package(
+        path,
+        manifest,
+        loader,
+        reuse_outputs=reuse_outputs,
+        initial_state=_read_state(path, manifest),
+    )
+
+
+def _open_model(path: Path, manifest: Manifest, threads: int) -> Any:
+    """The compiled model behind the loader interface Package calls, for the package's backend."""
     if manifest.backend == "onnxruntime":
         from .onnx_backend import open_session
 
-        loader: Any = open_session(
-            path, len(manifest.signature.outputs) + len(manifest.signature.state), threads
-        )
-        check_contract(path, manifest, loader.get_metadata())
-        return Package(path, manifest, loader, initial_state=_read_state(path, manifest))
+        signature = manifest.signature
+        return open_session(path, len(signature.outputs) + len(signature.state), threads)
     device_index = 0 if manifest.device.type == "cuda" else -1
     single_threaded = manifest.runtime.cuda_graphs
     try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(
+        return torch._C._aoti.AOTIModelPackageLoader(
             # A CUDA-graph package serializes its calls (static buffers) and AOTInductor's
             # single-threaded runner takes one model instance.
             str(path / MODEL_FILE),
@@ -221,14 +231,6 @@ def load(
         raise PackageError(
             f"package {path} could not be loaded: {first_line}; rebuild it with `aotc build --force`"
         ) from exc
-    check_contract(path, manifest, loader.get_metadata())
-    return Package(
-        path,
-        manifest,
-        loader,
-        reuse_outputs=reuse_outputs,
-        initial_state=_read_state(path, manifest),
-    )
 
 
 def _read_state(path: Path, manifest: Manifest) -> list:
