@@ -23,37 +23,17 @@ def thread_throughput(path: str, threads: int, calls: int = 200) -> dict:
     package = aotc_runtime.load(path, threads=threads)
     inputs = package.signature.random_inputs(seed=0, device=package.device)
     cores = torch.get_num_threads()
-    figures = {}
-    for label, count, intra in (
+    settings = (
         ("1 thread", 1, cores),
         (f"{threads} threads x {cores} intra-op", threads, cores),
         (f"{threads} threads x cores/N intra-op", threads, aotc_runtime.intra_op_threads(threads)),
-    ):
-        torch.set_num_threads(intra)
-        result = _concurrent(package, inputs, count, calls, intra)
-        figures[label] = result
-    torch.set_num_threads(cores)
-    return figures
-
-
-def _concurrent(package, inputs, threads: int, calls: int, intra: int) -> float:
-    import threading
-
-    def work() -> None:
-        torch.set_num_threads(intra)
-        with torch.inference_mode():
-            for _ in range(calls):
-                package(*inputs)
-
-    with torch.inference_mode():
-        package(*inputs)
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    started = time.perf_counter()
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    return threads * calls / (time.perf_counter() - started)
+    )
+    return {
+        label: aotc_runtime.run_concurrently(package, inputs, count, calls, intra_op=intra)[
+            "calls_per_second"
+        ]
+        for label, count, intra in settings
+    }
 
 
 def main() -> None:

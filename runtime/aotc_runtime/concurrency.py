@@ -26,13 +26,18 @@ def intra_op_threads(calling_threads: int) -> int:
 
 
 def run_concurrently(
-    package: Package, inputs: Sequence[torch.Tensor], threads: int, calls_per_thread: int
+    package: Package,
+    inputs: Sequence[torch.Tensor],
+    threads: int,
+    calls_per_thread: int,
+    intra_op: int | None = None,
 ) -> dict:
-    """`threads` threads each make `calls_per_thread` calls at once; throughput and latency."""
+    """`threads` threads each make `calls_per_thread` calls at once; throughput and latency.
+    `intra_op`: each caller's intra-op threads on CPU (default: intra_op_threads(threads))."""
     samples: list[list[float]] = [[] for _ in range(threads)]
     errors: list[BaseException] = []
     start_line = threading.Barrier(threads + 1)
-    per_thread = intra_op_threads(threads) if package.device.type == "cpu" else None
+    per_thread = (intra_op or intra_op_threads(threads)) if package.device.type == "cpu" else None
 
     def worker(index: int) -> None:
         try:
