@@ -79,3 +79,5 @@ def test_aotc_run_threads_reports_throughput(packages):
     assert many["intra_op_threads"] == aotc_runtime.intra_op_threads(4)
     result = invoke("run", packages.get("mlp").package, "--threads", "0")
     assert result.exit_code == 2
+    result = invoke("run", packages.get("mlp").package, "--threads", "2", "--engine", "cpp")
+    assert result.exit_code == 2 and "--threads is for --engine python" in result.stderr

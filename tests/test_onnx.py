@@ -140,6 +140,7 @@ def test_without_the_extra_a_clear_error(onnx_packages, packages, tmp_path, monk
         "build", packages.get("mlp").artifact, "--backend", "onnxruntime", "-o", tmp_path / "p"
     )
     assert result.exit_code == 2 and "pip install 'aotc[onnx]'" in result.stderr, result.stderr
+    assert not (tmp_path / "p").exists()
 
 
 def test_inductor_settings_are_refused_for_onnxruntime(packages, tmp_path):
@@ -177,3 +178,36 @@ def test_verify_reruns_the_check_of_an_onnx_package(onnx_packages):
     result = invoke("verify", onnx_packages["two_input"])
     assert result.exit_code == 0, result.stdout + result.stderr
     assert "numeric" in result.stdout and "verified" in result.stdout
+
+
+def test_another_onnxruntime_release_is_refused(onnx_packages, tmp_path):
+    """An optimized graph holds its ONNX Runtime release's fused operators: another release refuses it."""
+    pkg = tmp_path / "pkg"
+    shutil.copytree(onnx_packages["dynamic_mlp"], pkg)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["backend_options"]["onnxruntime"] = "0.0.1"
+    (pkg / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
+    result = invoke("run", pkg)
+    assert result.exit_code == 7 and "was optimized by ONNX Runtime 0.0.1" in result.stderr
+
+
+def test_an_optimization_failure_is_one_line_and_leaves_nothing(packages, tmp_path, monkeypatch):
+    import onnxruntime
+
+    real = onnxruntime.InferenceSession
+
+    def failing_when_optimizing(model, options=None, **kwargs):
+        if options is not None and options.optimized_model_filepath:
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : simulated\nsecond line")
+        return real(model, options, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", failing_when_optimizing)
+    out = tmp_path / "p"
+    result = invoke("build", packages.get("mlp").artifact, "--backend", "onnxruntime", "-o", out)
+    assert result.exit_code == 5, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert (
+        line.startswith("error: ONNX Runtime could not optimize the model") and "simulated" in line
+    )
+    assert "second line" not in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no package, no staging folder
