@@ -106,9 +106,26 @@ class BuildConfig:
     cpu_isa: str = "native"
     # aotinductor, or onnxruntime (aotc/onnx/package.py): what compiles and runs the model
     backend: str = "aotinductor"
+    # --tune: build the candidates of configs/tune/<device>.yaml, keep the fastest that passes
+    tune: bool = False
+    tune_budget_s: float | None = None  # None: no limit
+    tune_jobs: int = 1  # candidate builds run at once
+    tune_candidates: tuple = ()  # names from configs/tune/<device>.yaml; () for all
+    # --specialize B=1,8: (dim name, sizes) of the static-shape members, () for none
+    specialize: tuple = ()
 
     def validate(self) -> None:
         problems = []
+        if self.tune_budget_s is not None and self.tune_budget_s <= 0:
+            problems.append(f"--tune-budget must be positive, got {self.tune_budget_s:g}s")
+        if self.tune_jobs < 1:
+            problems.append(f"--tune-jobs must be >= 1, got {self.tune_jobs}")
+        if (
+            self.tune_budget_s is not None or self.tune_jobs != 1 or self.tune_candidates
+        ) and not self.tune:
+            problems.append(
+                "--tune-budget, --tune-jobs and --tune-candidates go with --tune; add --tune"
+            )
         if not self.artifact.is_file():
             problems.append(
                 f"artifact {self.artifact} does not exist; create one with `aotc export MODEL -o {self.artifact}`"

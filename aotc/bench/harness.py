@@ -222,6 +222,7 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
             "precision": manifest.precision,
             "build_seconds": manifest.build_seconds,
             "size_bytes": manifest.size_bytes,
+            "tuning": tuning_summary(manifest),
         },
         "artifact": str(artifact) if artifact else None,
         "machine": machine_description(device),
@@ -244,6 +245,16 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
         "results": rows,
         "cold_start": cold,
     }
+
+
+def tuning_summary(manifest: Manifest) -> str | None:
+    """'dynamic: onnxruntime; B=8: freezing' for a tuned or specialized package, else None."""
+    if not manifest.tuning:
+        return None
+    return "; ".join(
+        f"{','.join(f'{k}={v}' for k, v in variant['dims'].items()) or 'dynamic'}: {variant['chosen']}"
+        for variant in manifest.tuning.get("variants", [])
+    )
 
 
 def measure_batch(
@@ -279,9 +290,16 @@ def measure_batch(
             "package_speedup": latency[c.name]["median_ms"] / package_median
             if package_median > 0
             else None,
+            **({"ran": model_that_runs(c, inputs)} if c.kind == "package" else {}),
         }
         for c in contenders
     ]
+
+
+def model_that_runs(contender: Contender, inputs) -> str:
+    """Which model of the package these inputs run: "." (its own) or a --specialize member's folder."""
+    target = contender.call.route(*inputs)
+    return Path(target.path).relative_to(contender.call.path).as_posix()
 
 
 def resolve_artifact(cfg: BenchConfig, manifest: Manifest) -> Path:

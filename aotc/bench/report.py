@@ -42,6 +42,9 @@ def describe_machine(report: dict) -> str:
 def format_table(report: dict) -> str:
     pkg, s = report["package"], report["settings"]
     size = f", {pkg['size_bytes'] / 1e6:.1f} MB" if pkg.get("size_bytes") else ""
+    tuned = (
+        [f"tuned    {pkg['tuning']}"] if pkg.get("tuning") else []
+    )  # which candidate each model of the package is
     lines = [
         f"aotc bench {pkg['path']} ({pkg['model']}; {pkg['device']['type']}, mode {pkg['mode']}, "
         f"{pkg['precision']}) {report['created']}",
@@ -51,6 +54,7 @@ def format_table(report: dict) -> str:
         f"build    {pkg['build_seconds']:.1f} s once, ahead of time (AOTInductor){size}"
         if pkg.get("build_seconds") is not None
         else "build    -",
+        *tuned,
     ]
     memory = (
         "CUDA allocator peak above the start" if s["memory"].startswith("cuda") else "RSS growth"
@@ -73,9 +77,12 @@ def format_table(report: dict) -> str:
             lat = r["latency"]
             mem = "-" if r["memory_mb"] is None else f"{r['memory_mb']:.1f}"
             speed = "-" if r["contender"] == "package" else _speedup(r["package_speedup"])
+            name = r["contender"]
+            if r.get("ran") not in (None, "."):  # a --specialize member answered
+                name += f" ({r['ran']})"
             rows.append(
                 [
-                    r["contender"],
+                    name,
                     format_ms(lat["median_ms"]),
                     format_ms(lat["p90_ms"]),
                     format_ms(lat["p99_ms"]),

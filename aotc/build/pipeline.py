@@ -60,6 +60,10 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
     if resolved:
         progress.note(resolved)
     cfg.validate()
+    if cfg.tune or cfg.specialize:
+        from aotc.tune.driver import build_tuned
+
+        return build_tuned(cfg, progress)
     if cfg.backend == "onnxruntime":
         from aotc.onnx.package import build_onnx_package
 

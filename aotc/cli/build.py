@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from aotc.cli.types import exit_codes_epilog, option_type
+from aotc.cli.types import duration_type, exit_codes_epilog, option_type, specialize_type
 
 
 @click.command(epilog=exit_codes_epilog())
@@ -82,6 +82,38 @@ from aotc.cli.types import exit_codes_epilog, option_type
     help="What compiles and runs the model: AOTInductor, or ONNX Runtime (CPU; needs aotc[onnx]); "
     "an .onnx ARTIFACT implies onnxruntime [default: aotinductor].",
 )
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Build the candidates of configs/tune/<device>.yaml (Inductor options, ONNX Runtime), check "
+    "each, time them side by side and keep the fastest; the manifest records the search.",
+)
+@click.option(
+    "--tune-budget",
+    type=duration_type(),
+    default=None,
+    help="Wall-clock limit of the search, e.g. 20m; the best so far is kept [default: none].",
+)
+@click.option(
+    "--tune-jobs",
+    type=int,
+    default=None,
+    help="Candidate builds run at once (each uses several cores) [default: 1].",
+)
+@click.option(
+    "--tune-candidates",
+    default=None,
+    metavar="NAMES",
+    help="Only these candidates of configs/tune/<device>.yaml, comma-separated, e.g. "
+    "inductor,onnxruntime [default: all].",
+)
+@click.option(
+    "--specialize",
+    type=specialize_type(),
+    default=None,
+    help="Also build a static-shape model for each size of a dynamic dim, e.g. B=1,8,16; calls "
+    "at those sizes run them, other sizes the dynamic model.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing package.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
@@ -99,6 +131,11 @@ def build(
     no_bsymbolic,
     cpu_isa,
     backend,
+    tune,
+    tune_budget,
+    tune_jobs,
+    tune_candidates,
+    specialize,
     force,
     as_json,
     quiet,
@@ -135,6 +172,13 @@ def build(
         allow_mismatch=bool(allow_mismatch),
         cpu_isa=cpu_isa or "native",
         backend=backend or ("onnxruntime" if Path(artifact).suffix == ".onnx" else "aotinductor"),
+        tune=tune,
+        tune_budget_s=tune_budget,
+        tune_jobs=1 if tune_jobs is None else tune_jobs,
+        tune_candidates=tuple(n.strip() for n in tune_candidates.split(",") if n.strip())
+        if tune_candidates
+        else (),
+        specialize=specialize or (),
     )
     if config_file:
         cfg = apply_config_file(cfg, config_file, given)
@@ -154,4 +198,26 @@ def build(
             f"  check {out.name}: max abs {out.max_abs:.3g}, max rel {out.max_rel:.3g} (atol "
             f"{out.atol:g}, rtol {out.rtol:g}) {status}"
         )
+    if m.tuning:
+        click.echo(tuning_table(m.tuning))
     click.echo(f"run it: aotc run {shlex.quote(str(result.output) + '/')}")
+
+
+def tuning_table(tuning: dict) -> str:
+    """The search, one line per candidate and model: what it cost, what it measured, what became of it."""
+    cached = tuning["builds_from_cache"]
+    lines = [
+        f"  search: {tuning['builds']} build(s) ({cached} from the cache) in {tuning['search_seconds']:.1f}s"
+        + (", cut short by --tune-budget" if tuning["cut_by_budget"] else "")
+    ]
+    for variant in tuning["variants"]:
+        label = ",".join(f"{k}={v}" for k, v in variant["dims"].items()) or "dynamic"
+        for c in variant["candidates"]:
+            median = f"{c['median_ms']:.3f} ms" if c.get("median_ms") is not None else "-"
+            built = f"{c['build_seconds']:.0f}s" if c.get("build_seconds") is not None else "-"
+            why = f" ({c['reason']})" if c.get("reason") else ""
+            lines.append(
+                f"  {label:>10} {c['name']:<26} build {built:>5}  median {median:>11}  {c['status']}{why}"
+            )
+    lines += [f"  left out {line}" for line in tuning.get("dropped", [])]
+    return "\n".join(lines)

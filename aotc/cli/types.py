@@ -89,3 +89,28 @@ def model_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def duration_type() -> ParsedType:
+    return ParsedType("DURATION", parse_duration)
+
+
+def specialize_type() -> ParsedType:
+    from aotc.build.specialize import parse_specialize
+
+    return ParsedType("DIM=SIZE[,SIZE...]", parse_specialize)
+
+
+def parse_duration(text: str) -> float:
+    """'20m' -> 1200.0, '90s' or '90' -> 90.0, '1h' -> 3600.0."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:], None)
+    number = raw[:-1] if scale else raw
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"'{text}' is not a duration; give one like 20m, 90s or 1h")
+    return value

@@ -202,6 +202,35 @@ class NumericCheck:
         }
 
 
+@dataclass(frozen=True)
+class Specialization:
+    """A static-shape member of a package (`aotc build --specialize B=1,8`): the model compiled for
+    these values of dynamic dims, in its own package folder inside this one. Calls whose inputs
+    have exactly these values run it; every other call runs the package's dynamic model."""
+
+    dims: dict  # dim name -> size
+    package: str  # relative path of the member's package folder
+
+    @classmethod
+    def read(cls, fields: Fields) -> Specialization:
+        dims = fields.raw_object("dims")
+        if not dims or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 for v in dims.values()
+        ):
+            fields.fail("dims", "is not a non-empty object of dim name -> size")
+        package = fields.text("package")
+        if not _inside_package(package):
+            fields.fail("package", f"is {package!r}, not a plain path inside the package")
+        return cls(dict(dims), package)
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{name}={size}" for name, size in self.dims.items())
+
+    def to_json(self) -> dict:
+        return {"dims": dict(self.dims), "package": self.package}
+
+
 MODES = ("default", "reduce-overhead", "max-autotune")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -234,6 +263,10 @@ class Manifest:
     # onnxruntime: its version, the optimization level applied at build, whether the optimized
     # graph is tied to the build machine's hardware
     backend_options: dict = field(default_factory=dict)
+    # static-shape members dispatched on their dims' values (--specialize)
+    specializations: tuple = ()
+    # what `aotc build --tune` tried, measured and chose: written by the build, read by people
+    tuning: dict = field(default_factory=dict)
 
     @property
     def model_file(self) -> str:
@@ -260,6 +293,9 @@ class Manifest:
             if not _inside_package(rel):
                 fields.fail("files", f"names {rel!r}, which is not a plain path inside the package")
         source = fields.value("source", None)
+        signature = Signature.from_json(fields.object("signature"))
+        specializations = fields.items("specializations", Specialization.read, [])
+        _check_specializations(fields, specializations, signature, files)
         return cls(
             aotc_version=fields.text("aotc_version"),
             created=fields.text("created"),
@@ -269,7 +305,7 @@ class Manifest:
             precision=fields.choice("precision", PRECISIONS),
             inductor_options=fields.raw_object("inductor_options"),
             runtime=runtime,
-            signature=Signature.from_json(fields.object("signature")),
+            signature=signature,
             files=dict(files),
             build_seconds=fields.number("build_seconds"),
             numeric_check=NumericCheck.read(fields.object("numeric_check")),
@@ -281,6 +317,8 @@ class Manifest:
             backend=backend,
             backend_options=fields.raw_object("backend_options", {}),
             varies_per_build=fields.raw_object("varies_per_build", {}),
+            specializations=tuple(specializations),
+            tuning=fields.raw_object("tuning", {}),
         )
 
     def to_json(self) -> dict:
@@ -308,7 +346,37 @@ class Manifest:
             "varies_per_build": dict(self.varies_per_build),
             "files": dict(self.files),
         }
+        if self.specializations:  # a package without them reads exactly as before
+            data["specializations"] = [s.to_json() for s in self.specializations]
+        if self.tuning:
+            data["tuning"] = dict(self.tuning)
         return {k: v for k, v in data.items() if v is not None or k == "model"}
+
+
+def _check_specializations(
+    fields: Fields, specializations: list, signature: Signature, files: dict
+) -> None:
+    """Each member names dims the signature has, at sizes inside their ranges, and a folder whose
+    manifest the package's `files` lists (so the package's hashes cover the member too)."""
+    seen = set()
+    for index, member in enumerate(specializations):
+        where = f"specializations[{index}]"
+        for name, size in member.dims.items():
+            if name not in signature.dims:
+                fields.fail(where, f"names dim {_key(name)}, which the signature does not have")
+            low, high = signature.dims[name]["min"], signature.dims[name]["max"]
+            if not low <= size <= high:
+                fields.fail(where, f"has {_key(name)}={size}, outside its range {low}..{high}")
+        if f"{member.package}/{MANIFEST_NAME}" not in files:
+            fields.fail(
+                where, f"names {member.package!r}, whose {MANIFEST_NAME} `files` does not list"
+            )
+        key = tuple(sorted(member.dims.items()))
+        if key in seen:
+            fields.fail(where, f"repeats {member.label}")
+        seen.add(key)
+    if specializations and signature.state:
+        fields.fail("specializations", "are not allowed on a package with state")
 
 
 def sha256_file(path: Path) -> str:

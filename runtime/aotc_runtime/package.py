@@ -73,6 +73,10 @@ class Package:
         # few µs of CPU work: a signature that passed once is remembered, not re-checked dim by dim.
         self._accepted: set = set()
         self._call_flat = self._run_loader
+        # Static-shape members (--specialize): [(where each dim is read, its sizes, the member)],
+        # and the member (or self) each accepted input signature runs, found once per signature.
+        self._members: list = []
+        self._routes: dict = {}
         # A tf32 package was checked with TF32 matmuls/convolutions, and the aten kernels it calls read
         # the process-wide flags: they are switched on around its calls (and a CUDA graph's capture)
         # and put back after, so loading one package does not change the user's other models.
@@ -97,6 +101,14 @@ class Package:
             self.signature.check_inputs(tensors)
             if len(self._accepted) < MAX_ACCEPTED_SIGNATURES:
                 self._accepted.add(key)
+        if self._members:
+            target = self._routes.get(key) if key is not None else None
+            if target is None:
+                target = self.route(*tensors)
+                if key is not None and len(self._routes) < MAX_ACCEPTED_SIGNATURES:
+                    self._routes[key] = target
+            if target is not self:
+                return target(*tensors)
         device = self.device
         flat = [t if t.device == device else t.to(device) for t in tensors]
         if self._state:
@@ -121,8 +133,28 @@ class Package:
 
     @property
     def cuda_graphs_captured(self) -> int:
-        """CUDA graphs captured so far (one per input signature; 0 for packages without CUDA graphs)."""
-        return getattr(self._call_flat, "captured_signatures", 0)
+        """CUDA graphs captured so far (one per input signature and member; 0 without CUDA graphs)."""
+        own = getattr(self._call_flat, "captured_signatures", 0)
+        return own + sum(member.cuda_graphs_captured for *_where, member in self._members)
+
+    @property
+    def specializations(self) -> dict:
+        """The static-shape members, by their dims ("B=8" -> Package); empty for most packages."""
+        return {label: member for label, _where, _sizes, member in self._members}
+
+    def route(self, *tensors: torch.Tensor) -> Package:
+        """The model a call with these (positional, checked) inputs runs: the member built for
+        their dim sizes, or this package's dynamic model."""
+        for _label, where, sizes, member in self._members:
+            if all(tensors[i].shape[axis] == size for (i, axis), size in zip(where, sizes)):
+                return member
+        return self
+
+    def add_specialization(self, label: str, dims: dict, member: Package) -> None:
+        """Dispatch calls whose inputs have these dim sizes to `member` (load() does this)."""
+        where = [self.signature.dim_location(name) for name in dims]
+        self._members.append((label, where, tuple(dims.values()), member))
+        self._routes.clear()
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""
@@ -198,13 +230,58 @@ def load(
         verify_files(path, manifest)
     loader = _open_model(path, manifest, threads)
     check_contract(path, manifest, loader.get_metadata())
-    return Package(
+    package = Package(
         path,
         manifest,
         loader,
         reuse_outputs=reuse_outputs,
         initial_state=_read_state(path, manifest),
     )
+    for spec in manifest.specializations:
+        # The package's hashes (checked above) cover the member's files: its own manifest hash,
+        # contract and compatibility are still checked as it loads.
+        member = load(
+            path / spec.package,
+            verify=False,
+            reuse_outputs=reuse_outputs,
+            threads=threads,
+            unfinished=unfinished,
+        )
+        check_member(path, manifest, spec, member.manifest)
+        package.add_specialization(spec.label, spec.dims, member)
+    return package
+
+
+def check_member(path: Path, manifest: Manifest, spec: Any, member: Manifest) -> None:
+    """Refuse a member that is not this package's model at its dims' sizes (the first difference)."""
+    problems = [
+        f"its {name} is {ours} but the package's is {theirs}"
+        for name, ours, theirs in (
+            ("mode", member.mode, manifest.mode),
+            ("precision", member.precision, manifest.precision),
+            ("device", member.device.type, manifest.device.type),
+        )
+        if ours != theirs
+    ]
+    if member.specializations or member.signature.state:
+        problems.append("it has members or state of its own")
+    expected = manifest.signature.specialized(spec.dims)
+    if len(expected) != len(member.signature.inputs):
+        problems.append(
+            f"it takes {len(member.signature.inputs)} inputs, the package {len(expected)}"
+        )
+    for ours, theirs in zip(expected, member.signature.inputs):
+        if (ours.name, ours.dtype, ours.shape) != (theirs.name, theirs.dtype, theirs.shape):
+            problems.append(
+                f"its input is {theirs.name} {theirs.dtype}{list(theirs.shape)} where the package's "
+                f"at {spec.label} is {ours.name} {ours.dtype}{list(ours.shape)}"
+            )
+            break
+    if problems:
+        raise PackageError(
+            f"package {path}: its member {spec.package} ({spec.label}) is not the package's model at "
+            f"those sizes: {problems[0]}; rebuild it with `aotc build --force`"
+        )
 
 
 def _open_model(path: Path, manifest: Manifest, threads: int) -> Any:

@@ -17,6 +17,7 @@ structure (`last_hidden_state`, `logits`; `output_0`... for tensors and plain tu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -284,6 +285,22 @@ class Signature:
                     "inputs sharing a dim name must agree"
                 )
             bound.setdefault(want, (have, label))
+
+    def dim_location(self, name: str) -> tuple:
+        """(input index, axis) of the first input axis named `name`."""
+        for index, spec in enumerate(self.inputs):
+            if name in spec.shape:
+                return index, spec.shape.index(name)
+        raise KeyError(name)
+
+    def specialized(self, sizes: dict) -> tuple:
+        """The input specs with the dims in `sizes` fixed at those sizes (a --specialize member's)."""
+        return tuple(
+            dataclasses.replace(
+                spec, shape=tuple(sizes.get(e, e) if isinstance(e, str) else e for e in spec.shape)
+            )
+            for spec in self.inputs
+        )
 
     def example_sizes(self) -> dict:
         return {name: info["example"] for name, info in self.dims.items()}

@@ -261,6 +261,39 @@ Signature read_signature(const Fields& f) {
   return sig;
 }
 
+// `specializations` (optional): [{"dims": {NAME: SIZE}, "package": "specialized/B-8"}, ...].
+std::vector<Specialization> read_specializations(const Fields& f, const Signature& sig) {
+  std::vector<Specialization> entries;
+  if (!f.has("specializations")) return entries;
+  // A member would start from the initial state at every call and never hand it back to the
+  // dynamic model; the builder refuses such packages, so one is not a package aotc built.
+  if (!sig.state.empty()) f.fail("specializations", "is set on a package with state (signature.state), which is never specialized");
+  const json& items = f.list("specializations");
+  for (size_t i = 0; i < items.size(); ++i) {
+    Fields entry(items[i], f.path("specializations") + "[" + std::to_string(i) + "]");
+    Specialization spec;
+    spec.package = entry.text("package");
+    if (!inside_package(spec.package)) {
+      entry.fail("package", "is " + shown(json(spec.package)) + ", which is not a plain path inside the package");
+    }
+    Fields dims = entry.object("dims");
+    // No dims would match every call: the dynamic model would never run.
+    if (dims.data().empty()) entry.fail("dims", "is empty");
+    for (const auto& item : dims.data().items()) {
+      auto range = sig.dims.find(item.key());
+      if (range == sig.dims.end()) dims.fail(item.key(), "is not a dim of signature.dims");
+      int64_t size = dims.integer(item.key());
+      if (size < range->second.min || size > range->second.max) {
+        dims.fail(item.key(), "is " + std::to_string(size) + ", outside the dim's range " + std::to_string(range->second.min) +
+                                  ".." + std::to_string(range->second.max));
+      }
+      spec.dims[item.key()] = size;
+    }
+    entries.push_back(std::move(spec));
+  }
+  return entries;
+}
+
 Manifest read_fields(const json& data) {
   Fields f(data, "");
   Manifest m;
@@ -285,6 +318,7 @@ Manifest read_fields(const json& data) {
     m.tf32 = runtime.boolean("tf32");
   }
   m.signature = read_signature(f.object("signature"));
+  m.specializations = read_specializations(f, m.signature);
   m.cpu_isa = device.optional_text("cpu_isa");
   if (device.has("cpu_features")) {
     const json& features = device.list("cpu_features");
@@ -409,9 +443,9 @@ std::string running_platform() {
   return system + "-" + name.machine;
 }
 
-}  // namespace
-
-Manifest read_manifest(const std::string& folder) {
+// FOLDER/manifest.json parsed, with the checks every manifest must pass whatever its backend:
+// size, JSON, nesting, format_version, manifest_sha256.
+json read_checked_json(const std::string& folder) {
   fs::path dir(folder);
   if (!fs::is_directory(dir)) {
     std::string hint = fs::exists(dir) ? " (it is a file: pass the package folder that `aotc build` wrote)" : "";
@@ -449,6 +483,20 @@ Manifest read_manifest(const std::string& folder) {
                         ", this runtime reads formats 1, 2, 3; rebuild the package with the aotc that matches this runtime");
   }
   check_manifest_hash(path, text, data);
+  return data;
+}
+
+}  // namespace
+
+std::string read_backend(const std::string& folder) {
+  json data = read_checked_json(folder);
+  const json& backend = data.contains("backend") ? data.at("backend") : json("aotinductor");
+  return backend.is_string() ? backend.get<std::string>() : shown(backend);
+}
+
+Manifest read_manifest(const std::string& folder) {
+  json data = read_checked_json(folder);
+  fs::path path = fs::path(folder) / kManifestName;
   if (data.contains("backend") && data.at("backend") != "aotinductor") {
     // ONNX Runtime packages: linking ONNX Runtime's C++ library would give this runner a second
     // native runtime beside libtorch; the Python runtime runs them.

@@ -7,9 +7,11 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 
@@ -97,6 +99,57 @@ class Tf32Scope {
   bool enabled_, matmul_ = false, cudnn_ = false;
 };
 
+// "B=8" or "B=8, S=128": a member's dims, as the messages below name them.
+std::string dims_text(const std::map<std::string, int64_t>& dims) {
+  std::string out;
+  for (const auto& [name, size] : dims) out += (out.empty() ? "" : ", ") + name + "=" + std::to_string(size);
+  return out;
+}
+
+std::string shape_text(const std::vector<ShapeEntry>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + (shape[i].is_static() ? std::to_string(shape[i].size) : shape[i].name);
+  return out + "]";
+}
+
+// Refuse a member that is not the top-level model at its sizes: a call the top-level signature
+// accepted must fit the member's too, and give what the dynamic model would (same mode, precision,
+// device). Checked on the member's manifest, before its native code loads.
+void check_member(const std::string& folder, const Manifest& top, const Specialization& spec, const Manifest& member) {
+  auto refuse = [&](const std::string& problem) {
+    throw package_error("package " + folder + ": its specialized member " + spec.package + " " + problem +
+                        "; rebuild it with `aotc build --force`");
+  };
+  auto differs = [&](const std::string& field, const std::string& in_member, const std::string& in_top) {
+    refuse("does not match the package: " + field + " is " + in_member + " in the member but " + in_top + " in the package" +
+           (field.rfind("signature", 0) == 0 ? " (with " + dims_text(spec.dims) + ")" : ""));
+  };
+  if (member.mode != top.mode) differs("mode", member.mode, top.mode);
+  if (member.precision != top.precision) differs("precision", member.precision, top.precision);
+  if (member.device_type != top.device_type) differs("device.type", member.device_type, top.device_type);
+  // Nothing nests: a member's state would never reach the dynamic model, and members of members
+  // could loop through a linked folder when hashes are not verified.
+  if (!member.signature.state.empty()) refuse("has state, which a specialized package never has");
+  if (!member.specializations.empty()) refuse("has specializations of its own");
+  const auto& want = top.signature.inputs;
+  const auto& have = member.signature.inputs;
+  if (have.size() != want.size()) differs("the number of inputs", std::to_string(have.size()), std::to_string(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) {
+    std::string where = "signature.inputs[" + std::to_string(i) + "]";
+    if (have[i].name != want[i].name) differs(where + ".name", have[i].name, want[i].name);
+    if (have[i].dtype != want[i].dtype) differs(where + ".dtype", have[i].dtype, want[i].dtype);
+    std::vector<ShapeEntry> shape = want[i].shape;
+    for (auto& entry : shape) {
+      auto fixed = entry.is_static() ? spec.dims.end() : spec.dims.find(entry.name);
+      if (fixed != spec.dims.end()) entry = ShapeEntry{fixed->second, ""};
+    }
+    bool same = shape.size() == have[i].shape.size();
+    for (size_t axis = 0; same && axis < shape.size(); ++axis)
+      same = shape[axis].size == have[i].shape[axis].size && shape[axis].name == have[i].shape[axis].name;
+    if (!same) differs(where + ".shape", shape_text(have[i].shape), shape_text(shape));
+  }
+}
+
 }  // namespace
 
 at::ScalarType scalar_type(const std::string& dtype) { return kTypes.at(dtype); }
@@ -136,6 +189,27 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
                         "; rebuild it with `aotc build --force`");
   }
   check_contract(folder, package.manifest_, package.loader_->get_metadata());
+  for (const auto& spec : package.manifest_.specializations) {
+    std::string member_folder = (fs::path(folder) / spec.package).string();
+    if (!fs::is_directory(member_folder)) {
+      throw package_error("package " + folder + ": its specialized member " + spec.package +
+                          " is missing; rebuild it with `aotc build --force`");
+    }
+    // This runner has no ONNX Runtime; the dynamic model gives the same outputs, only slower.
+    if (read_backend(member_folder) == "onnxruntime") {
+      std::cerr << "note: " << spec.package << " is an onnxruntime model; " << dims_text(spec.dims)
+                << " runs the dynamic model in the C++ runner" << std::endl;
+      continue;
+    }
+    check_member(folder, package.manifest_, spec, read_manifest(member_folder));
+    // The top-level hash check covered the member's files (they are in its `files`), so it is not
+    // repeated; the member's own manifest hash, compatibility and contract checks run in load().
+    LoadOptions member_options = options;
+    member_options.verify = false;
+    member_options.times = nullptr;
+    package.members_.push_back(
+        {spec.dims, spec.package, std::make_unique<Package>(Package::load(member_folder, member_options))});
+  }
   times.loader_ms = since(started);
   started = Clock::now();
   for (const auto& t : read_state(folder, package.manifest_)) package.initial_state_.push_back(t.to(package.device_));
@@ -154,7 +228,11 @@ void Package::reset_state() {
   for (const auto& t : initial_state_) state_.push_back(t.clone());
 }
 
-size_t Package::cuda_graphs_captured() const { return graphs_ ? graphs_->captured() : 0; }
+size_t Package::cuda_graphs_captured() const {
+  size_t captured = graphs_ ? graphs_->captured() : 0;
+  for (const auto& member : members_) captured += member.package->cuda_graphs_captured();
+  return captured;
+}
 
 void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
   const Signature& sig = manifest_.signature;
@@ -226,6 +304,29 @@ std::vector<at::Tensor> Package::random_inputs(uint64_t seed) const {
   return tensors;
 }
 
+const Package::Member* Package::member_for(const std::vector<at::Tensor>& inputs) const {
+  if (members_.empty()) return nullptr;
+  // Each named dim's size in these inputs (check_inputs has made inputs sharing a name agree).
+  std::map<std::string, int64_t> sizes;
+  const auto& specs = manifest_.signature.inputs;
+  for (size_t i = 0; i < specs.size() && i < inputs.size(); ++i)
+    for (size_t axis = 0; axis < specs[i].shape.size() && axis < static_cast<size_t>(inputs[i].dim()); ++axis)
+      if (!specs[i].shape[axis].is_static()) sizes[specs[i].shape[axis].name] = inputs[i].size(static_cast<int64_t>(axis));
+  for (const auto& member : members_) {
+    bool match = std::all_of(member.dims.begin(), member.dims.end(), [&](const auto& dim) {
+      auto found = sizes.find(dim.first);
+      return found != sizes.end() && found->second == dim.second;
+    });
+    if (match) return &member;  // entries are tried in manifest order
+  }
+  return nullptr;
+}
+
+std::string Package::model_for(const std::vector<at::Tensor>& inputs) const {
+  const Member* member = member_for(inputs);
+  return member ? member->path : kModelFile;
+}
+
 std::vector<at::Tensor> Package::call_flat(std::vector<at::Tensor>& flat) {
   Tf32Scope tf32(manifest_.tf32);
   if (graphs_) return graphs_->run(flat);
@@ -234,6 +335,8 @@ std::vector<at::Tensor> Package::call_flat(std::vector<at::Tensor>& flat) {
 
 std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) {
   check_inputs(inputs);
+  // The top-level check comes first, so errors name the package's dims, not a member's sizes.
+  if (const Member* member = member_for(inputs)) return member->package->run(inputs);
   std::vector<at::Tensor> flat;
   for (const auto& t : inputs) flat.push_back(t.device() == device_ ? t : t.to(device_));
   flat.insert(flat.end(), state_.begin(), state_.end());

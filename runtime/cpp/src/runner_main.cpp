@@ -209,13 +209,15 @@ std::string format_report(const json& r) {
                   lat["p90_ms"].get<double>(), lat["p99_ms"].get<double>(), lat["n"].get<size_t>());
     out += line;
   }
+  if (r.contains("specializations")) out += "ran       " + r["ran"].get<std::string>() + "\n";
   if (!r["output_file"].is_null()) out += "wrote     " + r["output_file"].get<std::string>() + "\n";
   return out;
 }
 
 // `--serve`: keep the package loaded and time calls on request, one JSON line per answer, so that
 // `aotc bench --against cpp` can interleave the runner's timed calls with in-process contenders.
-//   inputs FILE.npz   -> {"first_call_ms": x}    (the inputs for the following calls; one call made)
+//   inputs FILE.npz   -> {"first_call_ms": x, "ran": "model.pt2"}   (the inputs for the following
+//                        calls; one call made; `ran` as in the --json report)
 //   time N W          -> {"samples_ms": [...]}   (W untimed calls, then N timed ones)
 //   quit
 int serve(aotc::Package& package) {
@@ -233,7 +235,7 @@ int serve(aotc::Package& package) {
         auto start = Clock::now();
         package.run(inputs);
         synchronize(package.device());
-        std::cout << json({{"first_call_ms", ms_since(start)}}).dump() << std::endl;
+        std::cout << json({{"first_call_ms", ms_since(start)}, {"ran", package.model_for(inputs)}}).dump() << std::endl;
       } else if (command == "time") {
         int count = 0, warmup = 0;
         std::cin >> count >> warmup;
@@ -301,7 +303,14 @@ int run(const Args& args) {
       {"latency", latency},
       {"host_latency", host_latency},
       {"output_file", args.output.empty() ? json(nullptr) : json(args.output)},
+      // Which model the calls ran: "model.pt2", or the specialized member for these inputs' sizes.
+      {"ran", package.model_for(inputs)},
   };
+  if (!package.manifest().specializations.empty()) {
+    json members = json::array();
+    for (const auto& spec : package.manifest().specializations) members.push_back({{"dims", spec.dims}, {"package", spec.package}});
+    report["specializations"] = members;
+  }
   if (args.inputs.empty()) report["inputs"] = "random (seed " + std::to_string(args.seed) + ")";
   else report["inputs"] = args.inputs;
   json outs = json::array();

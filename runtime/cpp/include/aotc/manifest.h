@@ -44,6 +44,13 @@ struct Signature {
   std::string output_structure;  // tensor | tuple | list | dict ("" before format 2)
 };
 
+// One entry of `specializations`: a static-shape member package that runs calls whose dims have
+// these values (docs/cpp-runner.md, "Specialized members").
+struct Specialization {
+  std::map<std::string, int64_t> dims;  // dim name -> size, every one in signature.dims' range
+  std::string package;                   // member folder, relative to the package (checked like `files`)
+};
+
 struct Manifest {
   int format_version = 0;
   std::string aotc_version, created, mode, precision;
@@ -57,10 +64,16 @@ struct Manifest {
   std::string contract;  // JSON: the manifest fields the compiled model must carry (model_contract in Python)
   std::string cpu_isa;                    // as asked with `aotc build --cpu-isa`
   std::vector<std::string> cpu_features;  // extensions the compiled C++ may use (/proc/cpuinfo names)
+  std::vector<Specialization> specializations;
 };
 
 // Read and check FOLDER/manifest.json; throws aotc::Error (exit 7) with the Python runtime's messages.
 Manifest read_manifest(const std::string& folder);
+
+// FOLDER/manifest.json's `backend` after the manifest's own checks (JSON, format, hash) but before
+// the field checks only an AOTInductor manifest passes: how a package tells an ONNX Runtime member,
+// which this runtime skips, from a broken one, which it refuses.
+std::string read_backend(const std::string& folder);
 
 // Refuse a package whose files differ from the manifest's hashes (exit 7).
 void verify_files(const std::string& folder, const Manifest& manifest);

@@ -3,6 +3,8 @@
 // file hashes verified, the torch release / platform / GPU architecture compared, inputs checked
 // against the signature before every call, state carried between calls, TF32 set around calls of
 // a tf32 package, and a CUDA graph replayed per input signature for reduce-overhead packages.
+// A package with `specializations` loads each member as a Package of its own and runs a call on
+// the member whose dim values the inputs have, else on its dynamic model.
 //
 //   auto package = aotc::Package::load("model_pkg");
 //   std::vector<at::Tensor> outputs = package.run({x});   // outputs in signature order
@@ -10,6 +12,7 @@
 
 #include <ATen/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +53,10 @@ class Package {
   // Raise aotc::Error (exit 8) unless `inputs` fit the signature (count, dtype, rank, sizes, ranges).
   void check_inputs(const std::vector<at::Tensor>& inputs) const;
 
+  // Which model a call with these inputs runs: "model.pt2" (the dynamic model), or the `package`
+  // path of the specialized member whose dims they match ("specialized/B-8"); aotc-runner's `ran`.
+  std::string model_for(const std::vector<at::Tensor>& inputs) const;
+
   // Seeded random inputs that fit the signature (dynamic dims at their example size).
   std::vector<at::Tensor> random_inputs(uint64_t seed = 0) const;
 
@@ -60,8 +67,16 @@ class Package {
   size_t cuda_graphs_captured() const;
 
  private:
+  // A specialized member that loaded (ONNX Runtime members are skipped) and the dims it runs.
+  struct Member {
+    std::map<std::string, int64_t> dims;
+    std::string path;  // its `package`, relative to folder_
+    std::unique_ptr<Package> package;
+  };
+
   Package() = default;
   std::vector<at::Tensor> call_flat(std::vector<at::Tensor>& flat);
+  const Member* member_for(const std::vector<at::Tensor>& inputs) const;
 
   std::string folder_;
   Manifest manifest_;
@@ -69,6 +84,7 @@ class Package {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   std::vector<at::Tensor> initial_state_, state_;
   std::unique_ptr<CudaGraphs> graphs_;
+  std::vector<Member> members_;
 };
 
 // at::ScalarType of a signature dtype name ("float32" -> at::kFloat); throws for unknown names.

@@ -1,0 +1,182 @@
+"""`aotc build --tune` / `--specialize`: the variants, the search, and the package of the winners.
+
+The package is the winning build of the dynamic model, as `aotc build` wrote it (its model, its
+numeric check, its embedded contract unchanged), with each size's winner as a complete package in
+specialized/<dim>-<size>/ and two more manifest fields: `specializations` (what the runtime
+dispatches on) and `tuning` (every candidate, its options, build time, median, and why it lost).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
+from aotc.build.pipeline import BuildResult
+from aotc.build.specialize import check_specialize, specialized_artifact
+from aotc.config import BuildConfig
+from aotc.errors import AotcError, BuildError, NumericMismatchError
+from aotc.tune.cache import TuneCache, cache_root, key_of, machine_versions
+from aotc.tune.candidates import BASELINE, Candidate, load_candidates, select, skip_reason
+from aotc.tune.search import Trial, Variant, build_trials, choose, time_variant, trial_key
+from aotc_runtime import Signature, Specialization, read_manifest, sha256_file
+
+MEMBERS_DIR = "specialized"
+
+
+def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
+    started = time.monotonic()
+    deadline = started + cfg.tune_budget_s if cfg.tune_budget_s else None
+    with tempfile.TemporaryDirectory(prefix="aotc-tune-") as scratch:
+        # Without --tune nothing is kept between runs: the builds go to a scratch folder.
+        cache = TuneCache(cache_root() / "tune" if cfg.tune else Path(scratch))
+        base = {"artifact": sha256_file(cfg.artifact), **machine_versions(cfg.device)}
+        variants = make_variants(cfg, cache, base, progress)
+        trials = make_trials(cfg, variants, base)
+        runnable = [t for t in trials if t.status == "pending"]
+        build_trials(runnable, cfg, cache, deadline, progress)
+        reused = sum(t.cached for t in runnable)
+        measured_from_cache = 0
+        winners = {}
+        for variant in variants:
+            own = [t for t in trials if t.variant is variant]
+            measured_from_cache += time_variant(own, cfg.device, cache, progress)
+            winners[variant.label] = choose(own)
+        main = winners[variants[0].label]
+        if main is None:
+            raise _failure(trials, variants[0])
+        record = {
+            "tuned": cfg.tune,
+            "budget_s": cfg.tune_budget_s,
+            "jobs": cfg.tune_jobs,
+            "cut_by_budget": any(t.status in ("cut off", "not tried") for t in trials),
+            "builds": len(runnable),
+            "builds_from_cache": reused,
+            "timings_from_cache": measured_from_cache,
+            "variants": [
+                {
+                    "dims": v.sizes,
+                    "package": _member_folder(v.sizes) if v.sizes else ".",
+                    "chosen": winners[v.label].candidate.name if winners[v.label] else None,
+                    "candidates": [t.to_json() for t in trials if t.variant is v],
+                }
+                for v in variants
+            ],
+        }
+        result = assemble(cfg, main, [(v, winners[v.label]) for v in variants[1:]], record, started)
+    _report(progress, result.manifest.tuning)
+    return result
+
+
+def make_variants(cfg: BuildConfig, cache: TuneCache, base: dict, progress) -> list[Variant]:
+    """The dynamic model, then one static artifact per --specialize size (kept in the cache)."""
+    from aotc.export.artifact import load_artifact
+
+    _ep, meta = load_artifact(cfg.artifact)
+    signature = Signature.from_json(meta.signature)
+    variants = [Variant("dynamic" if signature.dims else "static", cfg.artifact, {}, signature)]
+    if not cfg.specialize:
+        return variants
+    name, sizes = cfg.specialize
+    check_specialize(meta.signature, name, sizes)
+    for size in sizes:
+        dims = {name: size}
+        path = cache.root / "artifacts" / f"{key_of({**base, 'sizes': dims})}.pt2"
+        if not path.is_file():
+            progress.note(f"specializing the artifact at {name}={size}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            specialized_artifact(cfg.artifact, dims, path)
+        member = Signature.from_json(load_artifact(path)[1].signature)
+        variants.append(Variant(f"{name}={size}", path, dims, member))
+    return variants
+
+
+def make_trials(cfg: BuildConfig, variants: list[Variant], base: dict) -> list[Trial]:
+    """Round-robin: each candidate over all variants before the next candidate."""
+    if cfg.tune:
+        candidates = select(load_candidates(cfg.device), cfg.tune_candidates, cfg.device)
+    else:
+        candidates = [Candidate(BASELINE, cfg.backend)]
+    if cfg.backend != "aotinductor":  # what was asked is the first candidate
+        candidates = [Candidate(cfg.backend, cfg.backend)] + [
+            c for c in candidates if c.backend != cfg.backend
+        ]
+    trials, seen = [], set()
+    for candidate in candidates:
+        # the user's --option is part of every candidate, over the candidate's own
+        options = {**candidate.options, **cfg.options} if candidate.backend == "aotinductor" else {}
+        identity = (candidate.backend, tuple(sorted(options.items(), key=str)))
+        duplicate = identity in seen
+        seen.add(identity)
+        skipped = skip_reason(candidate, cfg)
+        for variant in variants:
+            trial = Trial(
+                variant, candidate, options, trial_key(cfg, variant, candidate, options, base)
+            )
+            if duplicate:
+                trial.status, trial.reason = "skipped", "the same build as an earlier candidate"
+            elif skipped:
+                trial.status, trial.reason = "skipped", skipped
+            trials.append(trial)
+    return trials
+
+
+def assemble(
+    cfg: BuildConfig, main: Trial, members: list, record: dict, started: float
+) -> BuildResult:
+    """The main winner's package, each member's winner inside it, the manifest with both fields."""
+    with output_lock(cfg.output), staging_folder(cfg.output) as staging:
+        shutil.copytree(main.package, staging, dirs_exist_ok=True)
+        manifest = read_manifest(staging)
+        specializations, dropped = [], []
+        for variant, winner in members:
+            if winner is None:  # the package builds from the others; the record says why
+                entry = next(v for v in record["variants"] if v["dims"] == variant.sizes)
+                why = "; ".join(
+                    f"{c['name']}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else "")
+                    for c in entry["candidates"]
+                )
+                dropped.append(f"{variant.label}: runs the dynamic model; {why}")
+                continue
+            folder = _member_folder(variant.sizes)
+            shutil.copytree(winner.package, staging / folder)
+            specializations.append(Specialization(dict(variant.sizes), folder))
+        record["dropped"] = dropped
+        record["search_seconds"] = round(time.monotonic() - started, 2)
+        record["package_bytes"] = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
+        manifest = dataclasses.replace(
+            manifest,
+            specializations=tuple(specializations),
+            tuning=record,
+            build_seconds=record["search_seconds"],
+            varies_per_build={
+                "fields": [*manifest.varies_per_build.get("fields", []), "tuning"],
+                "why": manifest.varies_per_build.get("why", "")
+                + "; tuning records measured times and whether the cache served them",
+            },
+        )
+        manifest = write_manifest(staging, manifest)
+        commit(staging, cfg.output)
+    return BuildResult(cfg.output, manifest)
+
+
+def _member_folder(sizes: dict) -> str:
+    return f"{MEMBERS_DIR}/" + "_".join(f"{name}-{size}" for name, size in sizes.items())
+
+
+def _failure(trials: list[Trial], variant: Variant) -> AotcError:
+    """No candidate of the package's own model passed: the first one's error, with its exit code."""
+    own = [t for t in trials if t.variant is variant and t.status not in ("skipped",)]
+    first = own[0] if own else None
+    if first is not None and first.status == "over tolerance":
+        return NumericMismatchError(first.reason)
+    summary = "; ".join(f"{t.candidate.name}: {t.status} ({t.reason})" for t in own[:4])
+    return BuildError(f"no candidate of the model built: {summary}")
+
+
+def _report(progress, tuning: dict) -> None:
+    for line in tuning["dropped"]:
+        progress.note(f"tune: left out {line}")

@@ -1,0 +1,246 @@
+"""Build every (variant, candidate) pair, check it, time the survivors of each variant side by side.
+
+A variant is one model the package will hold: the artifact as exported (dynamic), or a static
+member of --specialize. Each candidate build is a child `aotc build` process: a compiler crash or
+a hang costs that candidate, never the search, and the budget can stop it mid-compile (its whole
+process group). Builds go round-robin, candidate by candidate over the variants, so a budget that
+runs out leaves every variant with its cheapest candidates done rather than one variant with all.
+
+Timing is the same interleaved loop as `aotc bench` (aotc/bench/harness.py): every passing
+candidate of a variant loaded in this process, on the variant's example inputs, slices of calls
+in rotating order, medians compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aotc.config import BuildConfig
+from aotc.tune.cache import TuneCache, key_of
+from aotc.tune.candidates import Candidate
+
+TIMED_SECONDS = 2.0  # timed calls per candidate, roughly: enough for a stable median
+MIN_CALLS, MAX_CALLS, ROUNDS = 10, 300, 10
+MISMATCH_EXIT = 6  # NumericMismatchError: the candidate is over the tolerance
+
+
+@dataclass
+class Variant:
+    label: str  # "dynamic", or the member's dims: "B=8"
+    artifact: Path
+    sizes: dict  # {} for the dynamic model, {"B": 8} for a member
+    signature: object  # aotc_runtime.Signature of what this variant's package takes
+
+
+@dataclass
+class Trial:
+    variant: Variant
+    candidate: Candidate
+    options: dict  # the Inductor options it adds over the preset (the user's --option included)
+    key: str
+    # pending -> passed | failed | over tolerance | skipped | not tried | cut off
+    status: str = "pending"
+    reason: str = ""
+    build_seconds: float | None = None
+    cached: bool = False
+    package: Path | None = None
+    latency: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        record = {
+            **self.candidate.to_json(),
+            "options": dict(self.options),
+            "status": self.status,
+            "reason": self.reason or None,
+            "build_seconds": self.build_seconds,
+            "cached_build": self.cached,
+        }
+        if self.latency:
+            record.update(
+                median_ms=round(self.latency["median_ms"], 4),
+                p90_ms=round(self.latency["p90_ms"], 4),
+                calls=self.latency["n"],
+            )
+        return record
+
+
+def trial_key(
+    cfg: BuildConfig, variant: Variant, candidate: Candidate, options: dict, base: dict
+) -> str:
+    return key_of(
+        {
+            **base,
+            "sizes": variant.sizes,
+            "backend": candidate.backend,
+            "options": options,
+            "mode": cfg.mode.value,
+            "precision": cfg.precision.value,
+            "device": cfg.device,
+            "cpu_isa": cfg.cpu_isa,
+            "bsymbolic": cfg.bsymbolic,
+            "atol": cfg.atol,
+            "rtol": cfg.rtol,
+        }
+    )
+
+
+def build_command(cfg: BuildConfig, trial: Trial, output: Path) -> list[str]:
+    command = [
+        sys.executable, "-m", "aotc", "build", str(trial.variant.artifact), "-o", str(output),
+        "--force", "--quiet", "--json", "--mode", cfg.mode.value, "--device", cfg.device,
+        "--precision", cfg.precision.value, "--cpu-isa", cfg.cpu_isa,
+        "--backend", trial.candidate.backend,
+    ]  # fmt: skip
+    for key, value in trial.options.items():
+        command += ["--option", f"{key}={json.dumps(value)}"]  # JSON is YAML: read back exactly
+    for flag, value in (("--atol", cfg.atol), ("--rtol", cfg.rtol)):
+        if value is not None:
+            command += [flag, repr(value)]
+    if not cfg.bsymbolic:
+        command.append("--no-bsymbolic")
+    return command
+
+
+def run_build(command: list[str], timeout: float | None) -> tuple[int | None, str]:
+    """(exit code or None if cut off, its last stderr line). The child leads its own process group,
+    so cutting it off stops its compile workers too."""
+    child = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    try:
+        _out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return None, ""
+    except BaseException:  # Ctrl-C: take the build down with us
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        raise
+    lines = [line.strip() for line in err.splitlines() if line.strip()]
+    return child.returncode, lines[-1] if lines else ""
+
+
+def build_trials(
+    trials: list[Trial], cfg: BuildConfig, cache: TuneCache, deadline: float | None, progress
+) -> None:
+    """Build (or find in the cache) every trial, in order, `cfg.tune_jobs` at a time."""
+    started = [0]
+
+    def build_one(index: int, trial: Trial) -> None:
+        record = cache.read_build(trial.key)
+        folder = cache.build_dir(trial.key) / "package"
+        if record and (record["status"] != "passed" or (folder / "manifest.json").is_file()):
+            trial.status, trial.reason = record["status"], record.get("reason") or ""
+            trial.build_seconds, trial.cached = record.get("build_seconds"), True
+            trial.package = folder if trial.status == "passed" else None
+            return
+        # The first build (the package without --tune) always runs to its end: without it there
+        # is no package; every later one gets what is left of the budget.
+        remaining = None if index == 0 or deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            trial.status, trial.reason = "not tried", "the tuning budget was spent"
+            return
+        started[0] += 1
+        progress.note(
+            f"tune: building {trial.candidate.name} for {trial.variant.label} "
+            f"({index + 1}/{len(trials)})"
+        )
+        cache.forget_build(trial.key)
+        begin = time.monotonic()
+        code, last_line = run_build(build_command(cfg, trial, folder), remaining)
+        trial.build_seconds = round(time.monotonic() - begin, 2)
+        if code is None:
+            trial.status = "cut off"
+            trial.reason = (
+                f"the tuning budget ran out after {trial.build_seconds:.0f}s of its build"
+            )
+            cache.forget_build(trial.key)  # a larger budget may finish it: not remembered
+            return
+        if code == 0:
+            trial.status, trial.package = "passed", folder
+        else:
+            trial.status = "over tolerance" if code == MISMATCH_EXIT else "failed"
+            trial.reason = last_line.removeprefix("error: ") or f"exit {code}"
+        cache.write_build(
+            trial.key,
+            {"status": trial.status, "reason": trial.reason, "build_seconds": trial.build_seconds},
+        )
+
+    with ThreadPoolExecutor(max_workers=cfg.tune_jobs) as pool:
+        for future in [pool.submit(build_one, i, t) for i, t in enumerate(trials)]:
+            future.result()
+
+
+def time_variant(trials: list[Trial], device: str, cache: TuneCache, progress) -> bool:
+    """Time the passing trials of one variant side by side; True if the medians came from the cache."""
+    passing = [t for t in trials if t.status == "passed"]
+    if not passing:
+        return False
+    search_key = key_of({"timed": [t.key for t in passing]})
+    known = cache.read_search(search_key)
+    if known and all(t.cached for t in passing) and set(known) >= {t.key for t in passing}:
+        for trial in passing:
+            trial.latency = known[trial.key]
+        return True
+    progress.note(f"tune: timing {len(passing)} candidate(s) for {passing[0].variant.label}")
+    for trial, latency in zip(passing, measure(passing, device)):
+        trial.latency = latency
+    cache.write_search(search_key, {t.key: t.latency for t in passing})
+    return False
+
+
+def measure(trials: list[Trial], device_type: str) -> list[dict]:
+    """Interleaved timed calls of the trials' packages on the variant's example inputs."""
+    import torch
+
+    import aotc_runtime
+    from aotc.bench.harness import Contender, first_call_and_warmup, interleaved
+    from aotc.progress import ProgressBar
+
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    signature = trials[0].variant.signature
+    inputs = signature.random_inputs(seed=0, device=device)
+    contenders = [
+        Contender(t.candidate.name, "package", None, call=aotc_runtime.load(t.package))
+        for t in trials
+    ]
+    with torch.inference_mode():
+        estimates = []
+        for contender in contenders:
+            first_call_and_warmup(contender, inputs, 3, device)
+            sample = aotc_runtime.time_calls(lambda c=contender: c.call(*inputs), 3, device)
+            estimates.append(max(min(sample), 1e-3))
+        calls = int(TIMED_SECONDS * 1e3 / max(estimates))
+        calls = max(MIN_CALLS, min(MAX_CALLS, calls))
+        samples = interleaved(contenders, inputs, calls, ROUNDS, device, ProgressBar(False), "tune")
+    return [aotc_runtime.summarize(samples[c.name]) for c in contenders]
+
+
+def choose(trials: list[Trial]) -> Trial | None:
+    """The passing trial with the lowest median; the others are marked with why they lost."""
+    timed = [t for t in trials if t.status == "passed" and t.latency]
+    if not timed:
+        return None
+    best = min(timed, key=lambda t: t.latency["median_ms"])
+    for trial in timed:
+        if trial is best:
+            trial.status = "chosen"
+        else:
+            trial.status = "slower"
+            ratio = trial.latency["median_ms"] / best.latency["median_ms"]
+            trial.reason = f"{ratio:.2f}x the median of {best.candidate.name}"
+    return best
