@@ -111,6 +111,8 @@ class BuildConfig:
     tune_budget_s: float | None = None  # None: no limit
     tune_jobs: int = 1  # candidate builds run at once
     tune_candidates: tuple = ()  # names from configs/tune/<device>.yaml; () for all
+    # the runtime turns torch.backends.cudnn.benchmark on around calls (CUDA)
+    cudnn_benchmark: bool = False
     # --specialize B=1,8: (dim name, sizes) of the static-shape members, () for none
     specialize: tuple = ()
 
@@ -125,6 +127,10 @@ class BuildConfig:
         ) and not self.tune:
             problems.append(
                 "--tune-budget, --tune-jobs and --tune-candidates go with --tune; add --tune"
+            )
+        if self.cudnn_benchmark and self.device != "cuda":
+            problems.append(
+                "--cudnn-benchmark is a CUDA setting; build with --device cuda or leave it out"
             )
         if not self.artifact.is_file():
             problems.append(

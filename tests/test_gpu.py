@@ -263,3 +263,43 @@ def test_reloading_a_cuda_package_returns_its_gpu_memory(gpu_workdir, mode):
     folder = build_once(gpu_workdir, artifact, f"mlp_dyn_{mode}", "--mode", mode)
     report = load_unload_cycles(folder, cycles=20)
     assert report["per_cycle_mib"]["cuda_allocated"] < 1, report
+
+
+def test_tuned_specialized_cuda_package(gpu_workdir, monkeypatch):
+    """--tune --specialize on CUDA, reduce-overhead: each size runs its member with its own CUDA
+    graph, every model matches eager (fp32, TF32 off on both sides), and cuDNN's benchmark flag
+    is on only inside the package's calls."""
+    monkeypatch.setenv("AOTC_CACHE_DIR", str(gpu_workdir / "tune-cache"))
+    artifact = export_once(
+        gpu_workdir,
+        "cnn_dyn",
+        MODELS / "cnn_bn.py",
+        "--input-shape",
+        "Bx3x64x64",
+        "--dim",
+        "B=1:16",
+    )
+    folder = build_once(
+        gpu_workdir, artifact, "cnn_tuned", "--mode", "reduce-overhead", "--tune",
+        "--tune-candidates", "cudnn-benchmark,freezing", "--specialize", "B=1,8", "--tune-jobs", "3",
+    )  # fmt: skip
+    tuning = json.loads((folder / "manifest.json").read_text())["tuning"]
+    assert tuning["dropped"] == []
+    for variant in tuning["variants"]:
+        assert [c["name"] for c in variant["candidates"]] == [
+            "inductor",
+            "cudnn-benchmark",
+            "freezing",
+        ]
+        assert variant["chosen"] in {"inductor", "cudnn-benchmark", "freezing"}
+    package = aotc_runtime.load(folder)
+    model = eager_model("cnn_bn").cuda()
+    torch.backends.cudnn.benchmark = False
+    for batch, runs in ((1, "specialized/B-1"), (8, "specialized/B-8"), (5, ".")):
+        x = torch.randn(batch, 3, 64, 64, device="cuda")
+        assert package.route(x).path.relative_to(package.path).as_posix() == runs
+        with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            expected = model(x)
+        torch.testing.assert_close(package(x), expected, atol=1e-4, rtol=1e-4)
+        assert torch.backends.cudnn.benchmark is False  # put back after the call
+    assert package.cuda_graphs_captured == 3  # one per member and size

@@ -71,6 +71,7 @@ def new_manifest(
         runtime=RuntimeSettings(
             cuda_graphs=bool(preset.get("cuda_graphs")) and cfg.device == "cuda",
             tf32=cfg.precision == Precision.TF32,
+            cudnn_benchmark=cfg.cudnn_benchmark and cfg.device == "cuda",
         ),
         signature=Signature.from_json(meta.signature),
         files={},

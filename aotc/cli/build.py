@@ -83,6 +83,12 @@ from aotc.cli.types import duration_type, exit_codes_epilog, option_type, specia
     "an .onnx ARTIFACT implies onnxruntime [default: aotinductor].",
 )
 @click.option(
+    "--cudnn-benchmark",
+    is_flag=True,
+    help="CUDA: the runtime lets cuDNN time its convolution algorithms at the first call per input "
+    "shape and keep the fastest (torch.backends.cudnn.benchmark), around this package's calls only.",
+)
+@click.option(
     "--tune",
     is_flag=True,
     help="Build the candidates of configs/tune/<device>.yaml (Inductor options, ONNX Runtime), check "
@@ -131,6 +137,7 @@ def build(
     no_bsymbolic,
     cpu_isa,
     backend,
+    cudnn_benchmark,
     tune,
     tune_budget,
     tune_jobs,
@@ -172,6 +179,7 @@ def build(
         allow_mismatch=bool(allow_mismatch),
         cpu_isa=cpu_isa or "native",
         backend=backend or ("onnxruntime" if Path(artifact).suffix == ".onnx" else "aotinductor"),
+        cudnn_benchmark=cudnn_benchmark,
         tune=tune,
         tune_budget_s=tune_budget,
         tune_jobs=1 if tune_jobs is None else tune_jobs,

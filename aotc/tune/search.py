@@ -81,6 +81,7 @@ def trial_key(
             "sizes": variant.sizes,
             "backend": candidate.backend,
             "options": options,
+            "cudnn_benchmark": candidate.cudnn_benchmark or cfg.cudnn_benchmark,
             "mode": cfg.mode.value,
             "precision": cfg.precision.value,
             "device": cfg.device,
@@ -106,6 +107,8 @@ def build_command(cfg: BuildConfig, trial: Trial, output: Path) -> list[str]:
             command += [flag, repr(value)]
     if not cfg.bsymbolic:
         command.append("--no-bsymbolic")
+    if trial.candidate.cudnn_benchmark or cfg.cudnn_benchmark:
+        command.append("--cudnn-benchmark")
     return command
 
 

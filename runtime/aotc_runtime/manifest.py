@@ -120,13 +120,23 @@ class RuntimeSettings:
 
     cuda_graphs: bool = False  # capture one CUDA graph per input signature and replay it
     tf32: bool = False  # TF32 matmuls/convolutions on around each call (and capture)
+    # torch.backends.cudnn.benchmark on around each call: cuDNN times its convolution algorithms
+    # at the first call per shape and keeps the fastest (aotc build --cudnn-benchmark)
+    cudnn_benchmark: bool = False
 
     @classmethod
     def read(cls, fields: Fields) -> RuntimeSettings:
-        return cls(fields.boolean("cuda_graphs"), fields.boolean("tf32"))
+        return cls(
+            fields.boolean("cuda_graphs"),
+            fields.boolean("tf32"),
+            fields.boolean("cudnn_benchmark", False),
+        )
 
     def to_json(self) -> dict:
-        return {"cuda_graphs": self.cuda_graphs, "tf32": self.tf32}
+        data = {"cuda_graphs": self.cuda_graphs, "tf32": self.tf32}
+        if self.cudnn_benchmark:  # absent when off: older packages' embedded contracts stay equal
+            data["cudnn_benchmark"] = True
+        return data
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class Package:
         # the process-wide flags: they are switched on around its calls (and a CUDA graph's capture)
         # and put back after, so loading one package does not change the user's other models.
         self._tf32 = manifest.runtime.tf32
+        self._cudnn_benchmark = manifest.runtime.cudnn_benchmark and self.device.type == "cuda"
         if manifest.runtime.cuda_graphs and self.device.type == "cuda":
             # only CUDA packages built with reduce-overhead need it
             from .cuda_graphs import (
@@ -129,7 +130,15 @@ class Package:
     def run_settings(self) -> contextlib.AbstractContextManager:
         """The process-wide settings this package runs under (TF32 for a tf32 package), as a context
         manager that puts the previous ones back: calls use it, so the user's other models are not affected."""
-        return _tf32_on() if self._tf32 else contextlib.nullcontext()
+        if not (self._tf32 or self._cudnn_benchmark):
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        if self._tf32:
+            stack.enter_context(_tf32_on())
+        if self._cudnn_benchmark:
+            # only this flag: torch.backends.cudnn.flags() would also turn TF32 on
+            stack.enter_context(_cudnn_benchmark_on())
+        return stack
 
     @property
     def cuda_graphs_captured(self) -> int:
@@ -178,6 +187,16 @@ class Package:
 
     def __repr__(self) -> str:
         return f"Package({str(self.path)!r}, device={self.device}, mode={self.manifest.mode!r})"
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark_on() -> Iterator[None]:
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 @contextlib.contextmanager

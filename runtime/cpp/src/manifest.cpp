@@ -316,6 +316,7 @@ Manifest read_fields(const json& data) {
     Fields runtime = f.object("runtime");
     m.cuda_graphs = runtime.boolean("cuda_graphs");
     m.tf32 = runtime.boolean("tf32");
+    m.cudnn_benchmark = runtime.has("cudnn_benchmark") && runtime.boolean("cudnn_benchmark");
   }
   m.signature = read_signature(f.object("signature"));
   m.specializations = read_specializations(f, m.signature);
@@ -329,12 +330,14 @@ Manifest read_fields(const json& data) {
   }
   // The same fields, in the same shape, as model_contract in aotc_runtime/manifest.py.
   const json& source = data.contains("source") ? data.at("source") : json();
+  json runtime_settings = {{"cuda_graphs", m.cuda_graphs}, {"tf32", m.tf32}};
+  if (m.cudnn_benchmark) runtime_settings["cudnn_benchmark"] = true;  // absent when off, as in Python
   m.contract = json{{"signature", data.at("signature")},
                     {"source_sha256", source.is_object() && source.contains("sha256") ? source.at("sha256") : json()},
                     {"mode", m.mode},
                     {"precision", m.precision},
                     {"device", m.device_type},
-                    {"runtime", {{"cuda_graphs", m.cuda_graphs}, {"tf32", m.tf32}}}}
+                    {"runtime", runtime_settings}}
                    .dump();
   Fields files = f.object("files");
   for (const auto& [rel, digest] : files.data().items()) {

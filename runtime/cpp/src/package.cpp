@@ -78,6 +78,23 @@ std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& ma
   return state;
 }
 
+// cuDNN's algorithm benchmarking on for the duration of the call of a package built with
+// --cudnn-benchmark (only that flag: TF32 stays as the precision says).
+class CudnnBenchmarkScope {
+ public:
+  explicit CudnnBenchmarkScope(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    before_ = at::globalContext().benchmarkCuDNN();
+    at::globalContext().setBenchmarkCuDNN(true);
+  }
+  ~CudnnBenchmarkScope() {
+    if (enabled_) at::globalContext().setBenchmarkCuDNN(before_);
+  }
+
+ private:
+  bool enabled_, before_ = false;
+};
+
 // TF32 on for the duration of a tf32 package's call, the caller's settings put back after.
 class Tf32Scope {
  public:
@@ -329,6 +346,7 @@ std::string Package::model_for(const std::vector<at::Tensor>& inputs) const {
 
 std::vector<at::Tensor> Package::call_flat(std::vector<at::Tensor>& flat) {
   Tf32Scope tf32(manifest_.tf32);
+  CudnnBenchmarkScope cudnn(manifest_.cudnn_benchmark);
   if (graphs_) return graphs_->run(flat);
   return loader_->run(flat);
 }

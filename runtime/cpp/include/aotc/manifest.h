@@ -58,6 +58,7 @@ struct Manifest {
   std::string device_type;                                // "cpu" or "cuda"
   std::string gpu_name, compute_capability;               // cuda packages
   bool cuda_graphs = false, tf32 = false;                 // runtime settings
+  bool cudnn_benchmark = false;  // cuDNN times its convolution algorithms (aotc build --cudnn-benchmark)
   bool finished = true;                                   // false: numeric_check pending (a build that never ended)
   Signature signature;
   std::vector<std::pair<std::string, std::string>> files;  // relative path -> sha256, in file order
