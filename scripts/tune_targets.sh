@@ -6,7 +6,7 @@
 #                                             reduce-overhead (each size compiled for itself), and the GPU
 #                                             kernels of the package against torch.compile's
 # MODEL: densenet121 | resnet50 | bert_base. Work in $WORK (default /tmp/tt); results in OUT.
-# $CANDIDATES (default cudnn-benchmark,freezing) and $JOBS (default 4) go to --tune-candidates / --tune-jobs.
+# $CANDIDATES (default freezing) and $JOBS (default 8) go to --tune-candidates / --tune-jobs.
 set -eu
 model=$1 step=$2 out=$3
 work=${WORK:-/tmp/tt}
@@ -23,13 +23,13 @@ case $step in
   build)
     aotc export "${export_args[@]}" -o "$work/$model.pt2" --force
     /usr/bin/time -f "%e s wall" aotc build "$work/$model.pt2" --device cuda --mode reduce-overhead --tune \
-      --tune-candidates "${CANDIDATES:-cudnn-benchmark,freezing}" --tune-jobs "${JOBS:-4}" \
+      --tune-candidates "${CANDIDATES:-freezing}" --tune-jobs "${JOBS:-8}" \
       --specialize B=1,8,16 -o "$pkg" --force 2>&1 | tee "$out/$model-build.txt"
     python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(json.dumps(m['tuning'], indent=1))" \
       "$pkg/manifest.json" > "$out/$model-tuning.json" ;;
   rebuild)  # the same command again: the cache's share of the first build's time
     /usr/bin/time -f "%e s wall" aotc build "$work/$model.pt2" --device cuda --mode reduce-overhead --tune \
-      --tune-candidates "${CANDIDATES:-cudnn-benchmark,freezing}" --tune-jobs "${JOBS:-4}" \
+      --tune-candidates "${CANDIDATES:-freezing}" --tune-jobs "${JOBS:-8}" \
       --specialize B=1,8,16 -o "$pkg-again" --force 2>&1 | tail -3 | tee "$out/$model-rebuild.txt" ;;
   bench)
     aotc bench "$pkg" --batch-sizes 1,8,16 --against compile:default,compile:reduce-overhead \

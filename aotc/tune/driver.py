@@ -60,7 +60,7 @@ def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
                 {
                     "dims": v.sizes,
                     "package": _member_folder(v.sizes) if v.sizes else ".",
-                    "chosen": winners[v.label].candidate.name if winners[v.label] else None,
+                    "chosen": _chosen_name(winners[v.label]),
                     "candidates": [t.to_json() for t in trials if t.variant is v],
                 }
                 for v in variants
@@ -134,7 +134,7 @@ def assemble(
     """The main winner's package, each member's winner inside it, the manifest with both fields."""
     with output_lock(cfg.output), staging_folder(cfg.output) as staging:
         shutil.copytree(main.package, staging, dirs_exist_ok=True)
-        manifest = read_manifest(staging)
+        manifest = with_cudnn_benchmark(read_manifest(staging), main.cudnn_benchmark)
         specializations, dropped = [], []
         for variant, winner in members:
             if winner is None:  # the package builds from the others; the record says why
@@ -147,6 +147,9 @@ def assemble(
                 continue
             folder = _member_folder(variant.sizes)
             shutil.copytree(winner.package, staging / folder)
+            if winner.cudnn_benchmark:
+                member = read_manifest(staging / folder)
+                write_manifest(staging / folder, with_cudnn_benchmark(member, True))
             specializations.append(Specialization(dict(variant.sizes), folder))
         record["dropped"] = dropped
         record["search_seconds"] = round(time.monotonic() - started, 2)
@@ -167,8 +170,23 @@ def assemble(
     return BuildResult(cfg.output, manifest)
 
 
+def with_cudnn_benchmark(manifest, enabled: bool):
+    """The manifest with runtime.cudnn_benchmark on when the search found it faster (not part of
+    the model's embedded contract: it picks among cuDNN's algorithms for the same convolutions)."""
+    if not enabled or manifest.runtime.cudnn_benchmark:
+        return manifest
+    runtime = dataclasses.replace(manifest.runtime, cudnn_benchmark=True)
+    return dataclasses.replace(manifest, runtime=runtime)
+
+
 def _member_folder(sizes: dict) -> str:
     return f"{MEMBERS_DIR}/" + "_".join(f"{name}-{size}" for name, size in sizes.items())
+
+
+def _chosen_name(trial: Trial | None) -> str | None:
+    if trial is None:
+        return None
+    return trial.candidate.name + (" + cudnn-benchmark" if trial.cudnn_benchmark else "")
 
 
 def _failure(trials: list[Trial], variant: Variant) -> AotcError:

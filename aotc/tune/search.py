@@ -53,6 +53,9 @@ class Trial:
     cached: bool = False
     package: Path | None = None
     latency: dict = field(default_factory=dict)
+    # CUDA: timed again with cuDNN's algorithm benchmarking on; kept on when that is faster
+    cudnn_benchmark: bool = False
+    latency_cudnn_off: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         record = {
@@ -68,6 +71,11 @@ class Trial:
                 median_ms=round(self.latency["median_ms"], 4),
                 p90_ms=round(self.latency["p90_ms"], 4),
                 calls=self.latency["n"],
+            )
+        if self.latency_cudnn_off:
+            record.update(
+                cudnn_benchmark=self.cudnn_benchmark,
+                median_ms_cudnn_benchmark_off=round(self.latency_cudnn_off["median_ms"], 4),
             )
         return record
 
@@ -197,17 +205,59 @@ def time_variant(trials: list[Trial], device: str, cache: TuneCache, progress) -
     known = cache.read_search(search_key)
     if known and all(t.cached for t in passing) and set(known) >= {t.key for t in passing}:
         for trial in passing:
-            trial.latency = known[trial.key]
+            _take(trial, known[trial.key])
         return True
     progress.note(f"tune: timing {len(passing)} candidate(s) for {passing[0].variant.label}")
-    for trial, latency in zip(passing, measure(passing, device)):
-        trial.latency = latency
-    cache.write_search(search_key, {t.key: t.latency for t in passing})
+    for trial, timed in zip(passing, measure(passing, device)):
+        _take(trial, timed)
+    cache.write_search(search_key, {t.key: measured(t) for t in passing})
     return False
 
 
+def measured(trial: Trial) -> dict:
+    return (
+        {"on": trial.latency, "off": trial.latency_cudnn_off}
+        if trial.latency_cudnn_off
+        else {"off": trial.latency}
+    )
+
+
+def _take(trial: Trial, timed: dict) -> None:
+    """Keep cuDNN benchmarking on only where it made the median lower."""
+    off, on = timed["off"], timed.get("on")
+    if on is None:
+        trial.latency = off
+        return
+    trial.latency_cudnn_off = off
+    trial.cudnn_benchmark = on["median_ms"] < off["median_ms"]
+    trial.latency = on if trial.cudnn_benchmark else off
+
+
+def uses_cudnn(trial: Trial, device_type: str) -> bool:
+    """Whether the trial is worth timing with cuDNN benchmarking too: an AOTInductor CUDA model
+    that calls cuDNN (convolutions; a model without them would time the same twice)."""
+    if device_type != "cuda" or trial.candidate.backend != "aotinductor":
+        return False
+    return any(
+        b"cudnn" in line or b"convolution" in line
+        for line in _wrapper_lines(trial.package / "model.pt2")
+    )
+
+
+def _wrapper_lines(archive: Path):
+    import zipfile
+
+    with zipfile.ZipFile(archive) as zf:
+        for name in zf.namelist():
+            if name.endswith(".cpp") or name.endswith(".wrapper.cpp"):
+                yield from zf.read(name).splitlines()
+
+
 def measure(trials: list[Trial], device_type: str) -> list[dict]:
-    """Interleaved timed calls of the trials' packages on the variant's example inputs."""
+    """Interleaved timed calls of the trials' packages on the variant's example inputs; on CUDA,
+    a model with convolutions is also loaded and timed with cuDNN benchmarking on (a separate
+    load: a CUDA graph keeps the algorithms chosen when it was captured), after checking that
+    its outputs agree with the model's own within the build's tolerance."""
     import torch
 
     import aotc_runtime
@@ -217,10 +267,17 @@ def measure(trials: list[Trial], device_type: str) -> list[dict]:
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     signature = trials[0].variant.signature
     inputs = signature.random_inputs(seed=0, device=device)
-    contenders = [
-        Contender(t.candidate.name, "package", None, call=aotc_runtime.load(t.package))
-        for t in trials
-    ]
+    contenders, both = [], []
+    for trial in trials:
+        package = aotc_runtime.load(trial.package)
+        contenders.append(Contender(trial.candidate.name, "package", None, call=package))
+        if uses_cudnn(trial, device_type):
+            benchmarked = aotc_runtime.load(trial.package)
+            benchmarked.use_cudnn_benchmark(True)
+            if _agree(package, benchmarked, inputs):
+                name = f"{trial.candidate.name}+cudnn"
+                contenders.append(Contender(name, "package", None, call=benchmarked))
+                both.append(trial.candidate.name)
     with torch.inference_mode():
         estimates = []
         for contender in contenders:
@@ -230,7 +287,30 @@ def measure(trials: list[Trial], device_type: str) -> list[dict]:
         calls = int(TIMED_SECONDS * 1e3 / max(estimates))
         calls = max(MIN_CALLS, min(MAX_CALLS, calls))
         samples = interleaved(contenders, inputs, calls, ROUNDS, device, ProgressBar(False), "tune")
-    return [aotc_runtime.summarize(samples[c.name]) for c in contenders]
+    results = []
+    for trial in trials:
+        name = trial.candidate.name
+        timed = {"off": aotc_runtime.summarize(samples[name])}
+        if name in both:
+            timed["on"] = aotc_runtime.summarize(samples[f"{name}+cudnn"])
+        results.append(timed)
+    return results
+
+
+def _agree(package, benchmarked, inputs) -> bool:
+    """The two loads' outputs within the tolerance the package's numeric check used."""
+    import torch
+
+    from aotc_runtime import flatten_outputs
+
+    check = package.manifest.numeric_check
+    with torch.inference_mode():
+        ours = flatten_outputs(package(*inputs))
+        theirs = [t.clone() for t in flatten_outputs(benchmarked(*inputs))]
+    return all(
+        torch.allclose(a.float(), b.float(), atol=out.atol, rtol=out.rtol)
+        for a, b, out in zip(ours, theirs, check.outputs)
+    )
 
 
 def choose(trials: list[Trial]) -> Trial | None:

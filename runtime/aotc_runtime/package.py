@@ -159,6 +159,12 @@ class Package:
                 return member
         return self
 
+    def use_cudnn_benchmark(self, enabled: bool) -> None:
+        """Time cuDNN's convolution algorithms at the first call per shape (as the manifest's
+        runtime.cudnn_benchmark does), whatever the manifest says: `aotc build --tune` times a
+        model both ways before it records the faster. Call it before the first call."""
+        self._cudnn_benchmark = enabled and self.device.type == "cuda"
+
     def add_specialization(self, label: str, dims: dict, member: Package) -> None:
         """Dispatch calls whose inputs have these dim sizes to `member` (load() does this)."""
         where = [self.signature.dim_location(name) for name in dims]

@@ -330,8 +330,8 @@ Manifest read_fields(const json& data) {
   }
   // The same fields, in the same shape, as model_contract in aotc_runtime/manifest.py.
   const json& source = data.contains("source") ? data.at("source") : json();
+  // cudnn_benchmark is not part of it: it picks among cuDNN's algorithms for the same convolutions
   json runtime_settings = {{"cuda_graphs", m.cuda_graphs}, {"tf32", m.tf32}};
-  if (m.cudnn_benchmark) runtime_settings["cudnn_benchmark"] = true;  // absent when off, as in Python
   m.contract = json{{"signature", data.at("signature")},
                     {"source_sha256", source.is_object() && source.contains("sha256") ? source.at("sha256") : json()},
                     {"mode", m.mode},
