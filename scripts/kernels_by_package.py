@@ -93,7 +93,7 @@ def compiled_artifact(package, mode: str):
     from aotc.bench.harness import place_baseline
 
     ep = place_baseline(Path(package.manifest.source.artifact), package.manifest, package.device)
-    return torch.compile(ep.module(), mode=mode)
+    return torch.compile(ep.module(), mode=mode, dynamic=False)  # one compile per size, as bench
 
 
 def main() -> None:

@@ -281,17 +281,17 @@ def test_tuned_specialized_cuda_package(gpu_workdir, monkeypatch):
     )
     folder = build_once(
         gpu_workdir, artifact, "cnn_tuned", "--mode", "reduce-overhead", "--tune",
-        "--tune-candidates", "cudnn-benchmark,freezing", "--specialize", "B=1,8", "--tune-jobs", "3",
+        "--tune-candidates", "freezing", "--specialize", "B=1,8", "--tune-jobs", "6",
     )  # fmt: skip
     tuning = json.loads((folder / "manifest.json").read_text())["tuning"]
     assert tuning["dropped"] == []
     for variant in tuning["variants"]:
-        assert [c["name"] for c in variant["candidates"]] == [
-            "inductor",
-            "cudnn-benchmark",
-            "freezing",
-        ]
-        assert variant["chosen"] in {"inductor", "cudnn-benchmark", "freezing"}
+        assert [c["name"] for c in variant["candidates"]] == ["inductor", "freezing"]
+        # a model with convolutions is timed both ways; the manifest says which was kept
+        assert all("cudnn_benchmark" in c for c in variant["candidates"])
+        chosen = next(c for c in variant["candidates"] if c["status"] == "chosen")
+        member = json.loads((folder / variant["package"] / "manifest.json").read_text())
+        assert member["runtime"].get("cudnn_benchmark", False) == chosen["cudnn_benchmark"]
     package = aotc_runtime.load(folder)
     model = eager_model("cnn_bn").cuda()
     torch.backends.cudnn.benchmark = False

@@ -71,7 +71,10 @@ def test_the_manifest_records_the_search(tuned):
         chosen = next(c for c in candidates if c["status"] == "chosen")
         assert variant["chosen"] == chosen["name"]
         assert all(c["median_ms"] > 0 and c["build_seconds"] > 0 for c in candidates)
-        assert all(c["median_ms"] >= chosen["median_ms"] for c in candidates)
+        # no candidate is more than MIN_GAIN faster than the one kept (ties keep the earlier)
+        assert all(
+            c["median_ms"] >= chosen["median_ms"] * (1 - search.MIN_GAIN) for c in candidates
+        )
         # the member's package is the winner's build, with its own passed numeric check
         member = manifest(tuned / variant["package"])
         assert member["backend"] == chosen["backend"] and member["numeric_check"]["passed"]

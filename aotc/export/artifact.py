@@ -115,6 +115,22 @@ def code_entries(path: Path) -> list:
     return found
 
 
+def read_artifact_meta(path: Path) -> ArtifactMeta:
+    """Only the metadata (the signature) of an artifact, without deserializing its program: for
+    callers that hand the file to a build which loads it fully (seconds for a large model)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith(f"/extra/{ARTIFACT_META}"))
+            meta = ArtifactMeta.from_json(json.loads(archive.read(name)))
+    except (OSError, zipfile.BadZipFile, StopIteration, ValueError, RecursionError):
+        meta = None
+    if meta is None:  # the full load names what is wrong with the file
+        return load_artifact(path)[1]
+    return meta
+
+
 def load_artifact(path: Path):
     """(ExportedProgram, ArtifactMeta) or a UserInputError that says this is not an aotc export artifact.
 

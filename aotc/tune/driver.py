@@ -73,9 +73,9 @@ def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
 
 def make_variants(cfg: BuildConfig, cache: TuneCache, base: dict, progress) -> list[Variant]:
     """The dynamic model, then one static artifact per --specialize size (kept in the cache)."""
-    from aotc.export.artifact import load_artifact
+    from aotc.export.artifact import read_artifact_meta
 
-    _ep, meta = load_artifact(cfg.artifact)
+    meta = read_artifact_meta(cfg.artifact)
     signature = Signature.from_json(meta.signature)
     variants = [Variant("dynamic" if signature.dims else "static", cfg.artifact, {}, signature)]
     if not cfg.specialize:
@@ -89,7 +89,7 @@ def make_variants(cfg: BuildConfig, cache: TuneCache, base: dict, progress) -> l
             progress.note(f"specializing the artifact at {name}={size}")
             path.parent.mkdir(parents=True, exist_ok=True)
             specialized_artifact(cfg.artifact, dims, path)
-        member = Signature.from_json(load_artifact(path)[1].signature)
+        member = Signature.from_json(read_artifact_meta(path).signature)
         variants.append(Variant(f"{name}={size}", path, dims, member))
     return variants
 
