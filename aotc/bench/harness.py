@@ -222,6 +222,7 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
             "precision": manifest.precision,
             "build_seconds": manifest.build_seconds,
             "size_bytes": manifest.size_bytes,
+            "backend": manifest.backend,
             "tuning": tuning_summary(manifest),
         },
         "artifact": str(artifact) if artifact else None,
@@ -252,7 +253,8 @@ def tuning_summary(manifest: Manifest) -> str | None:
     if not manifest.tuning:
         return None
     return "; ".join(
-        f"{','.join(f'{k}={v}' for k, v in variant['dims'].items()) or 'dynamic'}: {variant['chosen']}"
+        f"{variant.get('label') or ','.join(f'{k}={v}' for k, v in variant['dims'].items())}: "
+        f"{variant['chosen']}"
         for variant in manifest.tuning.get("variants", [])
     )
 

@@ -51,7 +51,7 @@ def format_table(report: dict) -> str:
         f"machine  {describe_machine(report)}",
         f"timing   {s['timer']}; per contender and batch size: first call, {s['warmup']} warm-up, "
         f"{s['iters']} timed calls in {s['rounds']} interleaved rounds",
-        f"build    {pkg['build_seconds']:.1f} s once, ahead of time (AOTInductor){size}"
+        f"build    {pkg['build_seconds']:.1f} s once, ahead of time ({pkg.get('backend', 'aotinductor')}){size}"
         if pkg.get("build_seconds") is not None
         else "build    -",
         *tuned,

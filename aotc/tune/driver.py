@@ -58,6 +58,7 @@ def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
             "timings_from_cache": measured_from_cache,
             "variants": [
                 {
+                    "label": v.label,
                     "dims": v.sizes,
                     "package": _member_folder(v.sizes) if v.sizes else ".",
                     "chosen": _chosen_name(winners[v.label]),
