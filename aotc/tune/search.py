@@ -13,6 +13,7 @@ in rotating order, medians compared.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,9 +126,12 @@ def build_command(cfg: BuildConfig, trial: Trial, output: Path) -> list[str]:
     return command
 
 
-def run_build(command: list[str], timeout: float | None) -> tuple[int | None, str]:
+def run_build(
+    command: list[str], timeout: float | None, running: set | None = None
+) -> tuple[int | None, str]:
     """(exit code or None if cut off, its last stderr line). The child leads its own process group,
-    so cutting it off stops its compile workers too."""
+    so cutting it off stops its compile workers too; `running` holds it while it runs, so the
+    search can stop every build at once (Ctrl-C)."""
     child = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -136,25 +140,35 @@ def run_build(command: list[str], timeout: float | None) -> tuple[int | None, st
         start_new_session=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
+    if running is not None:
+        running.add(child)
     try:
         _out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
+        stop(child)
         return None, ""
-    except BaseException:  # Ctrl-C: take the build down with us
-        os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
+    except BaseException:
+        stop(child)
         raise
+    finally:
+        if running is not None:
+            running.discard(child)
     lines = [line.strip() for line in err.splitlines() if line.strip()]
     return child.returncode, lines[-1] if lines else ""
+
+
+def stop(child: subprocess.Popen) -> None:
+    """Kill a build and its compile workers, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.communicate()
 
 
 def build_trials(
     trials: list[Trial], cfg: BuildConfig, cache: TuneCache, deadline: float | None, progress
 ) -> None:
     """Build (or find in the cache) every trial, in order, `cfg.tune_jobs` at a time."""
-    started = [0]
+    running: set = set()
 
     def build_one(index: int, trial: Trial) -> None:
         record = cache.read_build(trial.key)
@@ -170,14 +184,13 @@ def build_trials(
         if remaining is not None and remaining <= 0:
             trial.status, trial.reason = "not tried", "the tuning budget was spent"
             return
-        started[0] += 1
         progress.note(
             f"tune: building {trial.candidate.name} for {trial.variant.label} "
             f"({index + 1}/{len(trials)})"
         )
         cache.forget_build(trial.key)
         begin = time.monotonic()
-        code, last_line = run_build(build_command(cfg, trial, folder), remaining)
+        code, last_line = run_build(build_command(cfg, trial, folder), remaining, running)
         trial.build_seconds = round(time.monotonic() - begin, 2)
         if code is None:
             trial.status = "cut off"
@@ -196,9 +209,22 @@ def build_trials(
             {"status": trial.status, "reason": trial.reason, "build_seconds": trial.build_seconds},
         )
 
-    with ThreadPoolExecutor(max_workers=cfg.tune_jobs) as pool:
-        for future in [pool.submit(build_one, i, t) for i, t in enumerate(trials)]:
+    pool = ThreadPoolExecutor(max_workers=cfg.tune_jobs)
+    futures = [pool.submit(build_one, i, t) for i, t in enumerate(trials)]
+    try:
+        for future in futures:
             future.result()
+    except BaseException:
+        # Ctrl-C (or a failure) lands here, in the main thread: the builds running in the worker
+        # threads are stopped, not waited for, and the builds not started never start.
+        for future in futures:
+            future.cancel()
+        for child in list(running):  # killed here, reaped by its own thread
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def time_variant(trials: list[Trial], device: str, cache: TuneCache, progress) -> bool:
