@@ -162,8 +162,42 @@ class _Verification:
         return (
             f"re-run against {artifact.name} on {len(check.cases)} case(s): worst max abs {worst['max_abs']:.3g} "
             f"({worst['name']}; the build recorded {_figure(worst['recorded_max_abs'])}), within atol "
-            f"{check.atol:g} rtol {check.rtol:g}"
+            f"{check.atol:g} rtol {check.rtol:g}{self._members_numeric(manifest)}"
         )
+
+    def _members_numeric(self, manifest: Manifest) -> str:
+        """Each --specialize member's check, re-run against the static artifact it was built from
+        (kept in the tune cache); a member whose artifact is gone is said, not failed."""
+        from aotc_runtime import read_manifest, sha256_file
+
+        rerun, gone = [], []
+        for spec in manifest.specializations:
+            folder = self.package / spec.package
+            member = read_manifest(folder)
+            source = Path(member.source.artifact) if member.source else None
+            if (
+                source is None
+                or not source.is_file()
+                or sha256_file(source) != member.source.sha256
+            ):
+                gone.append(spec.label)
+                continue
+            check = rerun_numeric_check(folder, member, source)
+            outputs = compare_with_build(check, member.numeric_check)
+            self.numeric.setdefault("members", {})[spec.label] = outputs
+            if not check.passed:
+                raise NumericMismatchError(
+                    f"member {spec.package} ({spec.label}): "
+                    + _mismatch_message(outputs, member.numeric_check.passed)
+                )
+            rerun.append(spec.label)
+        said = f"; members {', '.join(rerun)} re-run too" if rerun else ""
+        if gone:
+            said += (
+                f"; not re-run: {', '.join(gone)} (the static artifact each was built from is no "
+                "longer in the tune cache)"
+            )
+        return said
 
     def _artifact(self, manifest: Manifest) -> Path:
         from aotc_runtime import sha256_file

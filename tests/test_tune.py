@@ -60,6 +60,15 @@ def test_every_model_of_the_package_answers_as_eager_does(tuned):
             torch.testing.assert_close(package(x), model(x), atol=1e-4, rtol=1e-4)
 
 
+def test_verify_reruns_every_members_check(tuned):
+    result = invoke("verify", tuned, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert sorted(report["numeric_check"]["members"]) == ["B=1", "B=8"]
+    numeric = next(c for c in report["checks"] if c["name"] == "numeric")
+    assert "members B=1, B=8 re-run too" in numeric["detail"]
+
+
 def test_the_manifest_records_the_search(tuned):
     tuning = manifest(tuned)["tuning"]
     assert tuning["tuned"] and not tuning["cut_by_budget"] and tuning["dropped"] == []

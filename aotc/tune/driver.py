@@ -34,7 +34,7 @@ def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
         # Without --tune nothing is kept between runs: the builds go to a scratch folder.
         cache = TuneCache(cache_root() / "tune" if cfg.tune else Path(scratch))
         base = {"artifact": sha256_file(cfg.artifact), **machine_versions(cfg.device)}
-        variants = make_variants(cfg, cache, base, progress)
+        variants = make_variants(cfg, base, progress)
         trials = make_trials(cfg, variants, base)
         runnable = [t for t in trials if t.status == "pending"]
         build_trials(runnable, cfg, cache, deadline, progress)
@@ -72,7 +72,7 @@ def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
     return result
 
 
-def make_variants(cfg: BuildConfig, cache: TuneCache, base: dict, progress) -> list[Variant]:
+def make_variants(cfg: BuildConfig, base: dict, progress) -> list[Variant]:
     """The dynamic model, then one static artifact per --specialize size (kept in the cache)."""
     from aotc.export.artifact import read_artifact_meta
 
@@ -85,7 +85,8 @@ def make_variants(cfg: BuildConfig, cache: TuneCache, base: dict, progress) -> l
     check_specialize(meta.signature, name, sizes)
     for size in sizes:
         dims = {name: size}
-        path = cache.root / "artifacts" / f"{key_of({**base, 'sizes': dims})}.pt2"
+        # kept in the cache even without --tune: `aotc verify` re-runs a member's check against it
+        path = cache_root() / "tune" / "artifacts" / f"{key_of({**base, 'sizes': dims})}.pt2"
         if not path.is_file():
             progress.note(f"specializing the artifact at {name}={size}")
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -364,7 +364,7 @@ class Manifest:
 
 
 def _check_specializations(
-    fields: Fields, specializations: list, signature: Signature, files: dict
+    fields: Fields, specializations: tuple, signature: Signature, files: dict
 ) -> None:
     """Each member names dims the signature has, at sizes inside their ranges, and a folder whose
     manifest the package's `files` lists (so the package's hashes cover the member too)."""
