@@ -19,18 +19,20 @@ case $model in
   *) echo "unknown model $model" >&2; exit 2 ;;
 esac
 pkg=$work/$model-tuned
+# the tuned, specialized build into $1, timed (the same command for the first run and the rerun)
+tuned_build() {
+  /usr/bin/time -f "%e s wall" aotc build "$work/$model.pt2" --device cuda --mode reduce-overhead --tune \
+    --tune-candidates "${CANDIDATES:-freezing}" --tune-jobs "${JOBS:-8}" \
+    --specialize B=1,8,16 -o "$1" --force
+}
 case $step in
   build)
     aotc export "${export_args[@]}" -o "$work/$model.pt2" --force
-    /usr/bin/time -f "%e s wall" aotc build "$work/$model.pt2" --device cuda --mode reduce-overhead --tune \
-      --tune-candidates "${CANDIDATES:-freezing}" --tune-jobs "${JOBS:-8}" \
-      --specialize B=1,8,16 -o "$pkg" --force 2>&1 | tee "$out/$model-build.txt"
+    tuned_build "$pkg" 2>&1 | tee "$out/$model-build.txt"
     python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(json.dumps(m['tuning'], indent=1))" \
       "$pkg/manifest.json" > "$out/$model-tuning.json" ;;
   rebuild)  # the same command again: the cache's share of the first build's time
-    /usr/bin/time -f "%e s wall" aotc build "$work/$model.pt2" --device cuda --mode reduce-overhead --tune \
-      --tune-candidates "${CANDIDATES:-freezing}" --tune-jobs "${JOBS:-8}" \
-      --specialize B=1,8,16 -o "$pkg-again" --force 2>&1 | tail -3 | tee "$out/$model-rebuild.txt" ;;
+    tuned_build "$pkg-again" 2>&1 | tail -3 | tee "$out/$model-rebuild.txt" ;;
   bench)
     aotc bench "$pkg" --batch-sizes 1,8,16 --against compile:default,compile:reduce-overhead \
       --no-cold-start --iters 200 --rounds 10 --json "$out/$model-bench.json" 2>&1 | tee "$out/$model-bench.txt" ;;

@@ -540,14 +540,21 @@ def table_row(r: dict, cuda: bool) -> list:
     return row
 
 
+def failed_steps(r: dict) -> list:
+    """(name, step) of each step of one model's record that ran and did not pass."""
+    return [
+        (name, r[name])
+        for name in ("export", "build", "run")
+        if r[name] and r[name]["status"] != "ok"
+    ]
+
+
 def failures(records: list) -> list:
     lines = []
     for r in records:
-        for name in ("export", "build", "run"):
-            step = r[name]
-            if step and step["status"] != "ok":
-                expected = f" (expected: {r['expected_failure']})" if r["expected_failure"] else ""
-                lines.append(f"- **{r['model']}** ({name}){expected}: `{step['error']}`")
+        expected = f" (expected: {r['expected_failure']})" if r["expected_failure"] else ""
+        for name, step in failed_steps(r):
+            lines.append(f"- **{r['model']}** ({name}){expected}: `{step['error']}`")
         if r["run"] and r["run"].get("compile_error"):
             lines.append(
                 f"- **{r['model']}** (torch.compile reduce-overhead, baseline only): `{r['run']['compile_error']}`"
@@ -582,13 +589,9 @@ def onnx_table_row(r: dict) -> list:
 def onnx_failures(records: list) -> list:
     lines = []
     for r in records:
-        for name in ("export", "build", "run"):
-            step = r[name]
-            if step and step["status"] != "ok":
-                label = (
-                    ONNX_STEPS[step.get("failed_step") or "convert"] if name == "build" else name
-                )
-                lines.append(f"- **{r['model']}** ({label}): `{step['error']}`")
+        for name, step in failed_steps(r):
+            label = ONNX_STEPS[step.get("failed_step") or "convert"] if name == "build" else name
+            lines.append(f"- **{r['model']}** ({label}): `{step['error']}`")
     return lines or ["- none"]
 
 

@@ -253,8 +253,7 @@ def tuning_summary(manifest: Manifest) -> str | None:
     if not manifest.tuning:
         return None
     return "; ".join(
-        f"{variant.get('label') or ','.join(f'{k}={v}' for k, v in variant['dims'].items())}: "
-        f"{variant['chosen']}"
+        f"{variant.get('label', '')}: {variant['chosen']}"
         for variant in manifest.tuning.get("variants", [])
     )
 

@@ -49,7 +49,7 @@ def new_manifest(
         device = dataclasses.replace(
             device, gpu_name=gpu["gpu_name"], compute_capability=gpu["compute_capability"]
         )
-        build_tools["triton"] = _triton_version()
+        build_tools["triton"] = triton_version()
     preset = preset_runtime(cfg.mode)
     varies = {
         "fields": ["created", "build_seconds", "build_phases", HASH_FIELD],
@@ -81,7 +81,7 @@ def new_manifest(
     )
 
 
-def _triton_version() -> str | None:
+def triton_version() -> str | None:
     try:
         import triton
 

@@ -219,7 +219,7 @@ def tuning_table(tuning: dict) -> str:
         + (", cut short by --tune-budget" if tuning["cut_by_budget"] else "")
     ]
     for variant in tuning["variants"]:
-        label = variant.get("label") or ",".join(f"{k}={v}" for k, v in variant["dims"].items())
+        label = variant.get("label", "")
         for c in variant["candidates"]:
             median = f"{c['median_ms']:.3f} ms" if c.get("median_ms") is not None else "-"
             built = f"{c['build_seconds']:.0f}s" if c.get("build_seconds") is not None else "-"

@@ -35,24 +35,20 @@ def key_of(data: dict) -> str:
 
 
 def machine_versions(device: str) -> dict:
-    """The versions and hardware a build's bytes and speed depend on."""
-    import platform
-
+    """The versions and hardware a build's bytes and speed depend on: what a package records of
+    the machine it is built on (aotc/build/manifest.py), and the CPU's features or the GPU."""
     import torch
 
     from aotc import __version__
+    from aotc.build.manifest import triton_version
+    from aotc_runtime import running_environment
 
-    versions = {"aotc": __version__, "torch": torch.__version__, "machine": platform.machine()}
+    versions = {"aotc": __version__, **running_environment()}
     if device == "cuda":
         from aotc_runtime import gpu_description
 
         versions["gpu"] = gpu_description(torch.cuda.current_device())
-        try:
-            import triton
-
-            versions["triton"] = triton.__version__
-        except ImportError:
-            pass
+        versions["triton"] = triton_version()
     else:
         from aotc_runtime import cpu_features
 

@@ -17,13 +17,9 @@ class Candidate:
     backend: str = "aotinductor"
     options: dict = field(default_factory=dict)  # Inductor options over the mode's preset
     why: str = ""
-    cudnn_benchmark: bool = False  # the runtime setting (aotc build --cudnn-benchmark)
 
     def to_json(self) -> dict:
-        data = {"name": self.name, "backend": self.backend, "options": dict(self.options)}
-        if self.cudnn_benchmark:
-            data["cudnn_benchmark"] = True
-        return data
+        return {"name": self.name, "backend": self.backend, "options": dict(self.options)}
 
 
 def select(candidates: list[Candidate], names: tuple, device: str) -> list[Candidate]:
@@ -52,16 +48,13 @@ def load_candidates(device: str) -> list[Candidate]:
     reject_unknown(data, {"candidates"}, f"tuning file {path}")
     found = []
     for item in data.get("candidates") or []:
-        reject_unknown(
-            item, {"name", "backend", "options", "why", "cudnn_benchmark"}, f"a candidate in {path}"
-        )
+        reject_unknown(item, {"name", "backend", "options", "why"}, f"a candidate in {path}")
         found.append(
             Candidate(
                 str(item["name"]),
                 str(item.get("backend", "aotinductor")),
                 dict(item.get("options") or {}),
                 " ".join(str(item.get("why", "")).split()),
-                bool(item.get("cudnn_benchmark", False)),
             )
         )
     if not found or found[0].name != BASELINE:

@@ -110,11 +110,7 @@ def make_trials(cfg: BuildConfig, variants: list[Variant], base: dict) -> list[T
     for candidate in candidates:
         # the user's --option is part of every candidate, over the candidate's own
         options = {**candidate.options, **cfg.options} if candidate.backend == "aotinductor" else {}
-        identity = (
-            candidate.backend,
-            candidate.cudnn_benchmark,
-            tuple(sorted(options.items(), key=str)),
-        )
+        identity = (candidate.backend, tuple(sorted(options.items(), key=str)))
         duplicate = identity in seen
         seen.add(identity)
         skipped = skip_reason(candidate, cfg)

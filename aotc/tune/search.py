@@ -95,7 +95,7 @@ def trial_key(
             "sizes": variant.sizes,
             "backend": candidate.backend,
             "options": options,
-            "cudnn_benchmark": candidate.cudnn_benchmark or cfg.cudnn_benchmark,
+            "cudnn_benchmark": cfg.cudnn_benchmark,
             "mode": cfg.mode.value,
             "precision": cfg.precision.value,
             "device": cfg.device,
@@ -121,7 +121,7 @@ def build_command(cfg: BuildConfig, trial: Trial, output: Path) -> list[str]:
             command += [flag, repr(value)]
     if not cfg.bsymbolic:
         command.append("--no-bsymbolic")
-    if trial.candidate.cudnn_benchmark or cfg.cudnn_benchmark:
+    if cfg.cudnn_benchmark:
         command.append("--cudnn-benchmark")
     return command
 
@@ -302,7 +302,8 @@ def measure(trials: list[Trial], device_type: str) -> list[dict]:
     for trial in trials:
         package = aotc_runtime.load(trial.package)
         contenders.append(Contender(trial.candidate.name, "package", None, call=package))
-        if uses_cudnn(trial, device_type):
+        # (a package already built with --cudnn-benchmark has nothing to compare it with)
+        if uses_cudnn(trial, device_type) and not package.manifest.runtime.cudnn_benchmark:
             benchmarked = aotc_runtime.load(trial.package)
             benchmarked.use_cudnn_benchmark(True)
             if _agree(package, benchmarked, inputs):
