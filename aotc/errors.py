@@ -52,6 +52,12 @@ class NumericMismatchError(AotcError):
     exit_code = 6
 
 
+class ServeError(AotcError):
+    """`aotc serve` could not start: Ray would not start or join its cluster, or no replica came up."""
+
+    exit_code = 9
+
+
 class InternalError(AotcError):
     """A bug in aotc itself; the message asks for --verbose and a report."""
 
@@ -71,6 +77,7 @@ EXIT_CODES = (
     (6, "numeric check failed: package output differs from eager beyond tolerance"),
     (7, "package refused: not a package, damaged, or built for another torch/GPU"),
     (8, "run-time inputs do not match the package signature"),
+    (9, "aotc serve could not start: Ray, its cluster, or no replica answered"),
     (130, "interrupted (Ctrl-C or SIGTERM); nothing half-written is left"),
 )
 
@@ -87,4 +94,5 @@ __all__ = [
     "InputMismatchError",
     "EXIT_CODES",
     "INTERRUPTED_EXIT_CODE",
+    "ServeError",
 ]

@@ -18,6 +18,7 @@ from aotc.cli.explain import explain
 from aotc.cli.export import export
 from aotc.cli.keys import keygen, sign
 from aotc.cli.run import run
+from aotc.cli.serve import serve
 from aotc.cli.types import exit_codes_epilog
 from aotc.cli.verify import verify
 from aotc.errors import INTERRUPTED_EXIT_CODE, AotcError, AotcRuntimeError, DiskFullError
@@ -61,7 +62,7 @@ def cli(verbose):
         os.environ.pop(VERBOSE_ENV, None)
 
 
-for command in (export, build, run, bench, explain, bundle, keygen, sign, verify):
+for command in (export, build, run, serve, bench, explain, bundle, keygen, sign, verify):
     cli.add_command(command)
 
 

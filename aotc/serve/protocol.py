@@ -39,6 +39,15 @@ class RequestError(Exception):
         self.status = status
 
 
+def body_too_large(size: int | str, max_bytes: int) -> RequestError:
+    """413 for a body of `size` bytes (a number, or "more than N" while it is still arriving)."""
+    return RequestError(
+        413,
+        f"request body is {size} bytes, above this server's limit of {max_bytes}; send smaller "
+        "batches (or start the server with a larger --max-body-mb)",
+    )
+
+
 def media_type(content_type: str | None) -> str:
     """'application/json; charset=utf-8' -> 'application/json'; none given -> JSON."""
     kind = (content_type or "").split(";")[0].strip().lower()
@@ -55,11 +64,7 @@ def decode_request(
     from aotc_runtime import InputMismatchError
 
     if len(body) > max_bytes:
-        raise RequestError(
-            413,
-            f"request body is {len(body)} bytes, above this server's limit of {max_bytes}; send "
-            "smaller batches (or start the server with a larger --max-body-mb)",
-        )
+        raise body_too_large(len(body), max_bytes)
     if not body:
         raise RequestError(
             400, 'empty request body; send {"inputs": {...}} as JSON, or .npz bytes with '

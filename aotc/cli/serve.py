@@ -1,0 +1,157 @@
+"""`aotc serve`: a package behind HTTP on Ray Serve, with dynamic batching (aotc/serve/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from aotc.cli.types import exit_codes_epilog
+
+
+@click.command(epilog=exit_codes_epilog())
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Model replicas (each loads the package); Ray places them on the cluster's machines.",
+)
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(min=1),
+    help="Most rows one model call takes after dynamic batching; 1 turns batching off. "
+    "Default: the package's largest specialized size, else 16 (within the package's range).",
+)
+@click.option(
+    "--batch-wait-ms",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="How long a request waits for others to share its call.",
+)
+@click.option(
+    "--address",
+    help="A Ray cluster to deploy on (ray://head:10001, or auto); default: Ray on this machine.",
+)
+@click.option(
+    "--gpus-per-replica",
+    type=click.FloatRange(min=0),
+    help="GPUs each replica reserves (0.5: two share one). Default: 1 for a CUDA package, else 0.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1, max=256),
+    help="Intra-op threads per replica (CPU packages). Default: this machine's cores / replicas.",
+)
+@click.option(
+    "--max-body-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=64.0,
+    show_default=True,
+    help="Largest request body; larger ones get HTTP 413.",
+)
+@click.option(
+    "--ship/--no-ship",
+    default=None,
+    help="Send the package to the replicas through Ray instead of letting them read PACKAGE "
+    "(default: ship exactly when --address is given).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Start, send one request of random inputs, print the answer, stop (for CI).",
+)
+def serve(
+    package,
+    host,
+    port,
+    replicas,
+    max_batch_size,
+    batch_wait_ms,
+    address,
+    gpus_per_replica,
+    threads,
+    max_body_mb,
+    ship,
+    check,
+):
+    """Serve PACKAGE over HTTP: POST /v1/predict, GET /v1/health, GET /v1/metadata."""
+    from aotc.optional import require
+
+    require("ray.serve", "serve", "aotc serve")
+    from aotc.serve.app import ServeOptions, start, stop
+
+    options = ServeOptions(
+        package=package,
+        host=host,
+        port=port,
+        replicas=replicas,
+        max_batch_size=max_batch_size,
+        batch_wait_ms=batch_wait_ms,
+        address=address,
+        gpus_per_replica=gpus_per_replica,
+        threads=threads,
+        max_body_bytes=int(max_body_mb * (1 << 20)),
+        ship=ship,
+    )
+    click.echo(f"starting Ray Serve for {package} ...", err=True)
+    server = start(options)
+    try:
+        refused = server.health.get("status") == "refused"
+        if refused:
+            from aotc_runtime import PackageError
+
+            raise PackageError(server.health.get("reason", "a replica refused the package"))
+        batching = server.metadata["batching"]
+        click.echo(
+            f"serving {package} at {server.url}/v1/predict: {replicas} replica(s), "
+            + (
+                f"batches of up to {batching['max_rows']} rows along {batching['dim']} "
+                f"(wait {batch_wait_ms:g} ms)"
+                if batching["dim"]
+                else "no batching (one request per call)"
+            ),
+            err=True,
+        )
+        if check:
+            raise click.exceptions.Exit(check_once(server))
+        click.echo("Ctrl-C stops it", err=True)
+        try:
+            _wait_forever()
+        except KeyboardInterrupt:  # the way a server is stopped: not an error
+            click.echo("stopping", err=True)
+    finally:
+        stop(server)
+
+
+def check_once(server) -> int:
+    """One request of seeded random inputs at the example sizes; prints the answer; 0 if it was 200."""
+    from aotc.serve.client import Client
+    from aotc_runtime import Signature
+
+    signature = Signature.from_json(server.metadata["signature"])
+    inputs = dict(zip(signature.input_names, signature.random_inputs(seed=0)))
+    client = Client(server.url)
+    reply = client.predict(inputs)
+    client.close()
+    if reply.status != 200:
+        click.echo(
+            f"error: POST /v1/predict answered {reply.status}: {reply.body[:300]!r}", err=True
+        )
+        return 9
+    shapes = {name: list(value.shape) for name, value in reply.outputs().items()}
+    click.echo(f"POST /v1/predict -> 200 in {reply.seconds * 1000:.1f} ms; outputs {shapes}")
+    click.echo(json.dumps(reply.json())[:2000])
+    return 0
+
+
+def _wait_forever() -> None:
+    import time
+
+    while True:  # Ctrl-C or SIGTERM ends it (KeyboardInterrupt), and `finally` takes it down
+        time.sleep(3600)

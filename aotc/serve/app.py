@@ -1,0 +1,242 @@
+"""`aotc serve`: check a package, start Ray (locally, or join a cluster), deploy the ingress and the
+model replicas on Ray Serve, wait until a replica answers, and take it all down again.
+
+Two Ray Serve deployments (model composition, as Ray Serve's docs build it):
+  HTTP proxy -> aotc-ingress (routes, checks, retries; aotc/serve/ingress.py)
+             -> aotc-model (the package, dynamic batching; aotc/serve/replica.py)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aotc.errors import ServeError, UserInputError
+from aotc.serve.protocol import DEFAULT_MAX_BODY_BYTES
+
+APP_NAME = "aotc"
+START_TIMEOUT_S = 300.0  # a replica loads in seconds; a cold Ray cluster may take a minute or two
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    package: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replicas: int = 1
+    max_batch_size: int | None = None  # None: the package's largest specialized size, else 16
+    batch_wait_ms: float = 5.0
+    address: str | None = None  # a Ray cluster; None starts Ray on this machine
+    gpus_per_replica: float | None = None  # None: 1 for a CUDA package, 0 for a CPU one
+    threads: int | None = None  # intra-op threads per replica; None: cores / replicas (CPU)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ship: bool | None = None  # None: ship through Ray exactly when --address is given
+    extra_env: dict = field(default_factory=dict)
+
+
+@dataclass
+class Server:
+    """A running deployment: where it answers and what it runs."""
+
+    url: str
+    options: ServeOptions
+    metadata: dict
+    store: object | None = None  # the PackageStore actor when the package was shipped
+    started_ray: bool = False  # this process called ray.init (and disconnects at the end)
+    local_ray: bool = False  # ... and that Ray is its own, on this machine (stopped at the end)
+    health: dict = field(default_factory=dict)
+
+
+def check_package(options: ServeOptions):
+    """The package's manifest, checked here before Ray starts: one clear error instead of N
+    replicas failing. The machine check (torch, GPU) only when the replicas run on this machine."""
+    from aotc_runtime import PackageError
+    from aotc_runtime.environment import check_compatible
+    from aotc_runtime.manifest import check_finished, read_manifest, verify_files
+
+    path = options.package
+    manifest = read_manifest(path)
+    check_finished(path, manifest)
+    verify_files(path, manifest)
+    if options.address is None:
+        check_compatible(manifest, path)
+    if manifest.signature.state and options.replicas > 1:
+        raise PackageError(
+            f"package {path} carries state between calls (signature.state), which lives in one "
+            "replica; serve it with --replicas 1"
+        )
+    return manifest
+
+
+def default_max_batch_size(manifest) -> int:
+    sizes = [size for spec in manifest.specializations for size in spec.dims.values()]
+    return max(sizes) if sizes else 16
+
+
+def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
+    """GET /v1/metadata: what is served and how."""
+    from aotc.serve.batching import batch_dim, batch_limit
+
+    signature = manifest.signature
+    dim = batch_dim(signature) if max_batch_size > 1 else None
+    return {
+        "package": str(options.package),
+        "aotc_version": manifest.aotc_version,
+        "format_version": manifest.format_version,
+        "torch": manifest.toolchain.torch,
+        "device": manifest.device.to_json(),
+        "mode": manifest.mode,
+        "precision": manifest.precision,
+        "backend": manifest.backend,
+        "signature": signature.to_json(),
+        "specializations": [spec.label for spec in manifest.specializations],
+        "batching": {
+            "dim": dim,
+            "max_rows": batch_limit(signature, dim, max_batch_size) if dim else 1,
+            "wait_ms": options.batch_wait_ms,
+        },
+        "replicas": options.replicas,
+        "endpoints": ["POST /v1/predict", "GET /v1/health", "GET /v1/metadata"],
+    }
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UserInputError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); pick another with --port or --host"
+            ) from None
+
+
+def _resources(options: ServeOptions, manifest) -> tuple[int, float]:
+    """(intra-op threads, GPUs) of each model replica."""
+    cuda = manifest.device.type == "cuda"
+    gpus = options.gpus_per_replica if options.gpus_per_replica is not None else float(cuda)
+    if options.threads is not None:
+        threads = options.threads
+    else:
+        threads = 1 if cuda else max(1, (os.cpu_count() or 1) // options.replicas)
+    if options.address is None and cuda and gpus > 0:
+        import torch
+
+        have = torch.cuda.device_count()
+        if gpus * options.replicas > have:
+            raise UserInputError(
+                f"{options.replicas} replica(s) x {gpus:g} GPU need {gpus * options.replicas:g} GPUs, "
+                f"this machine has {have}; lower --replicas or share GPUs with --gpus-per-replica "
+                f"{max(have, 1) / options.replicas:g}"
+            )
+    return threads, gpus
+
+
+def start(options: ServeOptions) -> Server:
+    """Deploy and return once a model replica answers /v1/health (or refused the package)."""
+    import ray
+    from ray import serve
+
+    from aotc.serve.ingress import ingress_deployment
+    from aotc.serve.replica import ModelReplica, ReplicaSettings
+    from aotc.serve.shipping import PackageSource, ship
+
+    manifest = check_package(options)
+    threads, gpus = _resources(options, manifest)
+    max_batch = options.max_batch_size or default_max_batch_size(manifest)
+    local = options.address is None
+    if local:
+        _check_port_free(options.host, options.port)
+    shipping = options.ship if options.ship is not None else not local
+    started_ray = False
+    try:
+        if not ray.is_initialized():
+            ray.init(
+                address="local" if local else options.address,
+                # a local Ray gets at least the CPUs the replicas ask for, so none waits forever
+                num_cpus=max(os.cpu_count() or 1, threads * options.replicas) if local else None,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+                runtime_env={"env_vars": dict(options.extra_env)} if options.extra_env else None,
+            )
+            started_ray = True
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        serve.start(http_options={"host": options.host, "port": options.port})
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ServeError(f"Ray could not start ({exc}); check --address and `ray status`") from None
+    store = None
+    if shipping:
+        store_name = f"aotc-package-{uuid.uuid4().hex[:12]}"
+        # detached on a cluster: the store outlives a dropped client connection, and `aotc serve`
+        # removes it on exit
+        store = ship(options.package, store_name, detached=not local)
+        source = PackageSource(store_name=store_name)
+    else:
+        source = PackageSource(path=str(options.package.resolve()))
+    model = serve.deployment(
+        ModelReplica,
+        name="aotc-model",
+        num_replicas=options.replicas,
+        ray_actor_options={"num_cpus": 0 if gpus else threads, "num_gpus": gpus},
+        # serve.batch collects up to max_batch requests at once: each replica must accept them
+        max_ongoing_requests=max(32, 2 * max_batch),
+        health_check_period_s=2,
+    ).bind(source, ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads))
+    info = metadata(manifest, options, max_batch)
+    retry = not manifest.signature.state
+    app = ingress_deployment(options.replicas).bind(model, info, options.max_body_bytes, retry)
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    host = options.host if options.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    server = Server(
+        f"http://{host}:{options.port}", options, info, store, started_ray, started_ray and local
+    )
+    server.health = wait_until_answering(server)
+    return server
+
+
+def wait_until_answering(server: Server) -> dict:
+    """Poll /v1/health until a replica answers; a refusal comes back as the replicas' reason."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(server.url + "/v1/health", timeout=15) as reply:
+                return json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            state = json.loads(exc.read() or b"{}")
+            if state.get("status") == "refused":
+                return state
+            last = state.get("reason", f"HTTP {exc.code}")
+        except (OSError, ValueError) as exc:
+            last = str(exc)
+        time.sleep(0.5)
+    raise ServeError(
+        f"no replica answered {server.url}/v1/health within {START_TIMEOUT_S:.0f} s ({last}); "
+        "see the replica logs under /tmp/ray/session_latest/logs/serve/"
+    )
+
+
+def stop(server: Server) -> None:
+    """Remove the deployment (and the package store); stop Ray if this process started it."""
+    import ray
+    from ray import serve
+
+    try:
+        if server.local_ray:
+            serve.shutdown()
+        else:  # a cluster's Serve may run other applications: only ours goes
+            serve.delete(APP_NAME)
+        if server.store is not None:
+            ray.kill(server.store)
+    finally:
+        if server.started_ray:
+            ray.shutdown()

@@ -1,0 +1,159 @@
+"""The HTTP side of `aotc serve`: routes, request checks, answers, and retries on a replica's death.
+
+The ingress is its own Ray Serve deployment in front of the model replicas:
+- a bad request is refused here, before it takes a place in a batch;
+- a request whose model replica dies while answering (a crash, a killed process, a lost node) is
+  sent again to another replica, up to RETRIES times. A request is idempotent (a package with
+  state is served by one replica without retries), so nothing is answered twice or wrongly. Ray
+  Serve's own proxy answers a bare "500 Internal Server Error" in that case.
+
+Every refusal is JSON `{"error": "<one line: what is wrong and what to do>"}` with its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from ray import serve
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from ray.serve.metrics import Counter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from aotc.serve.protocol import (
+    NPZ_TYPE,
+    RequestError,
+    body_too_large,
+    decode_request,
+    encode_response,
+    media_type,
+)
+from aotc.serve.replica import ReplicaRefusedError
+
+logger = logging.getLogger("ray.serve")
+
+RETRY_DELAYS_S = (0.1, 0.5, 1.0, 2.0, 4.0)  # ~8 s in all: Ray notices a dead replica within ~2 s
+HEALTH_TIMEOUT_S = 10.0
+
+
+def json_response(data: dict, status: int = 200) -> Response:
+    return Response(json.dumps(data), status_code=status, media_type="application/json")
+
+
+class Ingress:
+    def __init__(self, model: DeploymentHandle, metadata: dict, max_body_bytes: int, retry: bool):
+        from aotc_runtime import Signature
+
+        self._model = model
+        self._metadata = metadata
+        self._signature = Signature.from_json(metadata["signature"])
+        self._max_body = max_body_bytes
+        self._delays = RETRY_DELAYS_S if retry else ()
+        self._refusals = Counter(
+            "aotc_refused_requests",
+            description="Requests answered with an error, by HTTP status.",
+            tag_keys=("status",),
+        )
+        self._retries = Counter(
+            "aotc_retried_requests",
+            description="Requests sent again because their model replica died while answering.",
+        )
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/")
+        routes = {
+            "/v1/predict": ("POST", self._predict),
+            "/v1/health": ("GET", self._health),
+            "/v1/metadata": ("GET", self._metadata_response),
+        }
+        try:
+            if path not in routes:
+                raise RequestError(404, f"no route {path or '/'}; use {', '.join(routes)}")
+            method, handler = routes[path]
+            if request.method != method:
+                raise RequestError(405, f"{path} takes {method}, not {request.method}")
+            return await handler(request)
+        except RequestError as exc:
+            self._refusals.inc(tags={"status": str(exc.status)})
+            return json_response({"error": str(exc)}, exc.status)
+
+    async def _predict(self, request: Request) -> Response:
+        body = await self._read_body(request)
+        kind = media_type(request.headers.get("content-type"))
+        tensors = decode_request(body, kind, self._signature, self._max_body)
+        outputs = await self._call_model(tensors)
+        data, content_type = encode_response(
+            outputs, self._signature, NPZ_TYPE if kind == NPZ_TYPE else ""
+        )
+        return Response(data, media_type=content_type)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, never holding more than the limit: a declared length above it is refused
+        before reading, a body that grows past it as soon as it does."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._max_body:
+            raise body_too_large(int(declared), self._max_body)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self._max_body:
+                raise body_too_large(f"more than {self._max_body}", self._max_body)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _call_model(self, tensors: list) -> list:
+        for attempt in range(len(self._delays) + 1):
+            try:
+                return await self._model.predict.remote(tensors)
+            except ReplicaRefusedError as exc:
+                raise RequestError(503, str(exc)) from None
+            except BackPressureError:
+                raise RequestError(
+                    503, "the model replicas' queues are full; retry later or add --replicas"
+                ) from None
+            except (RayActorError, ActorUnavailableError) as exc:
+                if attempt == len(self._delays):
+                    raise RequestError(
+                        503,
+                        f"the model replica died while answering, {attempt + 1} time(s) "
+                        f"({type(exc).__name__}); retry later",
+                    ) from None
+                self._retries.inc()
+                logger.warning("model replica died (%s); retrying the request", type(exc).__name__)
+                await asyncio.sleep(self._delays[attempt])
+            except (
+                RayTaskError
+            ) as exc:  # the model raised: a bug or a broken package, not the request
+                cause = str(exc.cause if exc.cause is not None else exc).strip().splitlines()
+                raise RequestError(
+                    500, f"the model failed on this request: {cause[-1][:200] if cause else exc}"
+                ) from None
+        raise AssertionError("unreachable")
+
+    async def _health(self, request: Request) -> Response:
+        try:
+            state = await asyncio.wait_for(self._model.health.remote(), HEALTH_TIMEOUT_S)
+        except (asyncio.TimeoutError, RayActorError, ActorUnavailableError) as exc:
+            return json_response(
+                {"status": "unavailable", "reason": f"no model replica answered ({exc!r})"}, 503
+            )
+        return json_response(state, 200 if state["status"] == "ok" else 503)
+
+    async def _metadata_response(self, request: Request) -> Response:
+        return json_response(self._metadata)
+
+
+def ingress_deployment(replicas: int):
+    """The Ingress class as a Ray Serve deployment (decorated here, so importing it needs no Ray)."""
+    return serve.deployment(
+        Ingress,
+        name="aotc-ingress",
+        num_replicas=replicas,
+        # decoding and checking a request is light next to the model: it takes no CPU of its own
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=1024,
+    )

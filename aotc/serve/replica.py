@@ -1,0 +1,143 @@
+"""The model replica of `aotc serve`: one loaded package behind Ray Serve, with dynamic batching.
+
+Requests arrive already checked against the signature (aotc/serve/ingress.py). With a batch dim,
+Ray Serve's `@serve.batch` queues them for up to `batch_wait_ms` and hands over as many as fit in
+`max_batch_size` rows; they are joined into one call and the outputs split back. The package runs
+in one worker thread, so the event loop keeps collecting the next batch while a call runs.
+
+A replica that cannot load the package (another torch, GPU or platform, damaged files) stays up and
+refuses: the reason is logged, answered on /v1/health and on every request (503). Failing its
+constructor would make Ray retry it in a loop and then give up with the reason buried in the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ray import serve
+from ray.serve import metrics
+
+from aotc.serve.batching import batch_dim, batch_limit, groups, join, rows, split
+from aotc.serve.shipping import PackageSource
+
+logger = logging.getLogger("ray.serve")
+
+# Buckets of the batch histograms: the sizes a package is usually specialized at, and powers of two.
+ROW_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+class ReplicaRefusedError(Exception):
+    """The replica could not load the package; the message says why (the ingress answers 503)."""
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    max_batch_size: int = 16  # rows per call; 1 turns batching off
+    batch_wait_s: float = 0.005  # how long the first request of a batch waits for others
+    threads: int = 1  # intra-op threads of the calling thread (CPU packages)
+
+
+def _request_rows(items: list) -> int:
+    """serve.batch counts rows, not requests: a request of 4 rows takes 4 of the batch's places."""
+    return sum(rows(tensors) for tensors in items)
+
+
+class ModelReplica:
+    def __init__(self, source: PackageSource, settings: ReplicaSettings):
+        import torch
+
+        from aotc_runtime import load
+
+        self._source = source
+        self._folder = None
+        self.package = None
+        self.refused: str | None = None
+        self._host = socket.gethostname()
+        # One thread calls the package (CUDA graphs and stateful packages run one call at a time
+        # anyway); its intra-op threads are set in that thread, where they apply.
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, initializer=torch.set_num_threads, initargs=(settings.threads,)
+        )
+        try:
+            self._folder = source.materialize()
+            self.package = load(self._folder)
+        except Exception as exc:  # every reason a package cannot load here is reported, not raised
+            self.refused = f"the replica on {self._host} refused the package: {exc}"
+            logger.error(self.refused)
+        self.dim = None
+        self.limit = 1
+        if self.package is not None and settings.max_batch_size > 1:
+            self.dim = batch_dim(self.package.signature)
+            if self.dim is not None:
+                self.limit = batch_limit(self.package.signature, self.dim, settings.max_batch_size)
+        self._batched.set_max_batch_size(self.limit)
+        self._batched.set_batch_wait_timeout_s(settings.batch_wait_s)
+        self._rows = metrics.Histogram(
+            "aotc_batch_rows",
+            description="Rows per model call after dynamic batching (the batch size the package ran).",
+            boundaries=ROW_BUCKETS,
+        )
+        # what /v1/health reports of this replica: calls against requests shows batching at work
+        self.counts = {"requests": 0, "calls": 0, "rows": 0}
+        self._requests = metrics.Histogram(
+            "aotc_batch_requests",
+            description="Requests joined into one model call.",
+            boundaries=ROW_BUCKETS,
+        )
+
+    async def predict(self, tensors: list) -> list:
+        """The outputs (CPU tensors, the signature's order) of one checked request."""
+        if self.refused is not None:
+            raise ReplicaRefusedError(self.refused)
+        if self.dim is None or rows(tensors) > self.limit:
+            return await self._call(tensors, requests=1)
+        return await self._batched(tensors)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005, batch_size_fn=_request_rows)
+    async def _batched(self, requests: list) -> list:
+        answers: list = [None] * len(requests)
+        for indexes in groups(requests):
+            chunk = [requests[i] for i in indexes]
+            sizes = [rows(tensors) for tensors in chunk]
+            outputs = await self._call(join(chunk), requests=len(chunk))
+            for index, part in zip(indexes, split(outputs, sizes)):
+                answers[index] = part
+        return answers
+
+    async def _call(self, tensors: list, requests: int) -> list:
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(self._executor, self._run, tensors)
+        batch = rows(tensors) if tensors and tensors[0].dim() else 1
+        self._rows.observe(batch)
+        self._requests.observe(requests)
+        self.counts["requests"] += requests
+        self.counts["calls"] += 1
+        self.counts["rows"] += batch
+        return outputs
+
+    def _run(self, tensors: list) -> list:
+        from aotc_runtime import flatten_outputs
+
+        return [t.detach().cpu() for t in flatten_outputs(self.package(*tensors))]
+
+    def health(self) -> dict:
+        state = {
+            "status": "refused" if self.refused else "ok",
+            "host": self._host,
+            "pid": os.getpid(),
+            "batch_dim": self.dim,
+            "max_batch_rows": self.limit,
+            **self.counts,
+        }
+        if self.refused:
+            state["reason"] = self.refused
+        return state
+
+    def __del__(self) -> None:
+        if self._folder is not None:
+            self._source.release(self._folder)

@@ -1,0 +1,112 @@
+"""How a package reaches the replicas. On the machine that runs `aotc serve` (local Ray) each replica
+reads the folder itself. On a cluster (`--address`, or `--ship`) the files go through Ray: a store
+actor holds them and each replica copies them into a temporary folder of its own machine, then loads
+that copy with the usual checks; the manifest's hashes vouch for every byte that travelled.
+
+The store is an actor, not ObjectRefs in the deployment's arguments: Ray Serve pickles those
+arguments into its controller's state, and a reference pickled there is not kept alive by anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger("aotc.serve")
+
+STORE_NAMESPACE = "aotc"
+
+
+def package_file_names(folder: Path) -> list[str]:
+    """Every regular file of the package, as relative POSIX paths (manifest and signature included)."""
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() and not path.is_symlink()
+    )
+
+
+class PackageStore:
+    """Holds one package's files in memory for replicas on other machines (a Ray actor)."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, bytes] = {}
+
+    def put(self, name: str, data: bytes) -> None:
+        self._files[name] = data
+
+    def names(self) -> list[str]:
+        return sorted(self._files)
+
+    def read(self, name: str) -> bytes:
+        return self._files[name]
+
+
+def ship(folder: Path, store_name: str, detached: bool) -> object:
+    """Start the named store actor and send it the package's files, one call per file (a file goes
+    through Ray's object store once, never the whole package at once)."""
+    import ray
+
+    actor = (
+        ray.remote(num_cpus=0)(PackageStore)
+        .options(
+            name=store_name,
+            namespace=STORE_NAMESPACE,
+            lifetime="detached" if detached else None,
+            get_if_exists=False,
+        )
+        .remote()
+    )
+    pending = []
+    for name in package_file_names(folder):
+        pending.append(actor.put.remote(name, (folder / name).read_bytes()))
+        if len(pending) >= 4:  # bound what is in flight: a package can be gigabytes
+            ray.get(pending)
+            pending = []
+    ray.get(pending)
+    return actor
+
+
+def _inside(name: str) -> bool:
+    parts = name.split("/")
+    return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+@dataclass(frozen=True)
+class PackageSource:
+    """Where a replica finds the package: a folder it can read, or the store actor of that name."""
+
+    path: str | None = None
+    store_name: str | None = None
+
+    def describe(self) -> str:
+        return self.path if self.path else f"the package shipped through Ray ({self.store_name})"
+
+    def materialize(self) -> Path:
+        """A local folder holding the package (a fresh copy when shipped)."""
+        if self.path is not None:
+            return Path(self.path)
+        import ray
+
+        store = ray.get_actor(self.store_name, namespace=STORE_NAMESPACE)
+        folder = Path(tempfile.mkdtemp(prefix="aotc-serve-"))
+        try:
+            for name in ray.get(store.names.remote()):
+                if not _inside(name):  # the store is ours, but a path never leaves the folder
+                    raise ValueError(f"shipped file name {name!r} leaves the package folder")
+                target = folder / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(ray.get(store.read.remote(name)))
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        logger.info("package copied from %s into %s", self.store_name, folder)
+        return folder
+
+    def release(self, folder: Path) -> None:
+        """Remove a shipped copy (a folder the user gave is never touched)."""
+        if self.path is None:
+            shutil.rmtree(folder, ignore_errors=True)
