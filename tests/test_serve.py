@@ -40,9 +40,10 @@ def mlp(packages):
 
 @pytest.fixture(scope="module")
 def server(mlp):
-    running = start(
-        ServeOptions(package=mlp, port=free_port(), max_batch_size=16, batch_wait_ms=20)
+    options = ServeOptions(
+        package=mlp, port=free_port(), max_batch_size=16, batch_wait_ms=20, metrics_port=free_port()
     )
+    running = start(options)
     yield running
     stop(running)
 
@@ -145,6 +146,25 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, case):
     assert words in reply.json()["error"]
     assert "\n" not in reply.json()["error"]
     assert client.predict({"x": torch.ones(1, 128)}).status == 200
+
+
+def test_metrics_have_batch_sizes_and_ray_serves_own(server):
+    """Ray's Prometheus endpoint: aotc's batch histograms beside Ray Serve's request metrics."""
+    import time
+    import urllib.request
+
+    client = Client(server.url)
+    for seed in range(5):
+        assert client.predict({"x": request_rows(seed)}).status == 200
+    url = f"http://127.0.0.1:{server.options.metrics_port}/metrics"
+    deadline, text = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:  # Ray exports every few seconds
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        if "ray_aotc_batch_rows_bucket" in text and "ray_serve_num_http_requests" in text:
+            break
+        time.sleep(2)
+    assert "ray_aotc_batch_rows_bucket" in text and "ray_aotc_batch_requests_bucket" in text
+    assert "ray_serve_num_http_requests" in text
 
 
 def test_unknown_route_and_wrong_method(server):

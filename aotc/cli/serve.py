@@ -62,6 +62,12 @@ from aotc.cli.types import exit_codes_epilog
     "(default: ship exactly when --address is given).",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Local Ray: serve Prometheus metrics (Ray Serve's and aotc's batch sizes) on this port "
+    "at /metrics. On a cluster, Ray's own metrics port applies.",
+)
+@click.option(
     "--check",
     is_flag=True,
     help="Start, send one request of random inputs, print the answer, stop (for CI).",
@@ -78,6 +84,7 @@ def serve(
     threads,
     max_body_mb,
     ship,
+    metrics_port,
     check,
 ):
     """Serve PACKAGE over HTTP: POST /v1/predict, GET /v1/health, GET /v1/metadata."""
@@ -98,6 +105,7 @@ def serve(
         threads=threads,
         max_body_bytes=int(max_body_mb * (1 << 20)),
         ship=ship,
+        metrics_port=metrics_port,
     )
     click.echo(f"starting Ray Serve for {package} ...", err=True)
     server = start(options)
@@ -118,6 +126,8 @@ def serve(
             ),
             err=True,
         )
+        if metrics_port and not address:
+            click.echo(f"metrics at http://127.0.0.1:{metrics_port}/metrics", err=True)
         if check:
             raise click.exceptions.Exit(check_once(server))
         click.echo("Ctrl-C stops it", err=True)

@@ -36,6 +36,7 @@ class ServeOptions:
     threads: int | None = None  # intra-op threads per replica; None: cores / replicas (CPU)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ship: bool | None = None  # None: ship through Ray exactly when --address is given
+    metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
     extra_env: dict = field(default_factory=dict)
 
 
@@ -163,6 +164,11 @@ def start(options: ServeOptions) -> Server:
                 logging_level=logging.WARNING,
                 log_to_driver=False,
                 runtime_env={"env_vars": dict(options.extra_env)} if options.extra_env else None,
+                **(
+                    {"_metrics_export_port": options.metrics_port}
+                    if local and options.metrics_port
+                    else {}
+                ),
             )
             started_ray = True
         logging.getLogger("ray.serve").setLevel(logging.WARNING)

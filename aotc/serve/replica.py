@@ -130,6 +130,7 @@ class ModelReplica:
             "status": "refused" if self.refused else "ok",
             "host": self._host,
             "pid": os.getpid(),
+            "package": str(self._folder) if self._folder else self._source.describe(),
             "batch_dim": self.dim,
             "max_batch_rows": self.limit,
             **self.counts,

@@ -1,0 +1,108 @@
+"""`aotc serve` with two replicas and the package shipped through Ray (what `--address` does):
+`--check` from the command line, and a replica killed mid-load.
+
+What a killed replica's requests get: the ingress sends each again to a live replica (a request is
+idempotent), so every accepted request is answered, and answered right; Ray starts a replacement.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy
+import pytest
+
+
+pytest.importorskip("ray.serve")
+
+from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
+from aotc.serve.client import Client  # noqa: E402
+from aotc_runtime import load  # noqa: E402
+from tests.test_serve import free_port, request_rows  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mlp(packages):
+    return packages.get("dynamic_mlp").package
+
+
+def test_check_starts_answers_one_request_and_stops(mlp):
+    result = subprocess.run(
+        [sys.executable, "-m", "aotc", "serve", str(mlp), "--check", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "POST /v1/predict -> 200" in result.stdout
+    assert "'output_0': [16, 10]" in result.stdout  # the example batch of the B=1:64 export
+
+
+@pytest.fixture(scope="module")
+def server(mlp):
+    running = start(ServeOptions(package=mlp, port=free_port(), replicas=2, threads=1, ship=True))
+    yield running
+    stop(running)
+
+
+def replica_states(url: str, want: int, timeout: float = 90.0) -> dict:
+    """pid -> health of the model replicas, asking until `want` distinct live ones answered."""
+    client = Client(url)
+    seen: dict = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < want and time.monotonic() < deadline:
+        reply = client.request("GET", "/v1/health")
+        if reply.status == 200:
+            state = reply.json()
+            seen[state["pid"]] = state
+        else:
+            time.sleep(0.2)
+    return seen
+
+
+def test_replicas_run_a_shipped_copy(server, mlp):
+    states = replica_states(server.url, want=2)
+    assert len(states) == 2
+    for state in states.values():
+        assert state["status"] == "ok"
+        assert os.path.basename(state["package"]).startswith("aotc-serve-")
+
+
+def test_a_killed_replica_loses_no_request_and_is_replaced(server, mlp):
+    package = load(mlp)
+    pids = replica_states(server.url, want=2)
+    victim = sorted(pids)[0]
+    inputs = [request_rows(5000 + seed) for seed in range(200)]
+    answered = threading.Semaphore(0)
+    local = threading.local()
+
+    def send(x):
+        if not hasattr(local, "client"):
+            local.client = Client(server.url, timeout=120)
+        reply = local.client.predict({"x": x})
+        answered.release()
+        time.sleep(0.01)  # spread the load over the kill
+        return reply
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(send, x) for x in inputs]
+        for _ in range(40):  # mid-load: 40 answered, 160 to go
+            assert answered.acquire(timeout=120)
+        os.kill(victim, signal.SIGKILL)
+        replies = [f.result(timeout=300) for f in futures]
+    failed = [(r.status, r.body[:200]) for r in replies if r.status != 200]
+    assert not failed, failed[:3]
+    for x, reply in zip(inputs, replies):
+        numpy.testing.assert_allclose(
+            reply.outputs()["output_0"], package(x).numpy(), rtol=1e-5, atol=1e-6
+        )
+    replaced = replica_states(server.url, want=2, timeout=120)
+    assert victim not in replaced and len(replaced) == 2, sorted(replaced)
