@@ -41,26 +41,32 @@ def run_level(url: str, inputs: dict, concurrency: int, seconds: float, as_npz: 
     from aotc.serve.client import Client
 
     latencies: list = []
+    stages: dict = {}
     errors: list = []
     lock = threading.Lock()
     deadline = time.perf_counter() + seconds
 
     def worker():
         client = Client(url, timeout=60)
-        mine, bad = [], []
+        mine, bad, timings = [], [], []
         while time.perf_counter() < deadline:
             try:
                 reply = client.predict(inputs, as_npz=as_npz)
             except OSError as exc:
                 bad.append(repr(exc))
                 continue
-            (mine if reply.status == 200 else bad).append(
-                reply.seconds if reply.status == 200 else reply.status
-            )
+            if reply.status == 200:
+                mine.append(reply.seconds)
+                timings.append(reply.timings())
+            else:
+                bad.append(reply.status)
         client.close()
         with lock:
             latencies.extend(mine)
             errors.extend(bad)
+            for timing in timings:
+                for name, ms in timing.items():
+                    stages.setdefault(name, []).append(ms)
 
     start = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
@@ -82,6 +88,9 @@ def run_level(url: str, inputs: dict, concurrency: int, seconds: float, as_npz: 
         "mean_ms": round(statistics.fmean(latencies) * 1000, 2) if latencies else None,
         "errors": len(errors),
         "first_errors": errors[:3],
+        # medians of the server's own account (Server-Timing): what the client's latency is made of;
+        # the rest of p50_ms is HTTP and Ray Serve's proxy
+        "server_ms_p50": {name: round(statistics.median(v), 3) for name, v in stages.items()},
     }
 
 
@@ -135,7 +144,8 @@ def main(argv=None) -> int:
                     print(
                         f"replicas {replicas} max batch {max_batch:>2} concurrency {concurrency:>3}: "
                         f"{row['requests_per_s']:>8.1f} req/s  p50 {row['p50_ms']:>7.2f} ms  "
-                        f"p99 {row['p99_ms']:>7.2f} ms  errors {row['errors']}",
+                        f"p99 {row['p99_ms']:>7.2f} ms  errors {row['errors']}  server p50 ms "
+                        + " ".join(f"{k} {v:.2f}" for k, v in row["server_ms_p50"].items()),
                         flush=True,
                     )
             finally:

@@ -108,6 +108,14 @@ def test_npz_in_and_out(server, mlp):
     numpy.testing.assert_allclose(reply.outputs()["output_0"], load(mlp)(x).numpy(), rtol=1e-6)
 
 
+def test_answers_say_where_their_time_went(server):
+    reply = Client(server.url).predict({"x": request_rows(3)})
+    stages = reply.timings()
+    assert set(stages) == {"read", "decode", "replica", "queued", "call", "encode"}
+    assert 0 < stages["call"] <= stages["replica"] <= reply.seconds * 1000
+    assert 'batch;desc="' in reply.server_timing
+
+
 def test_metadata_and_health(server):
     client = Client(server.url)
     meta = client.request("GET", "/v1/metadata").json()

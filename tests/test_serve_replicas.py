@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy
 import pytest
 
-
 pytest.importorskip("ray.serve")
 
 from aotc.serve.app import ServeOptions, start, stop  # noqa: E402

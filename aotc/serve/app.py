@@ -20,7 +20,13 @@ from aotc.errors import ServeError, UserInputError
 from aotc.serve.protocol import DEFAULT_MAX_BODY_BYTES
 
 APP_NAME = "aotc"
-START_TIMEOUT_S = 300.0  # a replica loads in seconds; a cold Ray cluster may take a minute or two
+START_TIMEOUT_S = 300.0
+# Ray Serve writes an access-log line per request in each replica by default: a cost on every
+# request that Ray's own request metrics already cover. Warnings and errors are still logged.
+QUIET_LOGS = {
+    "enable_access_log": False,
+    "log_level": "WARNING",
+}  # a replica loads in seconds; a cold Ray cluster may take a minute or two
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,7 @@ def start(options: ServeOptions) -> Server:
         # serve.batch collects up to max_batch requests at once: each replica must accept them
         max_ongoing_requests=max(32, 2 * max_batch),
         health_check_period_s=2,
+        logging_config=QUIET_LOGS,
     ).bind(source, ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads))
     info = metadata(manifest, options, max_batch)
     retry = not manifest.signature.state

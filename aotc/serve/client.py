@@ -20,6 +20,16 @@ class Reply:
     body: bytes
     content_type: str
     seconds: float
+    server_timing: str = ""
+
+    def timings(self) -> dict:
+        """Server-Timing's durations in ms, by name (read, decode, replica, queued, call, encode)."""
+        found = {}
+        for entry in self.server_timing.split(","):
+            name, _, rest = entry.strip().partition(";")
+            if rest.startswith("dur="):
+                found[name] = float(rest[4:])
+        return found
 
     def json(self) -> dict:
         return json.loads(self.body)
@@ -64,6 +74,7 @@ class Client:
                 data,
                 answer.getheader("Content-Type", ""),
                 time.perf_counter() - start,
+                answer.getheader("Server-Timing", ""),
             )
         raise AssertionError("unreachable")
 

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -90,13 +91,24 @@ class ModelReplica:
             boundaries=ROW_BUCKETS,
         )
 
-    async def predict(self, tensors: list) -> list:
-        """The outputs (CPU tensors, the signature's order) of one checked request."""
+    async def predict(self, tensors: list) -> dict:
+        """One checked request's outputs (CPU tensors, the signature's order), with where its time
+        went: `queued_ms` waiting for its batch and for the model thread, `call_ms` the package
+        call it shared with `batch_rows` rows."""
         if self.refused is not None:
             raise ReplicaRefusedError(self.refused)
+        start = time.perf_counter()
         if self.dim is None or rows(tensors) > self.limit:
-            return await self._call(tensors, requests=1)
-        return await self._batched(tensors)
+            outputs, call_s, batch = await self._call(tensors, requests=1)
+        else:
+            outputs, call_s, batch = await self._batched(tensors)
+        total = time.perf_counter() - start
+        return {
+            "outputs": outputs,
+            "queued_ms": (total - call_s) * 1000,
+            "call_ms": call_s * 1000,
+            "batch_rows": batch,
+        }
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005, batch_size_fn=_request_rows)
     async def _batched(self, requests: list) -> list:
@@ -104,26 +116,29 @@ class ModelReplica:
         for indexes in groups(requests):
             chunk = [requests[i] for i in indexes]
             sizes = [rows(tensors) for tensors in chunk]
-            outputs = await self._call(join(chunk), requests=len(chunk))
+            outputs, call_s, batch = await self._call(join(chunk), requests=len(chunk))
             for index, part in zip(indexes, split(outputs, sizes)):
-                answers[index] = part
+                answers[index] = (part, call_s, batch)
         return answers
 
-    async def _call(self, tensors: list, requests: int) -> list:
+    async def _call(self, tensors: list, requests: int) -> tuple:
+        """(outputs, seconds the package call took, rows it ran)."""
         loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self._executor, self._run, tensors)
+        outputs, seconds = await loop.run_in_executor(self._executor, self._run, tensors)
         batch = rows(tensors) if tensors and tensors[0].dim() else 1
         self._rows.observe(batch)
         self._requests.observe(requests)
         self.counts["requests"] += requests
         self.counts["calls"] += 1
         self.counts["rows"] += batch
-        return outputs
+        return outputs, seconds, batch
 
-    def _run(self, tensors: list) -> list:
+    def _run(self, tensors: list) -> tuple:
         from aotc_runtime import flatten_outputs
 
-        return [t.detach().cpu() for t in flatten_outputs(self.package(*tensors))]
+        start = time.perf_counter()
+        outputs = [t.detach().cpu() for t in flatten_outputs(self.package(*tensors))]
+        return outputs, time.perf_counter() - start
 
     def health(self) -> dict:
         state = {
