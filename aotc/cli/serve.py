@@ -12,7 +12,11 @@ from aotc.cli.types import exit_codes_epilog
 
 @click.command(epilog=exit_codes_epilog())
 @click.argument("package", type=click.Path(path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    help="Address to listen on. Default: 127.0.0.1 on a local Ray; 0.0.0.0 with --address (the "
+    "proxies on the cluster's nodes must be reachable from other machines).",
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option(
     "--replicas",
@@ -95,7 +99,7 @@ def serve(
 
     options = ServeOptions(
         package=package,
-        host=host,
+        host=host or ("0.0.0.0" if address else "127.0.0.1"),
         port=port,
         replicas=replicas,
         max_batch_size=max_batch_size,

@@ -204,12 +204,28 @@ def start(options: ServeOptions) -> Server:
     retry = not manifest.signature.state
     app = ingress_deployment(options.replicas).bind(model, info, options.max_body_bytes, retry)
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-    host = options.host if options.host not in ("0.0.0.0", "::") else "127.0.0.1"
     server = Server(
-        f"http://{host}:{options.port}", options, info, store, started_ray, started_ray and local
+        f"http://{reachable_host(options)}:{options.port}",
+        options,
+        info,
+        store,
+        started_ray,
+        started_ray and local,
     )
     server.health = wait_until_answering(server)
     return server
+
+
+def reachable_host(options: ServeOptions) -> str:
+    """Where this process reaches the HTTP proxy: the cluster's head for ray://HEAD:PORT (a proxy
+    runs on every node), else this machine."""
+    from urllib.parse import urlsplit
+
+    if options.address and options.address.startswith("ray://"):
+        return urlsplit(options.address).hostname or "127.0.0.1"
+    if options.address and ":" in options.address and "//" not in options.address:
+        return options.address.rsplit(":", 1)[0]  # head:6379, from a node of the cluster
+    return options.host if options.host not in ("0.0.0.0", "::") else "127.0.0.1"
 
 
 def wait_until_answering(server: Server) -> dict:

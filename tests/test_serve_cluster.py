@@ -1,0 +1,71 @@
+"""`aotc serve --address`: the command deploys on a running Ray cluster (here a one-node cluster
+started for the test with `ray start --head --block`), ships the package through Ray and answers.
+The cluster is stopped by ending its `ray start` process, never with `ray stop` (which would stop
+every Ray on the machine)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from tests.test_serve import free_port  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def node_ip() -> str:
+    """The address Ray's head binds its client server to (not loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        return probe.getsockname()[0]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ray = shutil.which("ray", path=os.path.dirname(sys.executable))
+    if ray is None:
+        pytest.skip("the ray command is not installed beside this Python")
+    client_port, gcs_port = free_port(), free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    head = subprocess.Popen(
+        [ray, "start", "--head", "--block", "--port", str(gcs_port), "--num-cpus", "2",
+         "--ray-client-server-port", str(client_port), "--include-dashboard", "false",
+         "--temp-dir", str(tmp_path_factory.mktemp("ray"))],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    address = f"ray://{node_ip()}:{client_port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the client server listens once the head is up
+        try:
+            socket.create_connection((node_ip(), client_port), timeout=2).close()
+            break
+        except OSError:
+            time.sleep(1)
+    yield address, env
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+
+
+def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, packages):
+    address, env = cluster
+    mlp = packages.get("dynamic_mlp").package
+    result = subprocess.run(
+        [sys.executable, "-m", "aotc", "serve", str(mlp), "--address", address,
+         "--port", str(free_port()), "--check"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "POST /v1/predict -> 200" in result.stdout
+    assert f"serving {mlp} at http://{address[6:].rsplit(':', 1)[0]}:" in result.stderr
