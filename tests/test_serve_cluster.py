@@ -22,11 +22,7 @@ from tests.test_serve import free_port  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def node_ip() -> str:
-    """The address Ray's head binds its client server to (not loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
-        return probe.getsockname()[0]
+NODE = "127.0.0.1"  # the cluster's node address: loopback only, as every test here
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +35,14 @@ def cluster(tmp_path_factory):
     head = subprocess.Popen(
         [ray, "start", "--head", "--block", "--port", str(gcs_port), "--num-cpus", "2",
          "--ray-client-server-port", str(client_port), "--include-dashboard", "false",
-         "--temp-dir", str(tmp_path_factory.mktemp("ray"))],
+         "--node-ip-address", NODE, "--temp-dir", str(tmp_path_factory.mktemp("ray"))],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    address = f"ray://{node_ip()}:{client_port}"
+    address = f"ray://{NODE}:{client_port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the client server listens once the head is up
         try:
-            socket.create_connection((node_ip(), client_port), timeout=2).close()
+            socket.create_connection((NODE, client_port), timeout=2).close()
             break
         except OSError:
             time.sleep(1)
@@ -63,9 +59,9 @@ def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, packages):
     mlp = packages.get("dynamic_mlp").package
     result = subprocess.run(
         [sys.executable, "-m", "aotc", "serve", str(mlp), "--address", address,
-         "--port", str(free_port()), "--check"],
+         "--host", NODE, "--port", str(free_port()), "--check"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "POST /v1/predict -> 200" in result.stdout
-    assert f"serving {mlp} at http://{address[6:].rsplit(':', 1)[0]}:" in result.stderr
+    assert f"serving {mlp} at http://{NODE}:" in result.stderr
