@@ -1,8 +1,10 @@
 """The model replica of `aotc serve`: one loaded package behind Ray Serve, with dynamic batching.
 
 Requests arrive already checked against the signature (aotc/serve/ingress.py). With a batch dim,
-Ray Serve's `@serve.batch` queues them for up to `batch_wait_ms` and hands over as many as fit in
-`max_batch_size` rows; they are joined into one call and the outputs split back. The package runs
+Ray Serve's `@serve.batch` queues them and hands over as many as fit in `max_batch_size` rows; they
+are joined into one call and the outputs split back. The wait adapts to load: a request that finds
+the model idle runs at once; one that arrives while a call runs waits up to `batch_wait_ms` for
+others to share the next call. The package runs
 in one worker thread, so the event loop keeps collecting the next batch while a call runs.
 
 A replica that cannot load the package (another torch, GPU or platform, damaged files) stays up and
@@ -39,7 +41,7 @@ class ReplicaRefusedError(Exception):
 @dataclass(frozen=True)
 class ReplicaSettings:
     max_batch_size: int = 16  # rows per call; 1 turns batching off
-    batch_wait_s: float = 0.005  # how long the first request of a batch waits for others
+    batch_wait_s: float = 0.005  # while the model is busy, how long a batch waits for more requests
     threads: int = 1  # intra-op threads of the calling thread (CPU packages)
 
 
@@ -77,7 +79,8 @@ class ModelReplica:
             if self.dim is not None:
                 self.limit = batch_limit(self.package.signature, self.dim, settings.max_batch_size)
         self._batched.set_max_batch_size(self.limit)
-        self._batched.set_batch_wait_timeout_s(settings.batch_wait_s)
+        self._wait_s = settings.batch_wait_s
+        self._busy = 0  # package calls running or waiting for the model thread
         self._rows = metrics.Histogram(
             "aotc_batch_rows",
             description="Rows per model call after dynamic batching (the batch size the package ran).",
@@ -101,6 +104,9 @@ class ModelReplica:
         if self.dim is None or rows(tensors) > self.limit:
             outputs, call_s, batch = await self._call(tensors, requests=1)
         else:
+            # An idle model runs a request at once: waiting for company would only add latency.
+            # While a call runs, the next batch waits up to batch_wait_s and fills meanwhile.
+            self._batched.set_batch_wait_timeout_s(self._wait_s if self._busy else 0.0)
             outputs, call_s, batch = await self._batched(tensors)
         total = time.perf_counter() - start
         return {
@@ -124,7 +130,11 @@ class ModelReplica:
     async def _call(self, tensors: list, requests: int) -> tuple:
         """(outputs, seconds the package call took, rows it ran)."""
         loop = asyncio.get_running_loop()
-        outputs, seconds = await loop.run_in_executor(self._executor, self._run, tensors)
+        self._busy += 1
+        try:
+            outputs, seconds = await loop.run_in_executor(self._executor, self._run, tensors)
+        finally:
+            self._busy -= 1
         batch = rows(tensors) if tensors and tensors[0].dim() else 1
         self._rows.observe(batch)
         self._requests.observe(requests)
