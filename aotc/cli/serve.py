@@ -36,7 +36,8 @@ from aotc.cli.types import exit_codes_epilog
     type=click.FloatRange(min=0),
     default=5.0,
     show_default=True,
-    help="How long a request waits for others to share its call.",
+    help="While a call runs, how long the next batch waits for more requests (a request that "
+    "finds the model idle runs at once).",
 )
 @click.option(
     "--address",
