@@ -204,3 +204,26 @@ def test_a_stateful_package_is_refused_for_several_replicas(packages):
     counter = packages.get("counter").package
     with pytest.raises(PackageError, match="--replicas 1"):
         check_package(ServeOptions(package=counter, replicas=2))
+
+
+def test_cli_refusals_before_ray_starts(packages, tmp_path):
+    """Each bad start is one line and its documented exit code, before Ray starts: nothing runs."""
+    from tests.conftest import invoke
+
+    result = invoke("serve", tmp_path / "missing_pkg", "--check")
+    assert result.exit_code == 7
+    assert "error: package folder" in result.stderr and "does not exist" in result.stderr
+
+    counter = packages.get("counter").package
+    result = invoke("serve", counter, "--replicas", "2", "--check")
+    assert result.exit_code == 7 and "serve it with --replicas 1" in result.stderr
+
+    mlp = packages.get("dynamic_mlp").package
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = invoke("serve", mlp, "--port", port, "--check")
+    assert result.exit_code == 2
+    assert f"error: cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "--port" in result.stderr and "Traceback" not in result.stderr

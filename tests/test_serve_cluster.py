@@ -32,11 +32,12 @@ def cluster(tmp_path_factory):
         pytest.skip("the ray command is not installed beside this Python")
     client_port, gcs_port = free_port(), free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    log = tmp_path_factory.mktemp("ray-head") / "head.log"
     head = subprocess.Popen(
         [ray, "start", "--head", "--block", "--port", str(gcs_port), "--num-cpus", "2",
          "--ray-client-server-port", str(client_port), "--include-dashboard", "false",
          "--node-ip-address", NODE, "--temp-dir", str(tmp_path_factory.mktemp("ray"))],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     address = f"ray://{NODE}:{client_port}"
     deadline = time.monotonic() + 120
@@ -46,7 +47,15 @@ def cluster(tmp_path_factory):
             break
         except OSError:
             time.sleep(1)
-    yield address, env
+    else:
+        stop_head(head)
+        pytest.fail(f"the Ray head never listened on {address}: {log.read_text()[-1500:]}")
+    yield address, env, log
+    stop_head(head)
+
+
+def stop_head(head: subprocess.Popen) -> None:
+    """End `ray start --block` and the cluster it started (its process group)."""
     os.killpg(head.pid, signal.SIGTERM)
     try:
         head.wait(timeout=60)
@@ -55,13 +64,13 @@ def cluster(tmp_path_factory):
 
 
 def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, packages):
-    address, env = cluster
+    address, env, log = cluster
     mlp = packages.get("dynamic_mlp").package
     result = subprocess.run(
         [sys.executable, "-m", "aotc", "serve", str(mlp), "--address", address,
          "--host", NODE, "--port", str(free_port()), "--check"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:] + "\nhead: " + log.read_text()[-1000:]
     assert "POST /v1/predict -> 200" in result.stdout
     assert f"serving {mlp} at http://{NODE}:" in result.stderr

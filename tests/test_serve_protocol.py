@@ -76,6 +76,7 @@ def test_npz_by_name_round_trip():
         (body({"inputs": [[[1, 2, 3, 4]] * 9, [[1.0]] * 9]}), None, 400, "outside 1..8"),
         (b"PK\x03\x04broken", NPZ_TYPE, 400, "not a readable .npz"),
         (b"x" * 100, "text/plain", 415, "Content-Type text/plain is not served"),
+        (b"{}", "application/x-www-form-urlencoded", 415, "add -H 'Content-Type: application/json'"),
     ],
 )  # fmt: skip
 def test_refusals_have_a_status_and_one_line(raw, content_type, status, message):

@@ -45,6 +45,29 @@ def test_check_starts_answers_one_request_and_stops(mlp):
     assert "'output_0': [16, 10]" in result.stdout  # the example batch of the B=1:64 export
 
 
+def test_sigterm_stops_the_server_cleanly(mlp):
+    """SIGTERM (what Docker and systemd send) takes the deployment down like Ctrl-C, exit 0; Ray's
+    own handler would end the process on the spot with a native stack dump."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aotc", "serve", str(mlp), "--port", str(free_port())],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = []
+        for line in process.stderr:  # up once it says how to stop it (it gives up within 300 s)
+            seen.append(line)
+            if "Ctrl-C stops it" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    stderr = "".join(seen) + rest
+    assert process.returncode == 0, stderr[-2000:]
+    assert "Ctrl-C stops it" in stderr and "stopping" in stderr and "SIGTERM received" not in stderr
+
+
 @pytest.fixture(scope="module")
 def server(mlp):
     running = start(ServeOptions(package=mlp, port=free_port(), replicas=2, threads=1, ship=True))

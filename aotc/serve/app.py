@@ -8,11 +8,15 @@ Two Ray Serve deployments (model composition, as Ray Serve's docs build it):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +47,6 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ship: bool | None = None  # None: ship through Ray exactly when --address is given
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
-    extra_env: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +117,9 @@ def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
 
 def _check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # as the HTTP server binds: a port whose last connections are in TIME_WAIT (a server just
+        # stopped) is free; only a socket listening there makes it busy
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
@@ -162,58 +168,80 @@ def start(options: ServeOptions) -> Server:
     started_ray = False
     try:
         if not ray.is_initialized():
-            ray.init(
-                address="local" if local else options.address,
-                # a local Ray gets at least the CPUs the replicas ask for, so none waits forever
-                num_cpus=max(os.cpu_count() or 1, threads * options.replicas) if local else None,
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-                log_to_driver=False,
-                runtime_env={"env_vars": dict(options.extra_env)} if options.extra_env else None,
-                **(
-                    {"_metrics_export_port": options.metrics_port}
-                    if local and options.metrics_port
-                    else {}
-                ),
-            )
+            with caller_sigterm_handler():
+                ray.init(
+                    address="local" if local else options.address,
+                    # a local Ray gets at least the CPUs the replicas ask for, so none waits forever
+                    num_cpus=max(os.cpu_count() or 1, threads * options.replicas)
+                    if local
+                    else None,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                    log_to_driver=False,
+                    **(
+                        {"_metrics_export_port": options.metrics_port}
+                        if local and options.metrics_port
+                        else {}
+                    ),
+                )
             started_ray = True
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         serve.start(http_options={"host": options.host, "port": options.port})
     except (ConnectionError, RuntimeError, ValueError) as exc:
+        if started_ray:  # Ray came up but Serve did not: nothing of ours stays running
+            ray.shutdown()
         raise ServeError(f"Ray could not start ({exc}); check --address and `ray status`") from None
-    store = None
-    if shipping:
-        store_name = f"aotc-package-{uuid.uuid4().hex[:12]}"
-        # detached on a cluster: the store outlives a dropped client connection, and `aotc serve`
-        # removes it on exit
-        store = ship(options.package, store_name, detached=not local)
-        source = PackageSource(store_name=store_name)
-    else:
-        source = PackageSource(path=str(options.package.resolve()))
-    model = serve.deployment(
-        ModelReplica,
-        name="aotc-model",
-        num_replicas=options.replicas,
-        ray_actor_options={"num_cpus": 0 if gpus else threads, "num_gpus": gpus},
-        # serve.batch collects up to max_batch requests at once: each replica must accept them
-        max_ongoing_requests=max(32, 2 * max_batch),
-        health_check_period_s=2,
-        logging_config=QUIET_LOGS,
-    ).bind(source, ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads))
-    info = metadata(manifest, options, max_batch)
-    retry = not manifest.signature.state
-    app = ingress_deployment(options.replicas).bind(model, info, options.max_body_bytes, retry)
-    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     server = Server(
         f"http://{reachable_host(options)}:{options.port}",
         options,
-        info,
-        store,
-        started_ray,
-        started_ray and local,
+        metadata(manifest, options, max_batch),
+        started_ray=started_ray,
+        local_ray=started_ray and local,
     )
-    server.health = wait_until_answering(server)
+    try:
+        source = PackageSource(path=str(options.package.resolve()))
+        if shipping:
+            store_name = f"aotc-package-{uuid.uuid4().hex[:12]}"
+            # detached on a cluster: the store outlives a dropped client connection, and
+            # `aotc serve` removes it on exit
+            server.store = ship(options.package, store_name, detached=not local)
+            source = PackageSource(store_name=store_name)
+        model = serve.deployment(
+            ModelReplica,
+            name="aotc-model",
+            num_replicas=options.replicas,
+            ray_actor_options={"num_cpus": 0 if gpus else threads, "num_gpus": gpus},
+            # serve.batch collects up to max_batch requests at once: each replica must accept them
+            max_ongoing_requests=max(32, 2 * max_batch),
+            health_check_period_s=2,
+            logging_config=QUIET_LOGS,
+        ).bind(source, ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads))
+        retry = not manifest.signature.state
+        app = ingress_deployment(options.replicas).bind(
+            model, server.metadata, options.max_body_bytes, retry
+        )
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        server.health = wait_until_answering(server)
+    except BaseException:  # Ctrl-C or no replica: take down what was started, then report
+        stop(server)
+        raise
     return server
+
+
+@contextlib.contextmanager
+def caller_sigterm_handler() -> Iterator[None]:
+    """Keep the process's SIGTERM handler across ray.init: Ray's core installs one that ends the
+    process on the spot with a native stack dump, where the CLI stops like Ctrl-C (taking the
+    deployment down) and a library caller keeps whatever it had."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def reachable_host(options: ServeOptions) -> str:

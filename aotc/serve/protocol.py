@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 JSON_TYPE = "application/json"
 NPZ_TYPE = "application/x-npz"
+FORM_TYPE = "application/x-www-form-urlencoded"
 DEFAULT_MAX_BODY_BYTES = 64 << 20  # `aotc serve --max-body-mb`
 
 
@@ -76,7 +77,15 @@ def decode_request(
     elif kind == NPZ_TYPE:
         tensors = _from_npz(body, signature)
     else:
-        raise RequestError(415, f"Content-Type {kind} is not served; use {JSON_TYPE} or {NPZ_TYPE}")
+        # curl -d sends a JSON body under this type unless told otherwise
+        hint = (
+            " (curl -d sends it: add -H 'Content-Type: application/json')"
+            if kind == FORM_TYPE
+            else ""
+        )
+        raise RequestError(
+            415, f"Content-Type {kind} is not served{hint}; use {JSON_TYPE} or {NPZ_TYPE}"
+        )
     try:
         signature.check_inputs(tensors)
     except InputMismatchError as exc:
