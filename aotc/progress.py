@@ -32,6 +32,10 @@ class Progress:
     def note(self, text: str) -> None:
         self._say(text)
 
+    def warn(self, text: str) -> None:
+        """One line on stderr that --quiet does not silence: something the user should know."""
+        print(f"warning: {text}", file=self.stream, flush=True)
+
     @contextlib.contextmanager
     def stage(self, name: str, detail: Callable[[], str] | None = None):
         """Announce a stage, keep saying it is alive, and report how long it took.

@@ -162,42 +162,40 @@ class _Verification:
         return (
             f"re-run against {artifact.name} on {len(check.cases)} case(s): worst max abs {worst['max_abs']:.3g} "
             f"({worst['name']}; the build recorded {_figure(worst['recorded_max_abs'])}), within atol "
-            f"{check.atol:g} rtol {check.rtol:g}{self._members_numeric(manifest)}"
+            f"{check.atol:g} rtol {check.rtol:g}{self._members_numeric(manifest, artifact)}"
         )
 
-    def _members_numeric(self, manifest: Manifest) -> str:
-        """Each --specialize member's check, re-run against the static artifact it was built from
-        (kept in the tune cache); a member whose artifact is gone is said, not failed."""
+    def _members_numeric(self, manifest: Manifest, artifact: Path) -> str:
+        """Each --specialize member was run above through the package's routing, against the user's
+        artifact. Its own record is checked too: the static artifact it names must be the package's
+        artifact re-exported at the member's sizes (a planted file is refused, not trusted)."""
+        from aotc.build.specialize import derivation_problem
         from aotc_runtime import read_manifest, sha256_file
 
-        rerun, gone = [], []
+        if not manifest.specializations:
+            return ""
+        assert manifest.source is not None  # _artifact refused a package without one
+        top_signature = manifest.signature.to_json()
         for spec in manifest.specializations:
-            folder = self.package / spec.package
-            member = read_manifest(folder)
+            member = read_manifest(self.package / spec.package)
             source = Path(member.source.artifact) if member.source else None
             if (
                 source is None
                 or not source.is_file()
                 or sha256_file(source) != member.source.sha256
             ):
-                gone.append(spec.label)
-                continue
-            check = rerun_numeric_check(folder, member, source)
-            outputs = compare_with_build(check, member.numeric_check)
-            self.numeric.setdefault("members", {})[spec.label] = outputs
-            if not check.passed:
+                continue  # gone from the cache: the routed check above is the member's check
+            problem = derivation_problem(source, manifest.source.sha256, top_signature, spec.dims)
+            if problem:
                 raise NumericMismatchError(
-                    f"member {spec.package} ({spec.label}): "
-                    + _mismatch_message(outputs, member.numeric_check.passed)
+                    f"member {spec.package} ({spec.label}) was built from {source}, which is not "
+                    f"{artifact.name} at {spec.label}: {problem}; rebuild the package with "
+                    "`aotc build --force`"
                 )
-            rerun.append(spec.label)
-        said = f"; members {', '.join(rerun)} re-run too" if rerun else ""
-        if gone:
-            said += (
-                f"; not re-run: {', '.join(gone)} (the static artifact each was built from is no "
-                "longer in the tune cache)"
-            )
-        return said
+        assert self.numeric is not None  # set by _numeric before it asks for this
+        self.numeric["members"] = [spec.label for spec in manifest.specializations]
+        labels = ", ".join(self.numeric["members"])
+        return f"; members {labels} run through the package's routing against {artifact.name}"
 
     def _artifact(self, manifest: Manifest) -> Path:
         from aotc_runtime import sha256_file
@@ -230,7 +228,10 @@ class _Verification:
 
 def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> NumericCheck:
     """The build's numeric check (aotc/build/pipeline.py), run again on the finished package: the
-    fp32 program as reference, the build's tolerance, TF32 off on both sides for fp32 on CUDA."""
+    fp32 program as reference, the build's tolerance, TF32 off on both sides for fp32 on CUDA.
+    A --specialize package is also run at each member's sizes, where it routes the call to the
+    member, against the same program: every model in the folder answers to the user's artifact,
+    never to a static artifact that was kept in the cache."""
     from aotc.build.precision import place_program
     from aotc.build.tolerances import tolerance
     from aotc.build.verify import check_numerics
@@ -241,6 +242,7 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
     recorded = manifest.numeric_check
     assert recorded is not None
     device = manifest.device.type
+    member_sizes = [dict(spec.dims) for spec in manifest.specializations]
     if Path(artifact).suffix == ".onnx":  # an ONNX Runtime package built from an .onnx export
         from aotc.onnx.convert import read_onnx_model
         from aotc.onnx.package import onnx_reference
@@ -257,6 +259,7 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
                 rtol,
                 allow_mismatch=True,
                 reference=onnx_reference(model),
+                extra_sizes=member_sizes,
             )
     ep, meta = load_artifact(artifact)
     atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
@@ -272,6 +275,7 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
             rtol,
             allow_mismatch=True,
             strict=strict,
+            extra_sizes=member_sizes,
         )
 
 

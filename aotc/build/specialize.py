@@ -13,6 +13,7 @@ ranges; its signature is the artifact's with the dims fixed.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from aotc.errors import UserInputError
@@ -67,7 +68,7 @@ def specialized_artifact(artifact: Path, sizes: dict, output: Path) -> None:
     import torch
 
     from aotc.export.signature import _dim_text, _symbol_names
-    from aotc_runtime import Signature
+    from aotc_runtime import Signature, sha256_file
 
     ep, meta = load_artifact(artifact)
     signature = Signature.from_json(meta.signature)
@@ -108,4 +109,38 @@ def specialized_artifact(artifact: Path, sizes: dict, output: Path) -> None:
         {**spec, "shape": [_dim_text(s, names) for s in value.shape]}
         for spec, value in zip(meta.signature["outputs"], values)
     ]
-    save_artifact(static, ArtifactMeta.new(meta.model, data), output)
+    derived = {"sha256": sha256_file(artifact), "sizes": dict(sizes)}
+    new = dataclasses.replace(ArtifactMeta.new(meta.model, data), derived_from=derived)
+    save_artifact(static, new, output)
+
+
+def derivation_problem(
+    path: Path, source_sha256: str, source_signature: dict, sizes: dict
+) -> str | None:
+    """Why the specialized artifact at `path` is not the artifact with sha256 `source_sha256` (and
+    signature `source_signature`) re-exported at `sizes`, or None. A cached file is an input like
+    any other: what it claims is checked, and its inputs must be the source's with those dims
+    fixed. Its program is checked where it counts: the assembled package's numeric check runs
+    against the source's eager run (aotc/tune/driver.py)."""
+    from aotc.export.artifact import read_artifact_meta
+    from aotc_runtime import Signature
+
+    try:
+        meta = read_artifact_meta(path)
+    except UserInputError as exc:
+        return f"it is not a readable artifact ({exc})"
+    derived = meta.derived_from or {}
+    if derived.get("sha256") != source_sha256:
+        return "it records another source artifact" if derived else "it records no source artifact"
+    if derived.get("sizes") != dict(sizes):
+        return f"it records sizes {derived.get('sizes')}, not {dict(sizes)}"
+    try:
+        inputs = Signature.from_json(meta.signature).inputs
+    except ValueError:  # a FieldError: the signature is not readable
+        return "its signature is not readable"
+    expected = Signature.from_json(source_signature).specialized(sizes)
+    ours = [(i.name, i.dtype, tuple(i.shape)) for i in inputs]
+    theirs = [(i.name, i.dtype, tuple(i.shape)) for i in expected]
+    if ours != theirs:
+        return f"its inputs {ours} are not the source's at those sizes {theirs}"
+    return None

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,8 +32,10 @@ STRICT_FP32_ENV = (
 )
 
 
-def input_cases(ep, signature, device) -> list:
-    """[(label, [tensors])]: the export's example inputs, then all dynamic dims at min and at max."""
+def input_cases(ep, signature, device, extra_sizes: Sequence[dict] = ()) -> list:
+    """[(label, [tensors])]: the export's example inputs, then all dynamic dims at min and at max,
+    then one case at each of `extra_sizes` (a --specialize package's members: the package routes
+    those calls to them, so they are checked against the same eager program)."""
     from aotc_runtime import Signature
 
     sig = Signature.from_json(signature)
@@ -52,6 +55,11 @@ def input_cases(ep, signature, device) -> list:
                     sig.random_inputs(seed=1, sizes=sizes, device=device),
                 )
             )
+    for sizes in extra_sizes:
+        label = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        cases.append(
+            (f"specialized at {label}", sig.random_inputs(seed=2, sizes=sizes, device=device))
+        )
     return cases
 
 
@@ -179,6 +187,7 @@ def check_numerics(
     allow_mismatch: bool,
     strict: bool = False,
     reference=None,
+    extra_sizes: Sequence[dict] = (),
     fix: str = "loosen --atol/--rtol, try another --mode, or pass --allow-mismatch to keep the package anyway",
 ) -> NumericCheck:
     """Run the check; return the manifest's numeric_check record or raise NumericMismatchError.
@@ -190,7 +199,7 @@ def check_numerics(
     from aotc.build.precision import strict_fp32
     from aotc_runtime import NumericCheck, OutputCheck
 
-    cases = input_cases(ep, signature, device)
+    cases = input_cases(ep, signature, device, extra_sizes)
     if reference is not None:
         described, run_reference = reference
         references = run_reference(cases)

@@ -30,6 +30,9 @@ class ArtifactMeta:
     created: str
     signature: dict  # the JSON form of docs/package-format.md's `signature`
     kind: str = ARTIFACT_KIND
+    # A --specialize artifact: {"sha256": of the artifact it was re-exported from, "sizes": {dim:
+    # size}}. The build and `aotc verify` check it, so a planted file cannot pass for a member.
+    derived_from: dict | None = None
 
     @classmethod
     def new(cls, model: str, signature: dict) -> ArtifactMeta:
@@ -42,7 +45,7 @@ class ArtifactMeta:
         )
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "kind": self.kind,
             "aotc_version": self.aotc_version,
             "torch": self.torch,
@@ -50,6 +53,9 @@ class ArtifactMeta:
             "created": self.created,
             "signature": self.signature,
         }
+        if self.derived_from is not None:
+            data["derived_from"] = self.derived_from
+        return data
 
     @classmethod
     def from_json(cls, data) -> ArtifactMeta | None:
@@ -66,6 +72,9 @@ class ArtifactMeta:
             data.get("model"),
             str(data.get("created", "")),
             data["signature"],
+            derived_from=data["derived_from"]
+            if isinstance(data.get("derived_from"), dict)
+            else None,
         )
 
 

@@ -7,7 +7,11 @@ search's measurement is keyed by its candidates' keys: the same candidates on th
 reuse it. Builds cut off by the budget are not kept (a larger budget may finish them).
 
 The folder is $AOTC_CACHE_DIR, else $XDG_CACHE_HOME/aotc, else ~/.cache/aotc; removing it is
-always safe. Packages read from it are loaded through aotc_runtime, which checks their hashes.
+always safe. It is an input, not a trusted store: whoever can write it can change what a build
+produces, so it is created private (0700) and refused when another user owns it or others can
+write it; a cached package is checked against its own manifest before use (a damaged one is
+removed and built again), and the assembled package's numeric check runs against the user's
+artifact whether its models came from the cache or not (aotc/tune/driver.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
+
+from aotc.errors import UserInputError
 
 CACHE_LAYOUT = 1  # bump when what a key covers changes
 
@@ -27,6 +34,42 @@ def cache_root() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "aotc"
+
+
+def private_cache_root() -> Path:
+    """cache_root(), created 0700 if missing; refused (exit 2) when it is not this user's alone."""
+    root = cache_root()
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = root.stat()  # a link to a cache elsewhere is judged by its target
+    except OSError as exc:
+        raise UserInputError(
+            f"build cache {root} cannot be created ({exc.strerror}); set AOTC_CACHE_DIR to a "
+            "folder of your own"
+        ) from None
+    problem = cache_trust_problem(info)
+    if problem:
+        raise UserInputError(
+            f"build cache {root} {problem}: whoever can write it can change what your builds "
+            f"produce; {_trust_fix(root, problem)}"
+        )
+    return root
+
+
+def cache_trust_problem(info: os.stat_result) -> str | None:
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if info.st_uid != os.getuid():
+        return f"is owned by user id {info.st_uid}, not by you ({os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _trust_fix(root: Path, problem: str) -> str:
+    if problem.startswith("is writable"):
+        return f"run `chmod 700 {root}` or set AOTC_CACHE_DIR to a private folder"
+    return "set AOTC_CACHE_DIR to a folder of your own (it is created private)"
 
 
 def key_of(data: dict) -> str:

@@ -16,25 +16,54 @@ from pathlib import Path
 
 from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
 from aotc.build.pipeline import BuildResult
-from aotc.build.specialize import check_specialize, specialized_artifact
+from aotc.build.specialize import check_specialize, derivation_problem, specialized_artifact
 from aotc.config import BuildConfig
 from aotc.errors import AotcError, BuildError, NumericMismatchError
-from aotc.tune.cache import TuneCache, cache_root, key_of, machine_versions
+from aotc.tune.cache import TuneCache, key_of, machine_versions, private_cache_root
 from aotc.tune.candidates import BASELINE, Candidate, load_candidates, select, skip_reason
 from aotc.tune.search import Trial, Variant, build_trials, choose, time_variant, trial_key
-from aotc_runtime import Signature, Specialization, read_manifest, sha256_file
+from aotc_runtime import Signature, Specialization, read_manifest, sha256_file, verify_files
 
 MEMBERS_DIR = "specialized"
 
 
 def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
+    try:
+        return _build_tuned(cfg, progress)
+    except UntrustedCacheEntries as failed:
+        # Something taken from the cache (or derived from a planted artifact) does not compute
+        # what the user's artifact computes: it is removed and the search runs once more, all of
+        # it built afresh for those models. A second failure is the build's own and is reported.
+        progress.warn(
+            f"the assembled package failed its check against {cfg.artifact.name} "
+            f"({failed.detail}); removed {len(failed.entries)} build cache entr(ies) it came from "
+            "and building them again"
+        )
+        for entry in failed.entries:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        return _build_tuned(cfg, progress, retry=True)
+
+
+class UntrustedCacheEntries(Exception):
+    """The assembled package failed its check and some of it came from the cache."""
+
+    def __init__(self, detail: str, entries: list[Path]):
+        super().__init__(detail)
+        self.detail, self.entries = detail, entries
+
+
+def _build_tuned(cfg: BuildConfig, progress, retry: bool = False) -> BuildResult:
     started = time.monotonic()
     deadline = started + cfg.tune_budget_s if cfg.tune_budget_s else None
     with tempfile.TemporaryDirectory(prefix="aotc-tune-") as scratch:
+        root = private_cache_root() / "tune"
         # Without --tune nothing is kept between runs: the builds go to a scratch folder.
-        cache = TuneCache(cache_root() / "tune" if cfg.tune else Path(scratch))
+        cache = TuneCache(root if cfg.tune else Path(scratch))
         base = {"artifact": sha256_file(cfg.artifact), **machine_versions(cfg.device)}
-        variants = make_variants(cfg, base, progress)
+        variants = make_variants(cfg, base, root, progress)
         trials = make_trials(cfg, variants, base)
         runnable = [t for t in trials if t.status == "pending"]
         build_trials(runnable, cfg, cache, deadline, progress)
@@ -67,12 +96,13 @@ def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
                 for v in variants
             ],
         }
-        result = assemble(cfg, main, [(v, winners[v.label]) for v in variants[1:]], record, started)
+        members = [(v, winners[v.label]) for v in variants[1:]]
+        result = assemble(cfg, main, members, record, started, progress, retry)
     _report(progress, result.manifest.tuning)
     return result
 
 
-def make_variants(cfg: BuildConfig, base: dict, progress) -> list[Variant]:
+def make_variants(cfg: BuildConfig, base: dict, root: Path, progress) -> list[Variant]:
     """The dynamic model, then one static artifact per --specialize size (kept in the cache)."""
     from aotc.export.artifact import read_artifact_meta
 
@@ -85,9 +115,19 @@ def make_variants(cfg: BuildConfig, base: dict, progress) -> list[Variant]:
     check_specialize(meta.signature, name, sizes)
     for size in sizes:
         dims = {name: size}
-        # kept in the cache even without --tune: `aotc verify` re-runs a member's check against it
-        path = cache_root() / "tune" / "artifacts" / f"{key_of({**base, 'sizes': dims})}.pt2"
-        if not path.is_file():
+        # kept in the cache even without --tune: `aotc verify` checks a member's record against it
+        path = root / "artifacts" / f"{key_of({**base, 'sizes': dims})}.pt2"
+        reused = path.is_file()
+        if reused:
+            problem = derivation_problem(path, base["artifact"], meta.signature, dims)
+            if problem:
+                progress.warn(
+                    f"the tune cache's artifact for {name}={size} is not {cfg.artifact.name} at "
+                    f"that size ({problem}); removed it and specializing again"
+                )
+                path.unlink(missing_ok=True)
+                reused = False
+        if not reused:
             progress.note(f"specializing the artifact at {name}={size}")
             path.parent.mkdir(parents=True, exist_ok=True)
             specialized_artifact(cfg.artifact, dims, path)
@@ -127,13 +167,20 @@ def make_trials(cfg: BuildConfig, variants: list[Variant], base: dict) -> list[T
 
 
 def assemble(
-    cfg: BuildConfig, main: Trial, members: list, record: dict, started: float
+    cfg: BuildConfig,
+    main: Trial,
+    members: list,
+    record: dict,
+    started: float,
+    progress,
+    retry: bool = False,
 ) -> BuildResult:
-    """The main winner's package, each member's winner inside it, the manifest with both fields."""
+    """The main winner's package, each member's winner inside it, the manifest with both fields;
+    then the whole folder checked against the user's artifact before it is committed."""
     with output_lock(cfg.output), staging_folder(cfg.output) as staging:
-        shutil.copytree(main.package, staging, dirs_exist_ok=True)
+        _copy_checked(main.package, staging, dirs_exist_ok=True)
         manifest = with_cudnn_benchmark(read_manifest(staging), main.cudnn_benchmark)
-        specializations, dropped = [], []
+        specializations, dropped, used = [], [], [main]
         for variant, winner in members:
             if winner is None:  # the package builds from the others; the record says why
                 entry = next(v for v in record["variants"] if v["dims"] == variant.sizes)
@@ -144,11 +191,12 @@ def assemble(
                 dropped.append(f"{variant.label}: runs the dynamic model; {why}")
                 continue
             folder = _member_folder(variant.sizes)
-            shutil.copytree(winner.package, staging / folder)
+            _copy_checked(winner.package, staging / folder)
             if winner.cudnn_benchmark:
                 member = read_manifest(staging / folder)
                 write_manifest(staging / folder, with_cudnn_benchmark(member, True))
             specializations.append(Specialization(dict(variant.sizes), folder))
+            used.append(winner)
         record["dropped"] = dropped
         record["search_seconds"] = round(time.monotonic() - started, 2)
         record["package_bytes"] = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
@@ -164,8 +212,54 @@ def assemble(
             },
         )
         manifest = write_manifest(staging, manifest)
+        record["assembled_check"] = check_assembled(cfg, staging, manifest, used, retry, progress)
+        manifest = write_manifest(staging, dataclasses.replace(manifest, tuning=record))
         commit(staging, cfg.output)
     return BuildResult(cfg.output, manifest)
+
+
+def _copy_checked(source: Path, target: Path, dirs_exist_ok: bool = False) -> None:
+    """Copy a candidate's package, then check the copy against its own manifest: the copy is what
+    gets used, so a file changed in the cache after the search looked at it is still caught."""
+    shutil.copytree(source, target, dirs_exist_ok=dirs_exist_ok)
+    verify_files(target, read_manifest(target))
+
+
+def check_assembled(
+    cfg: BuildConfig, staging: Path, manifest, used: list[Trial], retry: bool, progress
+) -> dict:
+    """The numeric check of the folder as it will be written, against eager of the user's artifact,
+    with a case at every member's sizes (the package routes those calls to the member). Each model
+    in it passed a check when it was built, but against what it was built from, and perhaps in
+    another run: a cache entry or a specialized artifact changed since is caught here."""
+    from aotc.verify_package import rerun_numeric_check
+
+    try:
+        with progress.stage("checking the assembled package against eager in a child process"):
+            check = rerun_numeric_check(staging, manifest, cfg.artifact)
+    except BuildError as exc:  # the child refused or crashed on a model (a contract mismatch)
+        detail = str(exc)
+    else:
+        worst = max(check.outputs, key=lambda o: o.max_abs)
+        if check.passed or cfg.allow_mismatch:
+            return {
+                "cases": list(check.cases),
+                "passed": check.passed,
+                "worst_max_abs": worst.max_abs,
+                "worst_output": worst.name,
+            }
+        detail = (
+            f"output '{worst.name}' differs by max abs {worst.max_abs:.3g} at {worst.worst_case}, "
+            f"above atol={worst.atol:g} rtol={worst.rtol:g}"
+        )
+    entries = [t.package.parent for t in used if t.package is not None]
+    entries += [t.variant.artifact for t in used if t.variant.sizes]
+    if not retry:
+        raise UntrustedCacheEntries(detail, entries)
+    raise NumericMismatchError(
+        f"the assembled package failed its check ({detail}), though every model in it was built "
+        "afresh and passed its own check; rebuild without --specialize and report this"
+    )
 
 
 def with_cudnn_benchmark(manifest, enabled: bool):

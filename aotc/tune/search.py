@@ -174,10 +174,16 @@ def build_trials(
         record = cache.read_build(trial.key)
         folder = cache.build_dir(trial.key) / "package"
         if record and (record["status"] != "passed" or (folder / "manifest.json").is_file()):
-            trial.status, trial.reason = record["status"], record.get("reason") or ""
-            trial.build_seconds, trial.cached = record.get("build_seconds"), True
-            trial.package = folder if trial.status == "passed" else None
-            return
+            damage = cached_package_problem(folder) if record["status"] == "passed" else None
+            if damage is None:
+                trial.status, trial.reason = record["status"], record.get("reason") or ""
+                trial.build_seconds, trial.cached = record.get("build_seconds"), True
+                trial.package = folder if trial.status == "passed" else None
+                return
+            progress.warn(
+                f"the tune cache's build of {trial.candidate.name} for {trial.variant.label} is "
+                f"damaged ({damage}); removed it and building it again"
+            )
         # The first build (the package without --tune) always runs to its end: without it there
         # is no package; every later one gets what is left of the budget.
         remaining = None if index == 0 or deadline is None else deadline - time.monotonic()
@@ -225,6 +231,21 @@ def build_trials(
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+def cached_package_problem(folder: Path) -> str | None:
+    """Why a cached build cannot be used as it is, or None: its manifest must read, its build must
+    have finished, and every file must match the manifest's sha256 (what a package claims of
+    itself; the assembled package's numeric check judges what it computes)."""
+    from aotc_runtime import PackageError, check_finished, read_manifest, verify_files
+
+    try:
+        manifest = read_manifest(folder)
+        check_finished(folder, manifest)
+        verify_files(folder, manifest)
+    except PackageError as exc:
+        return str(exc).split("; rebuild")[0]
+    return None
 
 
 def time_variant(trials: list[Trial], device: str, cache: TuneCache, progress) -> bool:
