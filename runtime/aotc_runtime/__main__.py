@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from .runner import format_report, run_package
 
+    _terminate_like_interrupt()
     try:
         report = run_package(
             args.package,
@@ -63,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        # exit handlers run from here: the model's unpacked copy is removed (extraction.py)
+        print("error: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
+        return 130
     except OSError as exc:
         if args.verbose or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -74,6 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
+
+
+def _terminate_like_interrupt() -> None:
+    """SIGTERM (what `timeout`, Docker and Kubernetes send) ends a run as Ctrl-C does, so exit
+    handlers run; by default it ends the process on the spot."""
+    import signal
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from .environment import check_compatible
 from .errors import PackageError
+from .extraction import private_extraction
 from .manifest import (
     MODEL_FILE,
     STATE_FILE,
@@ -254,7 +255,11 @@ def load(
     if verify or signed is not None:  # a signature vouches for the files only through their hashes
         verify_files(path, manifest)
     loader = _open_model(path, manifest, threads)
-    check_contract(path, manifest, loader.get_metadata())
+    try:
+        check_contract(path, manifest, loader.get_metadata())
+    except PackageError:
+        loader = None  # its destructor removes what it unpacked, before the error travels up
+        raise
     package = Package(
         path,
         manifest,
@@ -319,15 +324,16 @@ def _open_model(path: Path, manifest: Manifest, threads: int) -> Any:
     device_index = 0 if manifest.device.type == "cuda" else -1
     single_threaded = manifest.runtime.cuda_graphs
     try:
-        return torch._C._aoti.AOTIModelPackageLoader(
-            # A CUDA-graph package serializes its calls (static buffers) and AOTInductor's
-            # single-threaded runner takes one model instance.
-            str(path / MODEL_FILE),
-            "model",
-            single_threaded,
-            1 if single_threaded else threads,
-            device_index,
-        )
+        with private_extraction():
+            return torch._C._aoti.AOTIModelPackageLoader(
+                # A CUDA-graph package serializes its calls (static buffers) and AOTInductor's
+                # single-threaded runner takes one model instance.
+                str(path / MODEL_FILE),
+                "model",
+                single_threaded,
+                1 if single_threaded else threads,
+                device_index,
+            )
     except Exception as exc:  # the C++ loader raises RuntimeError with its own text
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PackageError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -140,9 +141,19 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
-    """At most limit + 1 bytes: enough to tell a file that is too large without reading all of it."""
-    with open(path, "rb") as handle:
-        return handle.read(limit + 1)
+    """At most limit + 1 bytes: enough to tell a file that is too large without reading all of it.
+    Only a regular file: opening a FIFO for reading waits for a writer forever (O_NONBLOCK does
+    not), and a device may never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(fd, "rb") as handle:
+            fd = -1  # the handle owns it now
+            return handle.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _manifest_bytes(folder: Path) -> bytes:
