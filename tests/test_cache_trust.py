@@ -207,7 +207,7 @@ def test_a_cache_others_can_write_is_refused(packages, tmp_path, monkeypatch, ho
 
 def test_a_new_cache_is_created_private(packages, tmp_path, monkeypatch):
     monkeypatch.setenv("AOTC_CACHE_DIR", str(tmp_path / "new" / "cache"))
-    from aotc.tune.cache import private_cache_root
+    from aotc.cache_dir import private_cache_root
 
     root = private_cache_root()
     assert root.stat().st_mode & 0o777 == 0o700

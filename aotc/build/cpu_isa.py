@@ -6,10 +6,19 @@ sets both halves, `cpp.march` and `cpp.simdlen`, to a portable level (x86-64 mic
 v3 = AVX2/FMA, v4 = AVX-512 F/DQ/BW/VL). Whatever the choice, the manifest records the extensions
 the compiler was allowed to use, read from the compiler itself (`-dM -E` lists the macros each
 enabled extension defines), so the runtime can refuse a CPU that lacks one, naming it.
+
+Inductor decides which vector ISAs it may use by compiling and running a test program for each
+one the CPU claims (`valid_vec_isa_list`): ten compiler runs, 12 s on the 2-core CPU VM and about
+40 s on the H100 host (issue 25), once per process, and every build is a new process (each --tune
+candidate too), CUDA builds included (AOTInductor picks an ISA for any package's host code). The
+answer depends only on the compiler, torch and the CPU, so it is kept in aotc's cache folder
+(trusted_vec_isa_options): a machine pays for the probe once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import platform
 import subprocess
 
@@ -82,16 +91,67 @@ def isa_options(name: str) -> dict:
     return {"cpp.march": march, "cpp.simdlen": simdlen}
 
 
-def compiled_features(name: str, cxx: str) -> tuple[str, ...]:
+def trusted_vec_isa_options(cxx: str) -> dict:
+    """{"cpp.vec_isa_ok": True} when Inductor's probe already ran for this compiler, torch and CPU
+    and every vector ISA the CPU claims passed it: Inductor then takes the CPU's word and skips the
+    probe, which is what the probe would have answered. Otherwise the probe runs (in this process,
+    where Inductor's own call reuses its answer) and the answer is kept for the next build. An
+    ISA that failed the probe (a compiler too old for AMX, say) keeps the probe on every time."""
+    if not is_x86():
+        return {}
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, x86_isa_checker
+
+    from aotc.cache_dir import private_cache_root
+
+    cpu_flags = set(x86_isa_checker())
+    claimed = [str(i) for i in supported_vec_isa_list if set(str(i).split()) <= cpu_flags]
+    try:
+        folder = private_cache_root() / "cpu-isa"
+    except UserInputError:  # a cache others can write: probe every time rather than trust it
+        return {}
+    path = folder / f"{_probe_key(cxx, claimed)}.json"
+    try:
+        valid = json.loads(path.read_text())["valid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        valid = _probe_and_remember(path)
+    return {"cpp.vec_isa_ok": True} if valid == claimed else {}
+
+
+def _probe_key(cxx: str, claimed: list) -> str:
+    import torch
+
+    try:
+        version = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()[:1]
+    except (OSError, subprocess.TimeoutExpired):
+        version = []
+    record = {"cxx": cxx, "cxx_version": version, "torch": torch.__version__, "claimed": claimed}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _probe_and_remember(path) -> list:
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    from aotc_runtime import write_text_atomically
+
+    valid = [str(isa) for isa in valid_vec_isa_list()]  # the probe
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, json.dumps({"valid": valid}) + "\n")
+    return valid
+
+
+def compiled_features(name: str, cxx: str, trusted: dict | None = None) -> tuple[str, ...]:
     """The /proc/cpuinfo names of the extensions a package built for `name` may use: the macros
-    `cxx` defines under the -march and vector-ISA flags Inductor will pass."""
+    `cxx` defines under the -march and vector-ISA flags Inductor will pass. `trusted`: what
+    trusted_vec_isa_options gave, applied here as it will be to the compile."""
     if not is_x86():
         return ()
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import invalid_vec_isa, pick_vec_isa
 
     march, simdlen = ISAS[name]
-    with config.patch({"cpp.simdlen": simdlen}):
+    with config.patch({"cpp.simdlen": simdlen, **(trusted or {})}):
         vec_isa = pick_vec_isa()
     if simdlen is not None and vec_isa == invalid_vec_isa:
         raise UserInputError(

@@ -13,7 +13,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotc.build.cpu_isa import compiled_features
+from aotc.build.cpu_isa import compiled_features, trusted_vec_isa_options
 from aotc.build.disk_space import check_space, full_device
 from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
@@ -101,7 +101,9 @@ def _build(
         with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}
-        features = compiled_features(cfg.cpu_isa, compiler["cpp.cxx"][1])
+        # Inductor's vector-ISA probe, skipped when this machine already answered it
+        trusted_isa = trusted_vec_isa_options(compiler["cpp.cxx"][1])
+        features = compiled_features(cfg.cpu_isa, compiler["cpp.cxx"][1], trusted_isa)
         manifest = new_manifest(cfg, meta, options, compiler_record, features)
         # The compiled model carries what it was built as, so a runtime can tell an edited manifest
         # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
@@ -117,7 +119,10 @@ def _build(
             inductor_phase_times(phases),
         ):
             compile_aoti(
-                placed, staging / MODEL_FILE, {**options, **compiler, **described}, cfg.precision
+                placed,
+                staging / MODEL_FILE,
+                {**options, **compiler, **trusted_isa, **described},
+                cfg.precision,
             )
             if empty_weights_blob(staging / MODEL_FILE):
                 # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
@@ -127,7 +132,7 @@ def _build(
                 compile_aoti(
                     placed,
                     staging / MODEL_FILE,
-                    {**options, **compiler, **described},
+                    {**options, **compiler, **trusted_isa, **described},
                     cfg.precision,
                 )
         normalize_archive(staging / MODEL_FILE)  # the same inputs give the same bytes

@@ -17,9 +17,10 @@ from pathlib import Path
 from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
 from aotc.build.pipeline import BuildResult
 from aotc.build.specialize import check_specialize, derivation_problem, specialized_artifact
+from aotc.cache_dir import private_cache_root
 from aotc.config import BuildConfig
 from aotc.errors import AotcError, BuildError, NumericMismatchError
-from aotc.tune.cache import TuneCache, key_of, machine_versions, private_cache_root
+from aotc.tune.cache import TuneCache, key_of, machine_versions
 from aotc.tune.candidates import BASELINE, Candidate, load_candidates, select, skip_reason
 from aotc.tune.search import Trial, Variant, build_trials, choose, time_variant, trial_key
 from aotc_runtime import Signature, Specialization, read_manifest, sha256_file, verify_files
