@@ -87,7 +87,7 @@ def _terminate_like_interrupt() -> None:
     import signal
     import threading
 
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
