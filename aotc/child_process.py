@@ -20,17 +20,25 @@ def child_env(**extra: str) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **extra}
 
 
+# Lines that say a native failure happened but not which: AOTInductor wraps every error of a
+# model's run in "run_func_(...) API call failed at .../model_container_runner.cpp", and prints the
+# cause ("Error: ...", a CUDA error, a failed assertion) on the lines above it.
+_WRAPPERS = re.compile(r"API call failed at|^Exception raised from")
+_CAUSES = re.compile(
+    r"^[\w.]*(Error|Exception)\b|CUDA error|out of memory|Assertion|assert|what\(\):", re.IGNORECASE
+)
+
+
 def failure_line(stderr: str, returncode: int) -> str:
     """The line of a failed child's stderr that says what went wrong.
 
-    A C++ exception ends with its native frames ("frame #35: _start ..."): the message is the last
-    line that names an error, not the last line.
+    A C++ exception ends with its native frames ("frame #35: _start ..."), and AOTInductor's
+    runner ends with a generic "API call failed" line: the message is the last line that names a
+    cause, not the last line, and not the wrapper when a cause precedes it.
     """
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    errors = [
-        line
-        for line in lines
-        if re.match(r"[\w.]*(Error|Exception)\b", line)
-        and not line.startswith("Exception raised from")
-    ]
-    return (errors[-1] if errors else lines[-1] if lines else f"exit status {returncode}")[:300]
+    lines = [line for line in lines if not line.startswith("frame #")]
+    errors = [line for line in lines if _CAUSES.search(line)]
+    causes = [line for line in errors if not _WRAPPERS.search(line)]
+    picked = causes or errors or lines[-1:]
+    return (picked[-1] if picked else f"exit status {returncode}")[:300]

@@ -1,6 +1,7 @@
 """Bad input: each case checks the exit code, the one-line message, and that no traceback is shown."""
 
 import os
+import sys
 
 import pytest
 from conftest import MLP, MODELS, invoke
@@ -167,25 +168,63 @@ def test_help_documents_exit_codes():
         assert line in result.stdout
 
 
-def test_verbose_raises_the_real_exception(tmp_path):
-    from click.testing import CliRunner
+def test_verbose_shows_the_traceback_and_keeps_the_exit_code(tmp_path):
+    """Issue 25: --verbose exited 1 where the same failure exits with its own code without it."""
+    args = ["export", MODELS / "no_model.py", "--input-shape", "2x2", "-o", tmp_path / "m.pt2"]
+    quiet, loud = invoke(*args), invoke("--verbose", *args)
+    assert quiet.exit_code == loud.exit_code == 3, (quiet.stderr, loud.stderr)
+    assert "Traceback (most recent call last)" in loud.stderr
+    assert "Traceback" not in quiet.stderr
+    assert loud.stderr.strip().splitlines()[-1] == quiet.stderr.strip().splitlines()[-1]
+    assert "defines no model" in quiet.stderr
 
-    from aotc.cli.main import cli
 
-    result = CliRunner().invoke(
-        cli,
-        [
-            "--verbose",
-            "export",
-            str(MODELS / "no_model.py"),
-            "--input-shape",
-            "2x2",
-            "-o",
-            str(tmp_path / "m.pt2"),
-        ],
+FAILING_CHILD_STDERR = """\
+[W1123 12:00:00] some warning
+Error: CUDA driver error: an illegal memory access was encountered
+Exception raised from run_impl at /pytorch/torch/csrc/inductor/aoti_runtime/model.h:412
+frame #0: c10::Error::Error + 0x42
+RuntimeError: run_func_( container_handle_, ... ) API call failed at model_container_runner.cpp, line 145
+frame #35: _start + 0x25
+"""
+
+
+def test_a_failed_child_names_the_native_cause_not_the_wrapper():
+    """Issue 25: the Llama bf16 check failed with only AOTInductor's "API call failed" wrapper;
+    the cause it printed above (here a CUDA error) is the line to show."""
+    from aotc.child_process import failure_line
+
+    assert failure_line(FAILING_CHILD_STDERR, 1) == (
+        "Error: CUDA driver error: an illegal memory access was encountered"
     )
-    assert result.exit_code != 0
-    assert result.exception is not None and "defines no model" in str(result.exception)
+    assert failure_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n", 1)
+    assert failure_line("", -9) == "exit status -9"
+
+
+def test_a_failing_check_child_says_why_and_verbose_prints_all_of_it(
+    packages, tmp_path, monkeypatch
+):
+    """The check's child made to fail on purpose: the error names its cause, --verbose prints the
+    child's whole stderr, and the exit code is 5 either way."""
+    import aotc.build.verify as verify
+
+    artifact = packages.get("mlp").artifact  # built (with its real check) before the patch
+    script = tmp_path / "failing_child.py"
+    script.write_text(
+        "import sys\n"
+        "sys.stderr.write('noise before\\nError: the cause the user needs\\n')\n"
+        "sys.stderr.write('RuntimeError: run_func_( container_handle_ ) API call failed at x.cpp\\n')\n"
+        "sys.exit(1)\n"
+    )
+    monkeypatch.setattr(verify, "check_command", lambda *paths: [sys.executable, str(script)])
+    args = ["build", artifact, "--device", "cpu", "-o"]
+    quiet = invoke(*args, tmp_path / "a")
+    loud = invoke("--verbose", *args, tmp_path / "b")
+    assert quiet.exit_code == loud.exit_code == 5
+    (line,) = [x for x in quiet.stderr.splitlines() if x.startswith("error:")]
+    assert line.endswith("failed its check run in a child process: Error: the cause the user needs")
+    assert "noise before" in loud.stderr and "noise before" not in quiet.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_meaning_errors_are_gathered(packages, tmp_path):

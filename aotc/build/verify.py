@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from aotc.child_process import CHILD_TIMEOUT_S, child_command, child_env, failur
 from aotc.errors import BuildError, ModelError, NumericMismatchError
 from aotc.export.call_structure import initial_state
 from aotc.export.user_frames import first_line
+from aotc.quiet import verbose
 
 if TYPE_CHECKING:
     from aotc_runtime import NumericCheck
@@ -118,6 +120,8 @@ def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
                 f"the compiled package did not finish its check run within {CHILD_TIMEOUT_S}s; rerun with --verbose"
             ) from None
         if proc.returncode != 0:
+            if verbose():  # everything the child said, above the one-line error
+                print(proc.stderr, file=sys.stderr, end="" if proc.stderr.endswith("\n") else "\n")
             raise BuildError(_describe_child_failure(proc))
         return torch.load(outputs_path, weights_only=True)
 

@@ -95,13 +95,11 @@ def run_reporting_errors(invoke, verbose: bool) -> int:
         click.echo("interrupted; nothing was written", err=True)
         return INTERRUPTED_EXIT_CODE
     except (AotcError, AotcRuntimeError) as exc:
-        if verbose:
-            raise
+        show_traceback(verbose)
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except OSError as exc:
-        if verbose:
-            raise
+        show_traceback(verbose)
         if exc.errno in (
             errno.ENOSPC,
             errno.EDQUOT,
@@ -118,13 +116,21 @@ def run_reporting_errors(invoke, verbose: bool) -> int:
         )
         return 1
     except Exception as exc:  # our own bug: say so, briefly
-        if verbose:
-            raise
+        show_traceback(verbose)
         click.echo(
             f"error: internal error in aotc: {type(exc).__name__}: {exc}; rerun with --verbose and report it",
             err=True,
         )
         return 1
+
+
+def show_traceback(verbose: bool) -> None:
+    """--verbose adds the traceback above the one-line error; the exit code stays the error's own
+    (a script must not see another code because someone asked for details)."""
+    if verbose:
+        import traceback
+
+        traceback.print_exc()
 
 
 def main(argv=None) -> int:
