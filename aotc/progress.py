@@ -20,6 +20,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.heartbeat_s = heartbeat_s
         self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}  # stage key -> seconds, for stages given a key
 
     def _say(self, text: str) -> None:
         if self.enabled:
@@ -37,11 +38,12 @@ class Progress:
         print(f"warning: {text}", file=self.stream, flush=True)
 
     @contextlib.contextmanager
-    def stage(self, name: str, detail: Callable[[], str] | None = None):
+    def stage(self, name: str, detail: Callable[[], str] | None = None, key: str = ""):
         """Announce a stage, keep saying it is alive, and report how long it took.
 
         `detail`, when given, is asked at each heartbeat for a few words on how far the stage got
-        (a max-autotune build runs for an hour; "still working" alone says nothing).
+        (a max-autotune build runs for an hour; "still working" alone says nothing). `key`, when
+        given, keeps the stage's time in `seconds[key]` (a build's breakdown).
         """
         self._say(f"{name} ...")
         began = time.perf_counter()
@@ -55,6 +57,8 @@ class Progress:
             yield
         finally:
             stop.set()
+            if key:
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - began
         self._say(f"{name}: done in {time.perf_counter() - began:.1f}s")
 
     def _heartbeat(self, name: str, began: float, stop: threading.Event, detail) -> None:

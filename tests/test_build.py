@@ -360,3 +360,21 @@ def test_a_crafted_artifact_cannot_run_code_at_build(packages, tmp_path):
     result = invoke("build", crafted, "--device", "cpu", "-o", tmp_path / "pkg")
     assert result.exit_code == 2 and "pickled entries" in result.stderr, result.stderr
     assert not marker.exists() and not (tmp_path / "pkg").exists()
+
+
+def test_the_build_says_where_its_time_went(packages):
+    """Issue 25: aotc's stages beside Inductor's timers in build_phases, summed up in one line."""
+    import aotc_runtime
+    from aotc.cli.build import time_breakdown
+
+    phases = aotc_runtime.read_manifest(packages.get("mlp").package).build_phases
+    assert {"aotc.load", "aotc.lower", "aotc.compile", "aotc.check"} <= set(phases)
+    line = time_breakdown(phases)
+    assert (
+        line.startswith("load ")
+        and ", compile " in line
+        and line.split(", ")[-1].startswith("check ")
+    )
+    assert (
+        phases["aotc.compile"]["seconds"] >= phases.get("compile_file", {"seconds": 0})["seconds"]
+    )

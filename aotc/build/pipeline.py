@@ -94,11 +94,14 @@ def _build(
 ) -> BuildResult:
     options = resolve_options(cfg)
     check_space(cfg.output, cfg.artifact)
-    with progress.stage(f"loading {cfg.artifact}"):
+    with progress.stage(f"loading {cfg.artifact}", key="load"):
         ep, meta = load_artifact(cfg.artifact)
     signature = meta.signature
     with output_lock(cfg.output), staging_folder(cfg.output) as staging:
-        with progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})"), quiet_torch():
+        with (
+            progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})", key="lower"),
+            quiet_torch(),
+        ):
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}
         # Inductor's vector-ISA probe, skipped when this machine already answered it
@@ -114,7 +117,9 @@ def _build(
         }
         with (
             progress.stage(
-                f"compiling with AOTInductor, mode {cfg.mode.value}", detail=TuningProgress()
+                f"compiling with AOTInductor, mode {cfg.mode.value}",
+                detail=TuningProgress(),
+                key="compile",
             ),
             inductor_phase_times(phases),
         ):
@@ -144,7 +149,10 @@ def _build(
         )
         write_manifest(staging, manifest)  # the check's child loads the package through the runtime
         atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol)
-        with progress.stage("checking the package against eager in a child process"), quiet_torch():
+        with (
+            progress.stage("checking the package against eager in a child process", key="check"),
+            quiet_torch(),
+        ):
             reference = place_program(ep, cfg.device, Precision.FP32, signature)
             strict = cfg.device == "cuda" and cfg.precision == Precision.FP32
             check = check_numerics(
@@ -172,11 +180,21 @@ def finish(
             numeric_check=check,
             build_seconds=round(time.perf_counter() - started, 2),
             size_bytes=(staging / manifest.model_file).stat().st_size,
+            # aotc's own stages beside Inductor's timers: where the build's time went
+            build_phases={**stage_phases(progress), **manifest.build_phases},
         ),
     )
     commit(staging, output)
     progress.note(f"wrote {output} in {manifest.build_seconds:.1f}s")
     return BuildResult(output, manifest)
+
+
+STAGE_PREFIX = "aotc."  # build_phases keys of aotc's stages (the rest are Inductor's timers)
+
+
+def stage_phases(progress) -> dict:
+    seconds = getattr(progress, "seconds", {})
+    return {f"{STAGE_PREFIX}{k}": {"seconds": round(v, 2), "calls": 1} for k, v in seconds.items()}
 
 
 def empty_weights_blob(package_path: Path) -> bool:

@@ -206,9 +206,33 @@ def build(
             f"  check {out.name}: max abs {out.max_abs:.3g}, max rel {out.max_rel:.3g} (atol "
             f"{out.atol:g}, rtol {out.rtol:g}) {status}"
         )
+    breakdown = time_breakdown(m.build_phases)
+    if breakdown:
+        click.echo(f"  time: {breakdown}")
     if m.tuning:
         click.echo(tuning_table(m.tuning))
     click.echo(f"run it: aotc run {shlex.quote(str(result.output) + '/')}")
+
+
+def time_breakdown(phases: dict) -> str:
+    """'load 7.1s, lower 0.3s, compile 21.6s (C++ compiler 12.7s), check 3.2s' from build_phases."""
+    from aotc.build.pipeline import STAGE_PREFIX
+
+    def seconds(key: str) -> float | None:
+        entry = phases.get(key)
+        return entry.get("seconds") if isinstance(entry, dict) else None
+
+    parts = []
+    for stage in ("load", "lower", "compile", "check"):
+        value = seconds(STAGE_PREFIX + stage)
+        if value is None:
+            continue
+        part = f"{stage} {value:.1f}s"
+        compiler = seconds("compile_file")  # Inductor's C++ compiler runs
+        if stage == "compile" and compiler:
+            part += f" (C++ compiler {compiler:.1f}s)"
+        parts.append(part)
+    return ", ".join(parts)
 
 
 def tuning_table(tuning: dict) -> str:
