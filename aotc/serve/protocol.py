@@ -6,13 +6,21 @@ Requests (`POST /v1/predict`):
 - JSON (`Content-Type: application/json`, the default): `{"inputs": {"name": nested list, ...}}`, or
   `{"inputs": [nested list, ...]}` in the signature's order. Dtypes come from the signature; an
   integer or bool input refuses non-integer values instead of truncating them.
-- `.npz` bytes (`Content-Type: application/x-npz`): arrays named after the inputs (any order), or
-  arr_0, arr_1, ... in the signature's order; dtypes must be the signature's. Read with
-  allow_pickle=False: nothing in a request runs.
+- `.npz` bytes (`Content-Type: application/x-npz`): one array per input, named after it (any
+  order), or arr_0, arr_1, ... in the signature's order; any other names, a name twice or an input
+  missing is refused, naming the inputs. Dtypes must be the signature's. Read by aotc_runtime.npz:
+  entry count, names, each array's declared dtype and shape, and their bytes against the limit are
+  checked before any entry is decompressed, and nothing in a request runs.
+
+The limit (`max_bytes`, `--max-body-mb`) applies to the body as sent and to the inputs it unpacks
+to (elements x dtype size): a small .npz of zeros that inflates past it is refused before it is
+inflated. A JSON body is counted before it is parsed (json.loads makes an object of every list and
+number: 60 MB of empty lists took 1.5 GB): no more lists and values than the inputs hold at their
+largest shapes, and no more values than the limit's bytes hold at the inputs' smallest dtype.
 
 Every refusal is a RequestError with an HTTP status and the one-line message the CLI would print:
-400 (bad JSON, an empty body, wrong names, counts, shapes or dtypes), 413 (a body above the limit),
-415 (another content type).
+400 (bad JSON, an empty body, wrong names, counts, shapes or dtypes), 413 (a body or its inputs
+above the limit), 415 (another content type).
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ JSON_TYPE = "application/json"
 NPZ_TYPE = "application/x-npz"
 FORM_TYPE = "application/x-www-form-urlencoded"
 DEFAULT_MAX_BODY_BYTES = 64 << 20  # `aotc serve --max-body-mb`
+# Lists and values (a comma each) a JSON body may hold beyond its inputs': other keys, and commas or
+# brackets inside the names
+JSON_ALLOWANCE = 64
+LARGER = "send smaller batches (or start the server with a larger --max-body-mb)"
 
 
 class RequestError(Exception):
@@ -44,8 +56,7 @@ def body_too_large(size: int | str, max_bytes: int) -> RequestError:
     """413 for a body of `size` bytes (a number, or "more than N" while it is still arriving)."""
     return RequestError(
         413,
-        f"request body is {size} bytes, above this server's limit of {max_bytes}; send smaller "
-        "batches (or start the server with a larger --max-body-mb)",
+        f"request body is {size} bytes, above this server's limit of {max_bytes}; {LARGER}",
     )
 
 
@@ -73,9 +84,9 @@ def decode_request(
         )  # fmt: skip
     kind = media_type(content_type)
     if kind == JSON_TYPE:
-        tensors = _from_json(body, signature)
+        tensors = _from_json(body, signature, max_bytes)
     elif kind == NPZ_TYPE:
-        tensors = _from_npz(body, signature)
+        tensors = _from_npz(body, signature, max_bytes)
     else:
         # curl -d sends a JSON body under this type unless told otherwise
         hint = (
@@ -93,7 +104,8 @@ def decode_request(
     return tensors
 
 
-def _from_json(body: bytes, signature: Signature) -> list:
+def _from_json(body: bytes, signature: Signature, max_bytes: int) -> list:
+    _check_json_counts(body, signature, max_bytes)
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -124,7 +136,63 @@ def _from_json(body: bytes, signature: Signature) -> list:
         values = given
     else:
         raise RequestError(400, f"the JSON body must be {shape_hint}")
-    return [_tensor(value, spec) for value, spec in zip(values, specs)]
+    tensors = [_tensor(value, spec) for value, spec in zip(values, specs)]
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if size > max_bytes:
+        raise RequestError(
+            413,
+            f"the request's inputs are {size} bytes as the signature's dtypes, above this "
+            f"server's limit of {max_bytes}; {LARGER}",
+        )
+    return tensors
+
+
+def _check_json_counts(body: bytes, signature: Signature, max_bytes: int) -> None:
+    """Refuse, before json.loads builds them, more lists or values than the inputs can take.
+
+    Counting `[` and `,` in the bytes is a C-speed scan; every list holds one value per comma
+    plus one, so lists + commas bound the values parsing would make.
+    """
+    most_lists, most_values, smallest = _json_bounds(signature)
+    lists = body.count(b"[")
+    if lists > most_lists:
+        raise RequestError(
+            400,
+            f"the JSON body holds {lists} lists, more than the package's inputs hold at their "
+            f"largest shapes ({most_lists}); send one nested list per input, shaped as "
+            "/v1/metadata's signature says",
+        )
+    values = lists + body.count(b",")
+    if values > most_values:
+        raise RequestError(
+            400,
+            f"the JSON body holds {values} values (lists and numbers), more than the package's "
+            f"inputs hold at their largest shapes ({most_values}); send one nested list per "
+            "input, shaped as /v1/metadata's signature says",
+        )
+    if values * smallest > max_bytes + JSON_ALLOWANCE * smallest:
+        raise RequestError(
+            413,
+            f"the JSON body holds about {values} values (lists and numbers), {values * smallest} bytes "
+            f"or more as the inputs' dtypes, above this server's limit of {max_bytes}; {LARGER}, "
+            f"or send .npz ({NPZ_TYPE})",
+        )
+
+
+def _json_bounds(signature: Signature) -> tuple[int, int, int]:
+    """(lists, values, smallest itemsize) the JSON of the inputs at their largest shapes holds."""
+    from aotc_runtime import DTYPES
+
+    lists, elements = 1 + JSON_ALLOWANCE, JSON_ALLOWANCE  # 1: the list of inputs given by position
+    for spec in signature.inputs:
+        # one list for each index into all but the last dim: 1 + d0 + d0*d1 + ...
+        prefix = 1
+        for entry in spec.shape:
+            lists += prefix
+            prefix *= entry if isinstance(entry, int) else signature.dims[entry]["max"]
+        elements += prefix
+    smallest = min((DTYPES[spec.dtype].itemsize for spec in signature.inputs), default=1)
+    return lists, lists + elements, smallest
 
 
 def _tensor(value: object, spec) -> torch.Tensor:
@@ -156,26 +224,23 @@ def _tensor(value: object, spec) -> torch.Tensor:
         raise RequestError(400, f"input {spec.name}: {str(exc)[:80]}") from None
 
 
-def _from_npz(body: bytes, signature: Signature) -> list:
-    import numpy
+def _from_npz(body: bytes, signature: Signature, max_bytes: int) -> list:
     import torch
 
+    from aotc_runtime import InputMismatchError
+    from aotc_runtime.npz import InputTooLargeError, read_npz
+
     try:
-        with numpy.load(io.BytesIO(body), allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except Exception as exc:  # numpy raises several kinds for a damaged archive
+        arrays = read_npz(io.BytesIO(body), signature, "request body", max_bytes=max_bytes)
+    except InputTooLargeError as exc:
         raise RequestError(
-            400, f"request body is not a readable .npz ({type(exc).__name__}: {str(exc)[:80]})"
+            413,
+            f"the .npz body unpacks to {exc.size} bytes of arrays, above this server's limit of "
+            f"{max_bytes}; {LARGER}",
         ) from None
-    names = [spec.name for spec in signature.inputs]
-    if set(arrays) <= set(names) and arrays:
-        ordered = [arrays[name] for name in names if name in arrays]
-    else:
-        ordered = list(arrays.values())
-    try:
-        return [torch.from_numpy(array) for array in ordered]
-    except TypeError as exc:  # a dtype torch has no tensor for (strings, objects)
-        raise RequestError(400, f"an .npz array has a dtype torch cannot take ({exc})") from None
+    except InputMismatchError as exc:
+        raise RequestError(400, str(exc)) from None
+    return [torch.from_numpy(arrays[index]) for index in range(len(signature.inputs))]
 
 
 def encode_response(result: object, signature: Signature, kind: str) -> tuple[bytes, str]:

@@ -34,7 +34,7 @@ def run_package(
     package = load(path, public_key=public_key, threads=threads)
     loaded = time.perf_counter()
     if input_files:
-        inputs = read_inputs(input_files, package.signature.input_names)
+        inputs = read_inputs(input_files, package.signature)
     else:
         inputs = package.signature.random_inputs(seed=seed, device=package.device)
     # Moved once here so timed calls measure the package, not host-to-device copies; the

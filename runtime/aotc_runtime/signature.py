@@ -249,12 +249,20 @@ class Signature:
             self._check_one(index, spec, tensor, bound)
 
     def _check_one(self, index: int, spec: TensorSpec, tensor: object, bound: dict) -> None:
-        label = f"input '{spec.name}' (#{index})"
         if not isinstance(tensor, torch.Tensor):
-            raise InputMismatchError(f"{label} must be a tensor, got {type(tensor).__name__}")
-        given = list(tensor.shape)
-        expected = spec.describe(self.dims)
+            raise InputMismatchError(
+                f"input '{spec.name}' (#{index}) must be a tensor, got {type(tensor).__name__}"
+            )
         dtype = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
+        self.check_declared(index, list(tensor.shape), dtype, bound)
+
+    def check_declared(self, index: int, given: list, dtype: str, bound: dict) -> None:
+        """The check check_inputs makes on input `index`, on a shape and dtype name an input file
+        declares (an .npy header), before its data is read: the same messages. `bound` maps each
+        dim name to (size, label) of the first input that set it; share it across the inputs."""
+        spec = self.inputs[index]
+        label = f"input '{spec.name}' (#{index})"
+        expected = spec.describe(self.dims)
         if dtype != spec.dtype:
             raise InputMismatchError(
                 f"{label} must be {spec.dtype}, got {dtype} (shape {given}); convert it or re-export "
