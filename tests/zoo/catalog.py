@@ -105,6 +105,8 @@ _GPU_ATOL = 1e-3
 GPU_ZOO = (
     ZooModel("gpt2_124m", "gpu/gpt2_124m.py", "decoder-lm", atol=_GPU_ATOL),
     ZooModel("bert_base", "gpu/bert_base.py", "encoder", atol=_GPU_ATOL),
+    ZooModel("distilbert_qa", "gpu/distilbert_qa.py", "encoder", atol=_GPU_ATOL),
+    ZooModel("llama_120m", "gpu/llama_120m.py", "decoder-lm", atol=_GPU_ATOL),
     ZooModel("convnext_tiny", "gpu/convnext_tiny.py", "vision", atol=_GPU_ATOL, source="timm"),
     ZooModel(
         "efficientnet_b0", "gpu/efficientnet_b0.py", "vision", atol=_GPU_ATOL, source="torchvision"
