@@ -24,8 +24,12 @@ def child_env(**extra: str) -> dict:
 # model's run in "run_func_(...) API call failed at .../model_container_runner.cpp", and prints the
 # cause ("Error: ...", a CUDA error, a failed assertion) on the lines above it.
 _WRAPPERS = re.compile(r"API call failed at|^Exception raised from")
+# glog's prefix on torch's C++ log lines: "[E1123 18:22:10.655812392 c_shim_cuda.cpp:1273] "
+_GLOG_PREFIX = re.compile(r"^\[[EWIF]\d{4} [\d:.]+ [^\]]+\] ")
 _CAUSES = re.compile(
-    r"^[\w.]*(Error|Exception)\b|CUDA error|out of memory|Assertion|assert|what\(\):", re.IGNORECASE
+    r"^[\w.]*(Error|Exception)\b|Exception in aoti_torch|CUDA error|out of memory|Assertion|assert"
+    r"|what\(\):",
+    re.IGNORECASE,
 )
 
 
@@ -37,7 +41,7 @@ def failure_line(stderr: str, returncode: int) -> str:
     cause, not the last line, and not the wrapper when a cause precedes it.
     """
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    lines = [line for line in lines if not line.startswith("frame #")]
+    lines = [_GLOG_PREFIX.sub("", line) for line in lines if not line.startswith("frame #")]
     errors = [line for line in lines if _CAUSES.search(line)]
     causes = [line for line in errors if not _WRAPPERS.search(line)]
     picked = causes or errors or lines[-1:]

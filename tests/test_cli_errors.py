@@ -197,6 +197,20 @@ def test_a_failed_child_names_the_native_cause_not_the_wrapper():
     assert failure_line(FAILING_CHILD_STDERR, 1) == (
         "Error: CUDA driver error: an illegal memory access was encountered"
     )
+    # the Llama bf16 failure on the H100 (2026-11-23): the cause is a C++ log line, above two
+    # wrappers (the generated wrapper's "Error: aoti_torch_cuda_mm_out(...) API call failed")
+    llama = (
+        "[E1123 18:22:10.655812392 c_shim_cuda.cpp:1273] Exception in aoti_torch: expected mat1 and "
+        "mat2 to have the same dtype, but got: float != c10::BFloat16\n"
+        "Exception raised from addmm_out_cuda_impl at /pytorch/aten/src/ATen/native/cuda/Blas.cpp:349\n"
+        "frame #0: c10::Error::Error(c10::SourceLocation) + 0x9d\n"
+        "Error: aoti_torch_cuda_mm_out(buf5, buf4) API call failed at x.wrapper.cpp, line 3514\n"
+        "RuntimeError: run_func_( container_handle_ ) API call failed at model_container_runner.cpp\n"
+    )
+    assert failure_line(llama, 1) == (
+        "Exception in aoti_torch: expected mat1 and mat2 to have the same dtype, but got: float != "
+        "c10::BFloat16"
+    )
     assert failure_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n", 1)
     assert failure_line("", -9) == "exit status -9"
 
