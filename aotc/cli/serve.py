@@ -61,6 +61,14 @@ from aotc.cli.types import exit_codes_epilog
     help="Largest request body; larger ones get HTTP 413.",
 )
 @click.option(
+    "--body-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="A request's body must arrive within this many seconds of its headers, or it gets HTTP "
+    "408 and its connection is closed.",
+)
+@click.option(
     "--ship/--no-ship",
     default=None,
     help="Send the package to the replicas through Ray instead of letting them read PACKAGE "
@@ -88,6 +96,7 @@ def serve(
     gpus_per_replica,
     threads,
     max_body_mb,
+    body_timeout_s,
     ship,
     metrics_port,
     check,
@@ -109,6 +118,7 @@ def serve(
         gpus_per_replica=gpus_per_replica,
         threads=threads,
         max_body_bytes=int(max_body_mb * (1 << 20)),
+        body_timeout_s=body_timeout_s,
         ship=ship,
         metrics_port=metrics_port,
     )

@@ -25,6 +25,10 @@ from aotc.serve.protocol import DEFAULT_MAX_BODY_BYTES
 
 APP_NAME = "aotc"
 START_TIMEOUT_S = 300.0
+DEFAULT_BODY_TIMEOUT_S = 30.0  # `aotc serve --body-timeout-s`
+# Ray takes the address its processes listen on from this flag: 0 is what Ray does on a laptop
+# (macOS, Windows), the loopback address
+RAY_CLUSTER_FLAG = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # Ray Serve writes an access-log line per request in each replica by default: a cost on every
 # request that Ray's own request metrics already cover. Warnings and errors are still logged.
 QUIET_LOGS = {
@@ -45,6 +49,7 @@ class ServeOptions:
     gpus_per_replica: float | None = None  # None: 1 for a CUDA package, 0 for a CPU one
     threads: int | None = None  # intra-op threads per replica; None: cores / replicas (CPU)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body must arrive within it, or 408
     ship: bool | None = None  # None: ship through Ray exactly when --address is given
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
 
@@ -168,7 +173,7 @@ def start(options: ServeOptions) -> Server:
     started_ray = False
     try:
         if not ray.is_initialized():
-            with caller_sigterm_handler():
+            with caller_sigterm_handler(), ray_on_loopback(local):
                 ray.init(
                     address="local" if local else options.address,
                     # a local Ray gets at least the CPUs the replicas ask for, so none waits forever
@@ -218,7 +223,7 @@ def start(options: ServeOptions) -> Server:
         ).bind(source, ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads))
         retry = not manifest.signature.state
         app = ingress_deployment(options.replicas).bind(
-            model, server.metadata, options.max_body_bytes, retry
+            model, server.metadata, options.max_body_bytes, retry, options.body_timeout_s
         )
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         server.health = wait_until_answering(server)
@@ -242,6 +247,32 @@ def caller_sigterm_handler() -> Iterator[None]:
     finally:
         if handler is not None:
             signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def ray_on_loopback(local: bool) -> Iterator[None]:
+    """A local Ray's own ports (GCS, raylet, object manager, workers, agents, metrics) on 127.0.0.1
+    instead of every interface: no other machine joins a local Ray. Only `--host` decides where
+    the HTTP proxy listens. Ray reads its flag in this process from ray_constants (set when ray
+    was imported) and in the processes ray.init starts from the environment: both are set for the
+    call and put back after it. Ray Serve's replicas still open one gRPC port each on every
+    interface (hard-coded `[::]:0` in Ray 2.60)."""
+    if not local:
+        yield
+        return
+    from ray._private import ray_constants
+
+    saved = os.environ.get(RAY_CLUSTER_FLAG), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[RAY_CLUSTER_FLAG] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop(RAY_CLUSTER_FLAG, None)
+        else:
+            os.environ[RAY_CLUSTER_FLAG] = saved[0]
+        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
 
 
 def reachable_host(options: ServeOptions) -> str:

@@ -7,6 +7,11 @@ The ingress is its own Ray Serve deployment in front of the model replicas:
   state is served by one replica without retries), so nothing is answered twice or wrongly. Ray
   Serve's own proxy answers a bare "500 Internal Server Error" in that case.
 
+A body must arrive within the body timeout (`--body-timeout-s`), or the request gets 408 and its
+connection is closed: a client that declares a length and sends part of it holds a connection and a
+task until then, no longer. Bodies are decoded (and answers encoded) by aotc/serve/codec.py: large
+ones in worker processes, so that a slow decode never holds up the event loop and /v1/health.
+
 Every refusal is JSON `{"error": "<one line: what is wrong and what to do>"}` with its status.
 """
 
@@ -25,14 +30,8 @@ from ray.serve.metrics import Counter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from aotc.serve.protocol import (
-    NPZ_TYPE,
-    RequestError,
-    body_too_large,
-    decode_request,
-    encode_response,
-    media_type,
-)
+from aotc.serve.codec import Codec
+from aotc.serve.protocol import NPZ_TYPE, RequestError, body_too_large, media_type
 from aotc.serve.replica import ReplicaRefusedError
 
 logger = logging.getLogger("ray.serve")
@@ -41,18 +40,34 @@ RETRY_DELAYS_S = (0.1, 0.5, 1.0, 2.0, 4.0)  # ~8 s in all: Ray notices a dead re
 HEALTH_TIMEOUT_S = 10.0
 
 
-def json_response(data: dict, status: int = 200) -> Response:
-    return Response(json.dumps(data), status_code=status, media_type="application/json")
+class BodyTimeoutError(RequestError):
+    """408: the body did not all arrive in time. The answer closes the connection: what is left of
+    the body may still come, and the client stopped sending, so closing loses nothing (a 413 keeps
+    the connection: a client still sending its large body would get a reset instead of the 413)."""
+
+    headers = {"Connection": "close"}
+
+
+def json_response(data: dict, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(
+        json.dumps(data), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 class Ingress:
-    def __init__(self, model: DeploymentHandle, metadata: dict, max_body_bytes: int, retry: bool):
-        from aotc_runtime import Signature
-
+    def __init__(
+        self,
+        model: DeploymentHandle,
+        metadata: dict,
+        max_body_bytes: int,
+        retry: bool,
+        body_timeout_s: float,
+    ):
         self._model = model
         self._metadata = metadata
-        self._signature = Signature.from_json(metadata["signature"])
+        self._codec = Codec(metadata["signature"], max_body_bytes)
         self._max_body = max_body_bytes
+        self._body_timeout = body_timeout_s
         self._delays = RETRY_DELAYS_S if retry else ()
         self._refusals = Counter(
             "aotc_refused_requests",
@@ -80,7 +95,7 @@ class Ingress:
             return await handler(request)
         except RequestError as exc:
             self._refusals.inc(tags={"status": str(exc.status)})
-            return json_response({"error": str(exc)}, exc.status)
+            return json_response({"error": str(exc)}, exc.status, getattr(exc, "headers", None))
 
     async def _predict(self, request: Request) -> Response:
         """The answer, with a Server-Timing header saying where the request's time went: reading
@@ -89,12 +104,12 @@ class Ingress:
         body = await self._read_body(request)
         read = time.perf_counter()
         kind = media_type(request.headers.get("content-type"))
-        tensors = decode_request(body, kind, self._signature, self._max_body)
+        tensors = await self._codec.decode(body, kind)
         decoded = time.perf_counter()
         answer = await self._call_model(tensors)
         answered = time.perf_counter()
-        data, content_type = encode_response(
-            answer["outputs"], self._signature, NPZ_TYPE if kind == NPZ_TYPE else ""
+        data, content_type = await self._codec.encode(
+            answer["outputs"], NPZ_TYPE if kind == NPZ_TYPE else ""
         )
         timing = (
             f"read;dur={(read - start) * 1000:.3f}, decode;dur={(decoded - read) * 1000:.3f}, "
@@ -107,16 +122,31 @@ class Ingress:
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, never holding more than the limit: a declared length above it is refused
-        before reading, a body that grows past it as soon as it does."""
+        before reading, a body that grows past it as soon as it does, and one that has not all
+        arrived within the body timeout when it expires."""
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self._max_body:
             raise body_too_large(int(declared), self._max_body)
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self._max_body:
-                raise body_too_large(f"more than {self._max_body}", self._max_body)
-            chunks.append(chunk)
+        chunks: list[bytes] = []
+
+        async def read() -> None:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self._max_body:
+                    raise body_too_large(f"more than {self._max_body}", self._max_body)
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), self._body_timeout)
+        except asyncio.TimeoutError:
+            got = sum(map(len, chunks))
+            raise BodyTimeoutError(
+                408,
+                f"request body did not arrive within {self._body_timeout:g} s ({got} bytes "
+                f"{f'of {declared} ' if declared else ''}came); send it faster, or start the "
+                "server with a larger --body-timeout-s",
+            ) from None
         return b"".join(chunks)
 
     async def _call_model(self, tensors: list) -> dict:
@@ -159,6 +189,11 @@ class Ingress:
 
     async def _metadata_response(self, request: Request) -> Response:
         return json_response(self._metadata)
+
+    def __del__(self) -> None:  # Ray Serve's shutdown hook for a replica
+        codec = getattr(self, "_codec", None)  # None: __init__ failed before it
+        if codec is not None:
+            codec.close()
 
 
 def ingress_deployment(replicas: int):
