@@ -378,3 +378,32 @@ def test_the_build_says_where_its_time_went(packages):
     assert (
         phases["aotc.compile"]["seconds"] >= phases.get("compile_file", {"seconds": 0})["seconds"]
     )
+
+
+def test_a_decoder_lm_builds_in_bf16(tmp_path):
+    """Issue 25: Llama's RMSNorm and rotary embedding upcast to float32 and cast back with
+    `.to(input_dtype)`, which an fp32 trace records as nothing; cast to bf16, the program fed a
+    float32 activation to a bf16 weight ("expected m1 and m2 to have the same dtype") and the check
+    failed. The products and attention now run in the weight's dtype, as eager bf16 does."""
+    import importlib.util
+
+    import torch
+
+    import aotc_runtime
+
+    source = Path(__file__).parent / "zoo" / "llama.py"
+    artifact, package = tmp_path / "llama.pt2", tmp_path / "llama_bf16"
+    torch.manual_seed(0)  # the export's get_model() and the eager one below get the same weights
+    assert invoke("export", source, "-o", artifact).exit_code == 0
+    result = invoke("build", artifact, "--device", "cpu", "--precision", "bf16", "-o", package)
+    assert result.exit_code == 0, result.stderr
+    spec = importlib.util.spec_from_file_location("zoo_llama", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    model, inputs = module.get_model().eval(), module.example_inputs()
+    with torch.no_grad():
+        reference = model.to(torch.bfloat16)(**inputs).logits.float()
+    got = aotc_runtime.load(package)(**inputs)["logits"]
+    # against eager in bf16: the same precision, so within bf16 rounding of logits of size ~1
+    torch.testing.assert_close(got, reference, atol=5e-2, rtol=5e-2)

@@ -33,6 +33,7 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
     # program the numeric check uses as its reference, so cast a copy.
     inner = copy.deepcopy(ep.module()).to(device=target, dtype=low)
     drop_dtype_assertions(inner)
+    cast_weight_matmul_operands(inner, low)
 
     class CastWrapper(torch.nn.Module):
         """Computes in reduced precision, keeps the exported float dtypes at the boundary."""
@@ -89,6 +90,90 @@ def drop_dtype_assertions(module) -> None:
             graph.erase_node(node)
         if doomed:
             graph_module.recompile()
+
+
+# Matrix products whose operands must share a dtype (eager refuses float x bfloat16).
+_MATMULS = ("linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "addmv", "mv")
+# Ops that only look at a weight differently (transposed, reshaped): a weight is still a weight.
+_VIEWS = (
+    "t",
+    "permute",
+    "transpose",
+    "view",
+    "reshape",
+    "expand",
+    "unsqueeze",
+    "alias",
+    "_to_copy",
+)
+
+
+def cast_weight_matmul_operands(module, low) -> None:
+    """Cast the other operand of every matrix product with a weight to the weight's dtype, and
+    attention's query, key, value and float mask to the reduced dtype.
+
+    A program traced in fp32 holds the model's deliberate float32 computations (Llama's RMSNorm
+    and rotary embedding upcast with `.to(torch.float32)`); eager in bf16 casts back with
+    `.to(input_dtype)`, but that cast was traced as a no-op (fp32 to fp32) and is gone. So the
+    float32 result meets a bf16 weight: "expected mat1 and mat2 to have the same dtype, but got:
+    float != c10::BFloat16" (issue 25). Casting at the product, as torch.autocast does for
+    matmuls, keeps the upcast computations in float32 and runs the products in the weight's dtype,
+    which is what eager bf16 does.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    matmuls = {getattr(aten, name).default for name in _MATMULS if hasattr(aten, name)}
+    attentions = {aten.scaled_dot_product_attention.default}
+    for graph_module in module.modules():
+        graph = getattr(graph_module, "graph", None)
+        if graph is None or not hasattr(graph_module, "recompile"):
+            continue
+        weights = {name for name, _ in graph_module.named_parameters()}
+        changed = False
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target in attentions:
+                # eager bf16 attends in bf16: query, key, value and a float mask all come from
+                # bf16 projections or from masks built with the activations' dtype
+                for arg in node.args[:4]:
+                    if isinstance(arg, torch.fx.Node) and _is_floating(arg):
+                        _cast_input(graph, node, arg, low)
+                        changed = True
+                continue
+            if node.op != "call_function" or node.target not in matmuls:
+                continue
+            operands = [a for a in node.args if isinstance(a, torch.fx.Node)]
+            if not any(_is_weight(a, weights) for a in operands):
+                continue
+            for arg in operands:
+                if _is_weight(arg, weights):
+                    continue
+                _cast_input(graph, node, arg, low)
+                changed = True
+        if changed:
+            graph_module.recompile()
+
+
+def _cast_input(graph, node, arg, low) -> None:
+    import torch
+
+    with graph.inserting_before(node):
+        cast = graph.call_function(torch.ops.aten.to.dtype, (arg, low))
+    node.replace_input_with(arg, cast)
+
+
+def _is_floating(node) -> bool:
+    value = node.meta.get("val")
+    return value is None or getattr(value, "is_floating_point", lambda: False)()
+
+
+def _is_weight(node, weights: set) -> bool:
+    """Whether `node` is a parameter, seen through views (t, permute, reshape...)."""
+    while (
+        node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in _VIEWS
+    ):
+        node = node.args[0]
+    return node.op == "get_attr" and node.target in weights
 
 
 def target_device(device: str):
