@@ -227,8 +227,7 @@ def _tensor(value: object, spec) -> torch.Tensor:
 def _from_npz(body: bytes, signature: Signature, max_bytes: int) -> list:
     import torch
 
-    from aotc_runtime import InputMismatchError
-    from aotc_runtime.npz import InputTooLargeError, read_npz
+    from aotc_runtime import InputMismatchError, InputTooLargeError, read_npz
 
     try:
         arrays = read_npz(io.BytesIO(body), signature, "request body", max_bytes=max_bytes)

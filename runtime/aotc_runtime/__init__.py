@@ -14,7 +14,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .errors import AotcRuntimeError, InputMismatchError, MissingDependencyError, PackageError
+from .errors import (
+    AotcRuntimeError,
+    InputMismatchError,
+    InputTooLargeError,
+    MissingDependencyError,
+    PackageError,
+)
 
 __version__ = "0.1.0"
 
@@ -67,6 +73,7 @@ _LAZY = {
     "run_package": "runner",
     "format_report": "runner",
     "read_inputs": "tensor_io",
+    "read_npz": "npz",
     "write_outputs": "tensor_io",
     "flatten_outputs": "tensor_io",
     "run_concurrently": "concurrency",
@@ -82,6 +89,7 @@ __all__ = [
     "AotcRuntimeError",
     "PackageError",
     "InputMismatchError",
+    "InputTooLargeError",
     "MissingDependencyError",
     "__version__",
     "load",
@@ -126,6 +134,7 @@ __all__ = [
     "run_package",
     "format_report",
     "read_inputs",
+    "read_npz",
     "write_outputs",
     "flatten_outputs",
     "run_concurrently",
@@ -173,6 +182,7 @@ if TYPE_CHECKING:
         sha256_file,
         verify_files,
     )
+    from .npz import read_npz
     from .package import Package, load
     from .runner import format_report, run_package
     from .signature import DTYPE_NAMES, DTYPES, Signature, TensorSpec, random_tensor

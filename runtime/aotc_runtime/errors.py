@@ -27,3 +27,11 @@ class MissingDependencyError(AotcRuntimeError):
     """An optional library a feature needs (cryptography, for package signing) is not installed."""
 
     exit_code = 2
+
+
+class InputTooLargeError(InputMismatchError):
+    """Inputs that declare more bytes than the reader was allowed (serve: HTTP 413)."""
+
+    def __init__(self, message: str, size: int, limit: int):
+        super().__init__(message)
+        self.size, self.limit = size, limit

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from .errors import InputMismatchError
+from .errors import InputMismatchError, InputTooLargeError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -74,14 +74,6 @@ DAMAGED = (
     MemoryError,
     OSError,
 )
-
-
-class InputTooLargeError(InputMismatchError):
-    """The arrays an .npz declares take more bytes than the reader was allowed (serve: HTTP 413)."""
-
-    def __init__(self, message: str, size: int, limit: int):
-        super().__init__(message)
-        self.size, self.limit = size, limit
 
 
 @dataclass(frozen=True)
