@@ -105,11 +105,18 @@ def bench(cfg: BenchConfig, progress: ProgressBar | None = None) -> dict:
     return report
 
 
-def bundle(package: str | Path, output: str | Path, force: bool = False) -> BundleResult:
-    """A folder holding the package, the C++ runner and their libraries, to run with no Python."""
+def bundle(
+    package: str | Path,
+    output: str | Path,
+    force: bool = False,
+    public_key: str | Path | None = None,
+) -> BundleResult:
+    """A folder holding the package, the C++ runner and their libraries, to run with no Python.
+    `public_key`: the bundle runs the package only while it is signed by that key's private key."""
     from aotc.bundle import make_bundle
 
-    return make_bundle(Path(package), Path(output), force)
+    key = Path(public_key) if public_key is not None else None
+    return make_bundle(Path(package), Path(output), force, public_key=key)
 
 
 def explain(cfg: ExplainConfig) -> ExplainReport:

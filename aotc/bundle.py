@@ -6,6 +6,8 @@ copy to a serving machine that has no Python.
     DIR/lib/           the libraries `ldd` resolves for the runner and the compiled model (libtorch,
                        libc10, OpenMP, OpenSSL's libcrypto, zlib, libstdc++; CUDA's for CUDA packages)
     DIR/package/       the package, as built
+    DIR/public_key.pem with --public-key: the key the package must be signed with; the launcher
+                       always passes it (--require-signature), so an altered package is refused
 
 Left out, because they belong to the serving machine: the C library and loader (libc, libm,
 libpthread, libdl, librt, ld-linux) and the GPU driver (libcuda, libnvidia-*).
@@ -27,15 +29,59 @@ from aotc.errors import BuildError, UserInputError
 SYSTEM_LIBRARIES = re.compile(
     r"^(libc|libm|libdl|libpthread|librt|libutil|ld-linux[-\w]*|libcuda|libnvidia-[\w-]+)\.so"
 )
-LAUNCHER = """#!/bin/sh
+KEY_FILE = "public_key.pem"
+# The launcher. Shell built-ins only, but for readlink when it is reached through a symbolic link:
+# it runs with an empty environment and no PATH. Each step says what it guards against.
+LAUNCHER = r"""#!/bin/sh
 # Run the bundled aotc package with the bundled runner: ./run [--input x.npy ...] [--output y.npz] [--iters N] [--json]
-# Only shell built-ins here: it works with an empty environment and no PATH.
-case "$0" in */*) here=${0%/*} ;; *) here=. ;; esac
-here=$(cd "$here" && pwd)
-LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+self=$0
+hops=0
+# Reached through a symbolic link (ln -s /opt/model/run /usr/local/bin/model): the bundle's files
+# are beside the real launcher, not beside the link.
+while [ -L "$self" ]; do
+  hops=$((hops + 1))
+  target=$(readlink -- "$self" 2>/dev/null) && [ "$hops" -le 40 ] || {
+    echo "error: $self is a symbolic link this launcher cannot follow (no readlink on PATH, or a loop);" \
+      "run the bundle's own run file, or put readlink on PATH" >&2
+    exit 2
+  }
+  case $target in
+    /*) self=$target ;;
+    *) case $self in */*) self=${self%/*}/$target ;; *) self=$target ;; esac ;;
+  esac
+done
+case $self in */*) here=${self%/*} ;; *) here=. ;; esac
+# CDPATH unset: with it, cd may go elsewhere and print the folder, which $(...) would capture.
+here=$(CDPATH= cd -P -- "${here:-/}" && pwd -P) || exit 2
+# The loader splits its library path at ':' and ';' and expands '$ORIGIN'-like words in it: the
+# bundle's lib/ under such a folder would become other folders, one relative to the current one.
+case $here in
+  *:* | *\;* | *\$*)
+    echo "error: the bundle is in $here, whose path holds ':', ';' or '\$', which the library path" \
+      "(LD_LIBRARY_PATH) would split or expand; move the bundle to a folder whose path has none of them" >&2
+    exit 2 ;;
+esac
+# The caller's library path after the bundle's, its empty and relative entries left out: an empty
+# entry means the current directory, where anyone may have put a libtorch.
+extra=
+saved_ifs=$IFS
+IFS=':;'
+set -f
+for dir in ${LD_LIBRARY_PATH-}; do
+  case $dir in /*) extra=$extra:$dir ;; esac
+done
+set +f
+IFS=$saved_ifs
+LD_LIBRARY_PATH=$here/lib$extra
 export LD_LIBRARY_PATH
-exec "$here/bin/aotc-runner" "$here/package" "$@"
+exec "$here/bin/aotc-runner" "$here/package" __SIGNATURE__"$@"
 """
+SIGNATURE_FLAGS = f'--require-signature --public-key "$here/{KEY_FILE}" '
+
+
+def launcher_text(signed: bool) -> str:
+    """The launcher; a signed bundle's always passes its key (the runner refuses a second one)."""
+    return LAUNCHER.replace("__SIGNATURE__", SIGNATURE_FLAGS if signed else "")
 
 
 @dataclass
@@ -43,12 +89,14 @@ class BundleResult:
     output: Path
     libraries: list
     size_bytes: int
+    requires_signature: bool = False
 
     def to_dict(self) -> dict:
         return {
             "bundle": str(self.output),
             "libraries": self.libraries,
             "size_bytes": self.size_bytes,
+            "requires_signature": self.requires_signature,
         }
 
 
@@ -91,13 +139,25 @@ def model_libraries(package: Path, work: Path, search: list) -> dict:
     return found
 
 
-def make_bundle(package: Path, output: Path, force: bool = False) -> BundleResult:
+def make_bundle(
+    package: Path, output: Path, force: bool = False, public_key: Path | None = None
+) -> BundleResult:
+    """`public_key`: the bundle requires the package to be signed by its private key, and carries
+    the key; the package is checked against it here first (exit 7 if it fails)."""
     from aotc.build.package_writer import commit, staging_folder
     from aotc.cpp_runner import runner_path
     from aotc_runtime import read_manifest, verify_files
 
     package, output = Path(package), Path(output)
-    manifest = read_manifest(package)  # a package the runtime would refuse is refused here (exit 7)
+    signed = None
+    if public_key is not None:
+        from aotc_runtime import verify_signature
+
+        # A bundle that would refuse its own package is refused now, not on the serving machine.
+        signed = verify_signature(package, public_key)
+    manifest = read_manifest(
+        package, signed=signed
+    )  # what the runtime refuses is refused here (exit 7)
     verify_files(package, manifest)
     if output.exists() and not force:
         raise UserInputError(f"{output} exists; pass --force to replace it, or choose another -o")
@@ -115,9 +175,11 @@ def make_bundle(package: Path, output: Path, force: bool = False) -> BundleResul
                 path.resolve(), staging / "lib" / soname
             )  # the real file, under the name the loader asks for
         shutil.copytree(package, staging / "package")
+        if public_key is not None:
+            shutil.copyfile(public_key, staging / KEY_FILE)
         launcher = staging / "run"
-        launcher.write_text(LAUNCHER)
+        launcher.write_text(launcher_text(signed=public_key is not None))
         launcher.chmod(0o755)
         size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
         commit(staging, output)
-    return BundleResult(output, sorted(libraries), size)
+    return BundleResult(output, sorted(libraries), size, requires_signature=public_key is not None)

@@ -1,8 +1,9 @@
 """The C++ runner (runtime/cpp): building it against the installed torch, and finding it.
 
-`make runner` and the tests build it with `python -m aotc.cpp_runner build`; `aotc run --engine cpp`
-and `aotc bundle` find it with `runner_path()`: $AOTC_RUNNER, else the checkout's build folder,
-else `aotc-runner` on PATH.
+`make runner` and the tests build it with `python -m aotc.cpp_runner build`; `aotc run --engine cpp`,
+`aotc bench --against cpp` and `aotc bundle` find it with `runner_path()`: $AOTC_RUNNER (which must
+name an executable aotc-runner; anything else is refused, exit 2), else the checkout's build
+folder, else `aotc-runner` on PATH.
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ def runner_path() -> Path:
     """The aotc-runner to use, or a UserInputError that says how to build one."""
     chosen = os.environ.get(RUNNER_ENV)
     if chosen:
-        if not Path(chosen).is_file():
+        problem = _not_a_program(Path(chosen))
+        if problem:
             raise UserInputError(
-                f"${RUNNER_ENV} is {chosen}, which does not exist; build the runner with `make runner`"
+                f"${RUNNER_ENV} is {chosen}, which {problem}; point {RUNNER_ENV} at the aotc-runner "
+                f"that `make runner` builds ({BUILD_DIR / RUNNER_NAME}), or unset it"
             )
         return Path(chosen)
     built = BUILD_DIR / RUNNER_NAME
@@ -89,6 +92,25 @@ def runner_path() -> Path:
     raise UserInputError(
         f"the C++ runner is not built; run `make runner` in the aotc checkout, or set ${RUNNER_ENV} to an aotc-runner"
     )
+
+
+def _not_a_program(path: Path) -> str:
+    """Why `path` cannot be run as the runner ("" when it can): checked here, because starting it
+    would fail inside subprocess with an OSError that reads as aotc's own bug."""
+    if not path.exists():
+        return "does not exist"
+    if not path.is_file():
+        return "is not a file"
+    if not os.access(path, os.X_OK):
+        return "is not executable"
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(4)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if start != b"\x7fELF" and not start.startswith(b"#!"):
+        return "is not a program (neither an ELF binary nor a script)"
+    return ""
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ building it needs cmake, a C++ compiler, OpenSSL's and zlib's headers and the nl
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -23,9 +24,15 @@ from aotc.cpp_runner import build_runner
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
+def built_runner() -> Path:
+    """Built once per test session, whichever module asks first (test_cpp_hostile.py shares it)."""
+    return build_runner()
+
+
 @pytest.fixture(scope="session")
 def runner() -> Path:
-    return build_runner()
+    return built_runner()
 
 
 def run_cpp(runner: Path, *args, env=None) -> subprocess.CompletedProcess:

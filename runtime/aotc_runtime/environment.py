@@ -75,26 +75,57 @@ def _check_onnxruntime(manifest: Manifest, where: str) -> None:
 
 
 CPUINFO_ENV = "AOTC_CPUINFO"  # another cpuinfo file to read (tests play an older CPU with it)
+PROC_CPUINFO = "/proc/cpuinfo"
+MAX_CPUINFO_BYTES = 16 << 20  # a 512-core machine's /proc/cpuinfo is a few MB
 
 
 def cpu_features() -> set[str] | None:
-    """This CPU's feature flags as /proc/cpuinfo names them; None where there is no such file."""
-    path = os.environ.get(CPUINFO_ENV, "/proc/cpuinfo")
+    """This CPU's feature flags as /proc/cpuinfo (or $AOTC_CPUINFO) names them; None where they
+    cannot be read (not Linux)."""
+    flags, _problem = _read_cpu_flags(os.environ.get(CPUINFO_ENV) or PROC_CPUINFO)
+    return flags
+
+
+def _read_cpu_flags(path: str) -> tuple[set[str] | None, str]:
+    """The flags of a cpuinfo file, or None and why not ("cannot be read (...)", "has no flags line").
+
+    Opened without blocking and refused unless it is a regular file: a FIFO named by
+    $AOTC_CPUINFO would otherwise hang the load (the C++ runner reads it the same way)."""
+    import stat
+
     try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        return None
-    return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder itself
+        os.close(fd)
+        return None, "is not a regular file"
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(MAX_CPUINFO_BYTES + 1)
+        except OSError as exc:
+            return None, f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if len(data) > MAX_CPUINFO_BYTES:
+        return None, f"is larger than {MAX_CPUINFO_BYTES >> 20} MiB"
+    for line in data.decode("ascii", errors="replace").splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split()), ""
+    return None, "has no flags line"
 
 
 def _check_cpu(device: Device, where: str) -> None:
     """A package compiled with extensions this CPU lacks would die with SIGILL: refuse it first."""
     if not device.cpu_features:
         return
-    here = cpu_features()
+    override = os.environ.get(CPUINFO_ENV)
+    here, problem = _read_cpu_flags(override or PROC_CPUINFO)
+    if here is None and override:
+        # Fail closed: a cpuinfo file that was asked for and cannot be used must not skip the check.
+        raise PackageError(
+            f"{where} lists the CPU features it was compiled for, which cannot be checked: "
+            f"${CPUINFO_ENV} is {override}, which {problem}; point {CPUINFO_ENV} at a cpuinfo "
+            f"file, or unset it to read {PROC_CPUINFO}"
+        )
     if here is None:  # not Linux: nothing to compare with (the build's platform check applies)
         return
     missing = [feature for feature in device.cpu_features if feature not in here]

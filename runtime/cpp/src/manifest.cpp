@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,6 +19,7 @@
 
 #include "aotc/error.h"
 #include "aotc/sha256.h"
+#include "small_file.h"
 
 #ifdef AOTC_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -120,7 +121,7 @@ class Fields {
 // The bounds of aotc_runtime/signature.py: sizes up to 2**31 - 1, inputs up to 2**32 elements at the example sizes.
 constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxExampleElements = int64_t{1} << 32;
-constexpr uintmax_t kMaxManifestBytes = 16u << 20;
+constexpr size_t kMaxManifestBytes = 16u << 20;
 
 bool is_size(const json& v) {
   return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxSize;
@@ -415,20 +416,53 @@ Difference first_difference(const json& ours, const json& theirs, const std::str
 
 std::string short_text(const json& value) { return shown(value); }
 
-// This CPU's flags from /proc/cpuinfo (or $AOTC_CPUINFO, as the Python runtime); empty when unreadable.
-std::optional<std::set<std::string>> cpu_features() {
-  const char* override_path = std::getenv("AOTC_CPUINFO");
-  std::ifstream in(override_path ? override_path : "/proc/cpuinfo");
-  if (!in) return std::nullopt;
+constexpr const char* kCpuinfoEnv = "AOTC_CPUINFO";
+constexpr const char* kProcCpuinfo = "/proc/cpuinfo";
+constexpr size_t kMaxCpuinfoBytes = 16u << 20;  // a 512-core machine's /proc/cpuinfo is a few MB
+
+// The flags of a cpuinfo file, or nullopt and why not, in the Python runtime's words
+// (_read_cpu_flags in aotc_runtime/environment.py). Read without blocking: a FIFO in its place is refused.
+std::optional<std::set<std::string>> cpu_flags(const std::string& path, std::string& problem) {
+  SmallFile file = read_small_file(path, kMaxCpuinfoBytes);
+  switch (file.status) {
+    case SmallFile::Status::ok: break;
+    case SmallFile::Status::not_regular: problem = "is not a regular file"; return std::nullopt;
+    case SmallFile::Status::too_large: problem = "is larger than 16 MiB"; return std::nullopt;
+    default: problem = std::string("cannot be read (") + std::strerror(file.error) + ")"; return std::nullopt;
+  }
+  std::stringstream lines(file.bytes);
   std::string line;
-  while (std::getline(in, line)) {
+  while (std::getline(lines, line)) {
     if (line.rfind("flags", 0) != 0) continue;
     std::set<std::string> flags;
     std::stringstream words(line.substr(line.find(':') == std::string::npos ? line.size() : line.find(':') + 1));
     for (std::string word; words >> word;) flags.insert(word);
     return flags;
   }
+  problem = "has no flags line";
   return std::nullopt;
+}
+
+// Refuse a package compiled with extensions this CPU lacks (it would die with SIGILL). A cpuinfo
+// file named by $AOTC_CPUINFO that cannot be used fails closed; no /proc/cpuinfo (not Linux) skips.
+void check_cpu(const std::string& where, const Manifest& m) {
+  if (m.cpu_features.empty()) return;
+  const char* set = std::getenv(kCpuinfoEnv);
+  std::string override_path = set ? set : "", problem;
+  auto here = cpu_flags(override_path.empty() ? kProcCpuinfo : override_path, problem);
+  if (!here && !override_path.empty()) {
+    throw package_error(where + " lists the CPU features it was compiled for, which cannot be checked: $" + kCpuinfoEnv + " is " +
+                        override_path + ", which " + problem + "; point " + kCpuinfoEnv +
+                        " at a cpuinfo file, or unset it to read " + kProcCpuinfo);
+  }
+  if (!here) return;
+  std::string missing;
+  for (const auto& feature : m.cpu_features)
+    if (!here->count(feature)) missing += (missing.empty() ? "" : ", ") + feature;
+  if (!missing.empty()) {
+    throw package_error(where + " was compiled for CPU features this CPU lacks: " + missing + " (--cpu-isa " + m.cpu_isa +
+                        "); rebuild it with `aotc build --cpu-isa avx2` for any x86-64-v3 CPU, or on this machine");
+  }
 }
 
 std::string torch_release(const std::string& version) { return version.substr(0, version.find('+')); }
@@ -446,25 +480,10 @@ std::string running_platform() {
   return system + "-" + name.machine;
 }
 
-// FOLDER/manifest.json parsed, with the checks every manifest must pass whatever its backend:
-// size, JSON, nesting, format_version, manifest_sha256.
-json read_checked_json(const std::string& folder) {
-  fs::path dir(folder);
-  if (!fs::is_directory(dir)) {
-    std::string hint = fs::exists(dir) ? " (it is a file: pass the package folder that `aotc build` wrote)" : "";
-    throw package_error("package folder " + folder + " does not exist" + hint + "; build one with `aotc build ARTIFACT.pt2 -o " +
-                        folder + "`");
-  }
-  fs::path path = dir / kManifestName;
-  if (!fs::is_regular_file(path)) {
-    throw package_error(folder + " is not an aotc package: it has no " + kManifestName + "; rebuild it with `aotc build`");
-  }
-  if (fs::file_size(path) > kMaxManifestBytes) {
-    throw package_error(path.string() + " is " + std::to_string(fs::file_size(path)) +
-                        " bytes, above the 16 MiB a manifest may have; rebuild the package with `aotc build`");
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// TEXT (FOLDER/manifest.json's bytes) parsed, with the checks every manifest must pass whatever its
+// backend: JSON, nesting, format_version, manifest_sha256.
+json parse_checked_json(const std::string& folder, const std::string& text) {
+  fs::path path = fs::path(folder) / kManifestName;
   json data;
   try {
     // nlohmann's parser is iterative with a depth limit of its own, so deep nesting is an error, not a crash.
@@ -491,14 +510,42 @@ json read_checked_json(const std::string& folder) {
 
 }  // namespace
 
+std::string read_manifest_bytes(const std::string& folder) {
+  fs::path dir(folder);
+  if (!fs::is_directory(dir)) {
+    std::string hint = fs::exists(dir) ? " (it is a file: pass the package folder that `aotc build` wrote)" : "";
+    throw package_error("package folder " + folder + " does not exist" + hint + "; build one with `aotc build ARTIFACT.pt2 -o " +
+                        folder + "`");
+  }
+  fs::path path = dir / kManifestName;
+  SmallFile file = read_small_file(path.string(), kMaxManifestBytes);
+  switch (file.status) {
+    case SmallFile::Status::ok:
+      return file.bytes;
+    case SmallFile::Status::missing:
+    case SmallFile::Status::not_regular:  // a FIFO or a folder in its place: never opened for reading
+      throw package_error(folder + " is not an aotc package: it has no " + kManifestName + "; rebuild it with `aotc build`");
+    case SmallFile::Status::too_large: {
+      std::error_code ignored;
+      throw package_error(path.string() + " is " + std::to_string(fs::file_size(path, ignored)) +
+                          " bytes, above the 16 MiB a manifest may have; rebuild the package with `aotc build`");
+    }
+    case SmallFile::Status::unreadable:
+      break;
+  }
+  throw package_error(path.string() + " cannot be read (" + std::strerror(file.error) + "); rebuild the package with `aotc build`");
+}
+
 std::string read_backend(const std::string& folder) {
-  json data = read_checked_json(folder);
+  json data = parse_checked_json(folder, read_manifest_bytes(folder));
   const json& backend = data.contains("backend") ? data.at("backend") : json("aotinductor");
   return backend.is_string() ? backend.get<std::string>() : shown(backend);
 }
 
-Manifest read_manifest(const std::string& folder) {
-  json data = read_checked_json(folder);
+Manifest read_manifest(const std::string& folder) { return parse_manifest(folder, read_manifest_bytes(folder)); }
+
+Manifest parse_manifest(const std::string& folder, const std::string& text) {
+  json data = parse_checked_json(folder, text);
   fs::path path = fs::path(folder) / kManifestName;
   if (data.contains("backend") && data.at("backend") != "aotinductor") {
     // ONNX Runtime packages: linking ONNX Runtime's C++ library would give this runner a second
@@ -558,17 +605,7 @@ void check_compatible(const std::string& folder, const Manifest& m) {
   if (!m.platform.empty() && m.platform != running_platform()) {
     throw package_error(where + " was built for " + m.platform + ", this machine is " + running_platform() + "; rebuild it here");
   }
-  if (!m.cpu_features.empty()) {
-    if (auto here = cpu_features()) {
-      std::string missing;
-      for (const auto& feature : m.cpu_features)
-        if (!here->count(feature)) missing += (missing.empty() ? "" : ", ") + feature;
-      if (!missing.empty()) {
-        throw package_error(where + " was compiled for CPU features this CPU lacks: " + missing + " (--cpu-isa " + m.cpu_isa +
-                            "); rebuild it with `aotc build --cpu-isa avx2` for any x86-64-v3 CPU, or on this machine");
-      }
-    }
-  }
+  check_cpu(where, m);
   if (m.device_type != "cuda") return;
 #ifdef AOTC_WITH_CUDA
   if (torch::cuda::is_available()) {

@@ -1,12 +1,15 @@
-// The .npy format (numpy.lib.format, NEP 1) and the zip container numpy.savez writes, for stored
-// entries only. Reading goes through explicit checks of every header field before any allocation,
-// so a hostile file is refused, not trusted. Zip: the subset numpy writes by default (no
-// compression, no zip64) is a few dozen lines; zlib provides the CRC-32.
-#include "aotc/npy.h"
-
+// The .npy format (numpy.lib.format, NEP 1), read the way aotc_runtime/npz.py reads it: the header
+// through bounded reads, every field checked before anything is allocated from it, then exactly
+// the declared data bytes straight into the tensor. Also .npz writing (stored entries, zlib's
+// CRC-32). The zip container on the reading side is npz.cpp.
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,22 +18,25 @@
 #include <regex>
 #include <sstream>
 
-#include "aotc/error.h"
+#include "aotc/npy.h"
+#include "npy_format.h"
 
 namespace aotc {
 namespace {
 
-constexpr size_t kMaxHeader = 1 << 16;  // numpy's own limit for a header it will read safely
-
 struct Dtype {
+  std::string name;  // numpy's
   at::ScalarType type;
-  std::string descr;  // as written: '<f4', '|u1', ...
 };
 
-const std::map<std::string, at::ScalarType> kReadable = {
-    {"<f2", at::kHalf}, {"<f4", at::kFloat}, {"<f8", at::kDouble}, {"|i1", at::kChar},  {"<i2", at::kShort},
-    {"<i4", at::kInt},  {"<i8", at::kLong},  {"|u1", at::kByte},   {"|b1", at::kBool},  {"<u1", at::kByte},
-    {"<i1", at::kChar}, {"<b1", at::kBool}};
+// The plain little-endian (or byte-order-free) dtypes: numpy's descr -> name and tensor type.
+// uint16/32/64 are read only to be named in the signature's refusal (no package takes them).
+const std::map<std::string, Dtype> kPlain = {
+    {"<f2", {"float16", at::kHalf}},   {"<f4", {"float32", at::kFloat}},  {"<f8", {"float64", at::kDouble}},
+    {"|i1", {"int8", at::kChar}},      {"<i1", {"int8", at::kChar}},      {"<i2", {"int16", at::kShort}},
+    {"<i4", {"int32", at::kInt}},      {"<i8", {"int64", at::kLong}},     {"|u1", {"uint8", at::kByte}},
+    {"<u1", {"uint8", at::kByte}},     {"<u2", {"uint16", at::kUInt16}},  {"<u4", {"uint32", at::kUInt32}},
+    {"<u8", {"uint64", at::kUInt64}},  {"|b1", {"bool", at::kBool}},      {"<b1", {"bool", at::kBool}}};
 
 std::string descr_of(at::ScalarType type) {
   switch (type) {
@@ -47,91 +53,6 @@ std::string descr_of(at::ScalarType type) {
   }
 }
 
-// Input files the runner cannot read are input errors (exit 8), as in the Python runtime.
-Error bad(const std::string& where, const std::string& problem) {
-  return input_error("input file " + where + " " + problem);
-}
-
-// Parse one .npy held in memory; `where` names it in errors.
-at::Tensor parse_npy(const std::string& where, const char* data, size_t size) {
-  if (size < 10 || std::memcmp(data, "\x93NUMPY", 6) != 0) throw bad(where, "is not a .npy file (no \\x93NUMPY magic)");
-  int major = static_cast<unsigned char>(data[6]);
-  size_t header_len, offset;
-  if (major == 1) {
-    header_len = static_cast<unsigned char>(data[8]) | (static_cast<unsigned char>(data[9]) << 8);
-    offset = 10;
-  } else if (major == 2 || major == 3) {
-    if (size < 12) throw bad(where, "is truncated");
-    header_len = 0;
-    for (int i = 0; i < 4; ++i) header_len |= static_cast<size_t>(static_cast<unsigned char>(data[8 + i])) << (8 * i);
-    offset = 12;
-  } else {
-    throw bad(where, "has .npy format version " + std::to_string(major) + "; versions 1 to 3 are supported");
-  }
-  if (header_len > kMaxHeader || offset + header_len > size) throw bad(where, "has a header longer than the file or than 64 KiB");
-  std::string header(data + offset, header_len);
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']*)')"))) throw bad(where, "has no 'descr' in its header");
-  std::string descr = m[1];
-  auto known = kReadable.find(descr);
-  if (known == kReadable.end()) {
-    std::string why = descr.size() && descr[0] == '>' ? "big-endian data; save it little-endian (arr.astype(arr.dtype.newbyteorder('<')))"
-                                                      : "a dtype the runner does not read; use float16/32/64, int8/16/32/64, uint8 or bool";
-    throw bad(where, "has dtype '" + descr + "': " + why);
-  }
-  if (!std::regex_search(header, m, std::regex(R"('fortran_order'\s*:\s*(True|False))"))) throw bad(where, "has no 'fortran_order'");
-  bool fortran = m[1] == "True";
-  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) throw bad(where, "has no 'shape'");
-  std::vector<int64_t> shape;
-  std::stringstream dims(m[1].str());
-  std::string item;
-  size_t numel = 1;
-  while (std::getline(dims, item, ',')) {
-    item.erase(0, item.find_first_not_of(" "));
-    item.erase(item.find_last_not_of(" ") + 1);
-    if (item.empty()) continue;
-    if (item.find_first_not_of("0123456789") != std::string::npos || item.size() > 12) throw bad(where, "has a shape that is not a tuple of sizes");
-    int64_t dim = std::stoll(item);
-    shape.push_back(dim);
-    numel *= static_cast<size_t>(dim);
-  }
-  size_t itemsize = c10::elementSize(known->second);
-  size_t need = numel * itemsize;
-  if (numel != 0 && need / numel != itemsize) throw bad(where, "declares more data than can exist");
-  if (offset + header_len + need > size) {
-    throw bad(where, "is truncated: its header declares " + std::to_string(need) + " bytes of data, the file holds " +
-                         std::to_string(size - offset - header_len));
-  }
-  std::vector<int64_t> stored = shape;
-  if (fortran) std::reverse(stored.begin(), stored.end());
-  at::Tensor tensor = at::empty(stored, at::TensorOptions().dtype(known->second));
-  std::memcpy(tensor.data_ptr(), data + offset + header_len, need);
-  if (fortran && stored.size() > 1) {
-    std::vector<int64_t> order;
-    for (int64_t i = static_cast<int64_t>(stored.size()) - 1; i >= 0; --i) order.push_back(i);
-    tensor = tensor.permute(order).contiguous();
-  }
-  return tensor;
-}
-
-std::string read_file(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) {
-    throw input_error("input file " + path + " does not exist; pass .npy or .npz files with --input");
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-uint32_t u32(const std::string& s, size_t at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
-  return v;
-}
-uint16_t u16(const std::string& s, size_t at) {
-  return static_cast<uint16_t>(static_cast<unsigned char>(s[at]) | (static_cast<unsigned char>(s[at + 1]) << 8));
-}
 void put32(std::string& s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
 }
@@ -158,45 +79,276 @@ std::string npy_bytes(const at::Tensor& input) {
   return out;
 }
 
-}  // namespace
+Error refused(const std::string& where, const std::string& problem) { return input_error(where + " " + problem); }
 
-at::Tensor read_npy(const std::string& path) {
-  std::string data = read_file(path);
-  return parse_npy(path, data.data(), data.size());
+// Exactly n bytes of the header, or the refusal of a file that ends inside it.
+void read_exactly(NpyStream& stream, char* out, size_t n, const std::string& where) {
+  if (stream.read(out, n) != n) throw refused(where, "is truncated in its .npy header; save it again");
 }
 
-std::vector<std::pair<std::string, at::Tensor>> read_npz(const std::string& path) {
-  std::string data = read_file(path);
-  // End of central directory: the last 22 bytes plus a comment of at most 64 KiB.
-  size_t eocd = std::string::npos;
-  if (data.size() >= 22) {
-    size_t lowest = data.size() > 22 + 65535 ? data.size() - 22 - 65535 : 0;
-    for (size_t i = data.size() - 22 + 1; i-- > lowest;) {
-      if (u32(data, i) == 0x06054b50) {
-        eocd = i;
-        break;
-      }
+// The header dict's fields. numpy writes a Python dict literal; only the three keys it writes are
+// read, each by a pattern that accepts nothing but a literal of the expected kind.
+void parse_fields(const std::string& text, NpyHeader& h, const std::string& where) {
+  auto unreadable = [&](const std::string& why) {
+    return refused(where, "has a .npy header numpy would not read (" + why + "); save it with numpy.save");
+  };
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(R"('descr'\s*:\s*'([^']*)')"))) throw unreadable("no 'descr' string");
+  std::string descr = m[1];
+  if (!std::regex_search(text, m, std::regex(R"('fortran_order'\s*:\s*(True|False))"))) throw unreadable("no 'fortran_order'");
+  h.fortran = m[1] == "True";
+  if (!std::regex_search(text, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) throw unreadable("no 'shape' tuple");
+  std::stringstream dims(m[1].str());
+  std::string item;
+  h.data_bytes = 1;
+  bool overflow = false;
+  while (std::getline(dims, item, ',')) {
+    item.erase(0, item.find_first_not_of(" "));
+    item.erase(item.find_last_not_of(" ") + 1);
+    if (item.empty()) continue;
+    if (item.find_first_not_of("0123456789") != std::string::npos || item.size() > 18) {
+      throw refused(where, "declares shape (" + shown_text(m[1].str()) + "), which is not a tuple of sizes; save it with numpy.save");
+    }
+    int64_t dim = std::stoll(item);
+    h.shape.push_back(dim);
+    overflow = overflow || __builtin_mul_overflow(h.data_bytes, static_cast<uint64_t>(dim), &h.data_bytes);
+  }
+  auto plain = kPlain.find(descr);
+  h.dtype = plain == kPlain.end() ? descr : plain->second.name;
+  h.type = plain == kPlain.end() ? at::kFloat : plain->second.type;
+  if (plain == kPlain.end()) return;  // check_plain_dtype refuses it, naming the descr
+  uint64_t itemsize = c10::elementSize(h.type);
+  overflow = overflow || __builtin_mul_overflow(h.data_bytes, itemsize, &h.data_bytes);
+  if (overflow) h.data_bytes = UINT64_MAX;  // more than any file holds: the size checks refuse it
+}
+
+}  // namespace
+
+std::string shown_text(const std::string& text, size_t limit) {
+  // Python's str.isprintable per character: ASCII controls and broken UTF-8 become '?'.
+  std::vector<std::string> chars;
+  for (size_t i = 0; i < text.size();) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool valid = len > 0 && i + len <= text.size();
+    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(text[i + k]) >> 6) == 2;
+    if (!valid) {
+      chars.push_back("?");
+      ++i;
+      continue;
+    }
+    chars.push_back(len == 1 && (c < 0x20 || c == 0x7f) ? "?" : text.substr(i, len));
+    i += len;
+  }
+  std::string out;
+  size_t keep = chars.size() <= limit ? chars.size() : limit - 3;
+  for (size_t i = 0; i < keep; ++i) out += chars[i];
+  return chars.size() <= limit ? out : out + "...";
+}
+
+InputFile::InputFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0 && errno != ENOENT) {
+    throw input_error("input file " + path + " could not be opened (" + std::strerror(errno) + "); check its permissions");
+  }
+  struct stat info {};
+  if (fd_ < 0 || fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+    // Missing, a folder, a FIFO or a device: not a file to read (aotc_runtime's `is_file()` check).
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    throw input_error("input file " + path + " does not exist; pass .npy or .npz files with --input");
+  }
+  size_ = static_cast<uint64_t>(info.st_size);
+}
+
+InputFile::~InputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool InputFile::read_at(uint64_t offset, void* out, size_t n) const {
+  char* to = static_cast<char*>(out);
+  while (n > 0) {
+    ssize_t got = ::pread(fd_, to, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    to += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+NpyStream::NpyStream(const ArraySource& source, std::string where) : source_(source), where_(std::move(where)) {
+  if (!source.deflated) return;
+  zs_ = std::make_unique<z_stream>();
+  // Raw deflate (a zip entry carries no zlib header): negative window bits.
+  if (inflateInit2(zs_.get(), -MAX_WBITS) != Z_OK) throw refused(source.label, "could not be inflated (zlib would not start)");
+}
+
+NpyStream::~NpyStream() {
+  if (zs_) inflateEnd(zs_.get());
+}
+
+// More compressed bytes for inflate once it has used what it had, never past the entry's.
+void NpyStream::refill() {
+  z_stream& zs = *zs_;
+  if (zs.avail_in != 0 || consumed_ >= source_.stored_size) return;
+  input_.resize(static_cast<size_t>(std::min<uint64_t>(source_.stored_size - consumed_, 1 << 20)));
+  if (!source_.file->read_at(source_.offset + consumed_, input_.data(), input_.size())) input_.clear();
+  consumed_ = input_.empty() ? source_.stored_size : consumed_ + input_.size();  // a file cut short ends the input
+  zs.next_in = reinterpret_cast<Bytef*>(input_.data());
+  zs.avail_in = static_cast<uInt>(input_.size());
+}
+
+size_t NpyStream::inflate_some(char* out, size_t n) {
+  z_stream& zs = *zs_;
+  size_t produced = 0;
+  while (produced < n && !ended_) {
+    refill();
+    uInt asked = static_cast<uInt>(std::min<size_t>(n - produced, size_t{1} << 30));
+    zs.next_out = reinterpret_cast<Bytef*>(out + produced);
+    zs.avail_out = asked;
+    int rc = inflate(&zs, Z_NO_FLUSH);
+    produced += asked - zs.avail_out;
+    if (rc == Z_STREAM_END) ended_ = true;
+    else if (rc == Z_BUF_ERROR && zs.avail_in == 0 && consumed_ >= source_.stored_size) break;  // the input ran out
+    else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+      // zlib.error's words, as aotc_runtime reports them
+      throw refused(source_.label, "is not a readable .npz (error: Error " + std::to_string(rc) + " while decompressing data: " +
+                                       shown_text(zs.msg ? zs.msg : "invalid data", 60) + "); save it with numpy.savez");
     }
   }
-  if (eocd == std::string::npos) throw bad(path, "is not a .npz (zip) archive");
-  size_t count = u16(data, eocd + 10), dir = u32(data, eocd + 16);
-  std::vector<std::pair<std::string, at::Tensor>> arrays;
-  for (size_t n = 0, at = dir; n < count; ++n) {
-    if (at + 46 > data.size() || u32(data, at) != 0x02014b50) throw bad(path, "has a damaged zip directory");
-    uint16_t method = u16(data, at + 10);
-    uint32_t size = u32(data, at + 20), name_len = u16(data, at + 28), extra = u16(data, at + 30), comment = u16(data, at + 32);
-    uint32_t local = u32(data, at + 42);
-    std::string name = data.substr(at + 46, name_len);
-    if (method != 0) throw bad(path, "has compressed entries (numpy.savez_compressed); save it with numpy.savez");
-    if (size == 0xffffffff || local == 0xffffffff) throw bad(path, "is a zip64 archive (over 4 GB); the runner reads numpy.savez archives under 4 GB");
-    if (local + 30 > data.size() || u32(data, local) != 0x04034b50) throw bad(path, "has a damaged zip entry " + name);
-    size_t start = local + 30 + u16(data, local + 26) + u16(data, local + 28);
-    if (start + size > data.size()) throw bad(path, "is truncated in entry " + name);
-    std::string key = name.size() > 4 && name.substr(name.size() - 4) == ".npy" ? name.substr(0, name.size() - 4) : name;
-    arrays.emplace_back(key, parse_npy(path + ":" + name, data.data() + start, size));
-    at += 46 + name_len + extra + comment;
+  return produced;
+}
+
+size_t NpyStream::read(char* out, size_t n) {
+  n = static_cast<size_t>(std::min<uint64_t>(n, source_.size - produced_));
+  size_t got = 0;
+  if (source_.deflated) {
+    got = inflate_some(out, n);
+  } else {
+    got = static_cast<size_t>(std::min<uint64_t>(n, source_.stored_size - consumed_));
+    if (!source_.file->read_at(source_.offset + consumed_, out, got)) got = 0;  // a file cut short: truncated
+    consumed_ += got;
   }
-  return arrays;
+  produced_ += got;
+  // zlib's crc32 takes uInt lengths: fed in pieces below 4 GiB.
+  for (size_t at = 0; source_.check_crc && at < got; at += size_t{1} << 30) {
+    uInt piece = static_cast<uInt>(std::min(got - at, size_t{1} << 30));
+    crc_ = static_cast<uint32_t>(crc32(crc_, reinterpret_cast<const Bytef*>(out + at), piece));
+  }
+  return got;
+}
+
+bool NpyStream::at_end() {
+  if (produced_ < source_.size) {
+    char probe;
+    if (read(&probe, 1) != 0) return false;
+  }
+  if (source_.check_crc && crc_ != source_.crc) {
+    throw refused(source_.label, "is not a readable .npz (BadZipFile: Bad CRC-32 for file '" + shown_text(source_.entry, 60) +
+                                     "'); save it with numpy.savez");
+  }
+  return true;
+}
+
+NpyHeader read_npy_header(NpyStream& stream, const std::string& where) {
+  char start[8];
+  read_exactly(stream, start, sizeof start, where);
+  if (std::memcmp(start, "\x93NUMPY", 6) != 0) throw refused(where, "is not a .npy array (no \\x93NUMPY magic); save it with numpy.save");
+  int major = static_cast<unsigned char>(start[6]), minor = static_cast<unsigned char>(start[7]);
+  if (major < 1 || major > 3 || minor != 0) {
+    throw refused(where, "has .npy format version " + std::to_string(major) + "." + std::to_string(minor) + "; versions 1.0 to 3.0 are read");
+  }
+  unsigned char field[4] = {0, 0, 0, 0};
+  size_t field_size = major == 1 ? 2 : 4;
+  read_exactly(stream, reinterpret_cast<char*>(field), field_size, where);
+  uint64_t length = field[0] | (field[1] << 8) | (uint64_t{field[2]} << 16) | (uint64_t{field[3]} << 24);
+  if (length > kMaxNpyHeader) {
+    throw refused(where, "has a .npy header of " + std::to_string(length) + " bytes, above " + std::to_string(kMaxNpyHeader) +
+                             "; save it with numpy.save");
+  }
+  std::string text(static_cast<size_t>(length), '\0');
+  read_exactly(stream, text.data(), text.size(), where);
+  // Format 3.0 differs from 2.0 only in a UTF-8 header, which only structured dtypes (refused) need.
+  if (major == 3 && std::any_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; })) {
+    throw refused(where, "has a non-ASCII .npy header (a structured dtype); use " + kReadableDtypes + " arrays");
+  }
+  NpyHeader h;
+  h.length = sizeof start + field_size + length;
+  parse_fields(text, h, where);
+  return h;
+}
+
+void check_plain_dtype(const NpyHeader& h, const std::string& where) {
+  if (kPlain.count(h.dtype) == 0 && h.dtype.size() > 1 && h.dtype[0] == '>' && std::string("biuf").find(h.dtype[1]) != std::string::npos) {
+    throw refused(where, "has dtype '" + h.dtype + "': big-endian data; save it little-endian (arr.astype(arr.dtype.newbyteorder('<')))");
+  }
+  if (h.dtype == "|O") throw refused(where, "has dtype object: not a plain array; use " + kReadableDtypes + " arrays");
+  bool plain = std::any_of(kPlain.begin(), kPlain.end(), [&](const auto& item) { return item.second.name == h.dtype; });
+  if (!plain) throw refused(where, "has dtype '" + h.dtype + "': use " + kReadableDtypes + " arrays");
+}
+
+at::Tensor read_npy_data(NpyStream& stream, const NpyHeader& h, const std::string& where) {
+  std::vector<int64_t> stored = h.shape;
+  if (h.fortran) std::reverse(stored.begin(), stored.end());
+  at::Tensor tensor;
+  try {
+    tensor = at::empty(stored, at::TensorOptions().dtype(h.type));
+  } catch (const std::exception&) {
+    throw refused(where, "declares " + std::to_string(h.data_bytes) + " bytes of data, more than this machine can allocate");
+  }
+  char* data = static_cast<char*>(tensor.data_ptr());
+  uint64_t filled = 0;
+  while (filled < h.data_bytes) {
+    size_t got = stream.read(data + filled, static_cast<size_t>(std::min<uint64_t>(h.data_bytes - filled, 1 << 20)));
+    if (got == 0) {
+      throw refused(where, "is truncated: its header declares " + std::to_string(h.data_bytes) + " bytes of data, it holds " +
+                               std::to_string(filled) + "; save it again");
+    }
+    filled += got;
+  }
+  if (!stream.at_end()) {
+    throw refused(where, "holds more data than its header declares (" + std::to_string(h.data_bytes) + " bytes); save it again");
+  }
+  if (h.fortran && stored.size() > 1) {
+    std::vector<int64_t> order;
+    for (int64_t i = static_cast<int64_t>(stored.size()) - 1; i >= 0; --i) order.push_back(i);
+    tensor = tensor.permute(order).contiguous();
+  }
+  return tensor;
+}
+
+at::Tensor StoredArray::read() const {
+  NpyStream stream(source, where);
+  std::vector<char> skipped(static_cast<size_t>(header.length));  // read before; read again for the CRC
+  if (stream.read(skipped.data(), skipped.size()) != skipped.size()) throw refused(where, "is truncated in its .npy header; save it again");
+  return read_npy_data(stream, header, where);
+}
+
+StoredArray open_npy_file(const std::string& path) {
+  StoredArray array;
+  array.where = "input file " + path;
+  array.source.file = std::make_shared<const InputFile>(path);
+  array.source.stored_size = array.source.size = array.source.file->size();
+  NpyStream stream(array.source, array.where);
+  array.header = read_npy_header(stream, array.where);
+  return array;
+}
+
+void check_npy_size(const StoredArray& array) {
+  uint64_t size = array.source.file->size();
+  if (size != array.header.total()) {
+    throw refused(array.where, "holds " + std::to_string(size - array.header.length) + " bytes of data but its header declares " +
+                                   std::to_string(array.header.data_bytes) + "; save it again with numpy.save");
+  }
+}
+
+at::Tensor read_npy(const std::string& path) {
+  StoredArray array = open_npy_file(path);
+  check_plain_dtype(array.header, array.where);
+  check_npy_size(array);
+  return array.read();
 }
 
 void write_npz(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& arrays) {

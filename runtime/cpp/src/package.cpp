@@ -15,7 +15,9 @@
 #include <map>
 #include <sstream>
 
+#include "aotc/signing.h"
 #include "cuda_graphs.h"
+#include "input_check.h"
 
 namespace fs = std::filesystem;
 
@@ -31,25 +33,6 @@ std::string first_line(const std::string& text) {
   size_t start = text.find_first_not_of(" \n\t");
   if (start == std::string::npos) return "";
   return text.substr(start, text.find('\n', start) - start);
-}
-
-// Python's repr of a list of ints: "[65, 128]".
-std::string list_text(at::IntArrayRef sizes) {
-  std::string out = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
-  return out + "]";
-}
-
-std::string describe(const TensorSpec& spec, const std::map<std::string, DimRange>& dims) {
-  std::string out = "[";
-  for (size_t i = 0; i < spec.shape.size(); ++i) {
-    const ShapeEntry& e = spec.shape[i];
-    out += i ? ", " : "";
-    if (e.is_static()) out += std::to_string(e.size);
-    else if (dims.count(e.name)) out += e.name + "=" + std::to_string(dims.at(e.name).min) + ".." + std::to_string(dims.at(e.name).max);
-    else out += e.name;
-  }
-  return out + "]";
 }
 
 std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& manifest) {
@@ -189,11 +172,15 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
   auto started = Clock::now();
   Package package;
   package.folder_ = folder;
-  package.manifest_ = read_manifest(folder);
+  bool signed_ = !options.public_key.empty();
+  // Read once: the bytes whose signature is checked are the bytes parsed.
+  std::string text = signed_ ? verify_signature(folder, options.public_key) : read_manifest_bytes(folder);
+  package.manifest_ = parse_manifest(folder, text);
   check_compatible(folder, package.manifest_);
   times.manifest_ms = since(started);
   started = Clock::now();
-  if (options.verify) verify_files(folder, package.manifest_);
+  // A signature vouches for the other files only through their hashes: never skipped then.
+  if (options.verify || signed_) verify_files(folder, package.manifest_);
   times.hashes_ms = since(started);
   started = Clock::now();
   bool cuda = package.manifest_.device_type == "cuda";
@@ -224,6 +211,7 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
     LoadOptions member_options = options;
     member_options.verify = false;
     member_options.times = nullptr;
+    member_options.public_key.clear();  // its manifest is one of the files the signed manifest hashes
     package.members_.push_back(
         {spec.dims, spec.package, std::make_unique<Package>(Package::load(member_folder, member_options))});
   }
@@ -259,45 +247,8 @@ void Package::check_inputs(const std::vector<at::Tensor>& inputs) const {
     throw input_error("the package takes " + std::to_string(sig.inputs.size()) + " input(s) (" + names + "), " +
                       std::to_string(inputs.size()) + " given");
   }
-  std::map<std::string, std::pair<int64_t, std::string>> bound;
-  for (size_t index = 0; index < inputs.size(); ++index) {
-    const TensorSpec& spec = sig.inputs[index];
-    const at::Tensor& tensor = inputs[index];
-    std::string label = "input '" + spec.name + "' (#" + std::to_string(index) + ")";
-    std::string given = list_text(tensor.sizes()), expected = describe(spec, sig.dims);
-    std::string dtype = dtype_name(tensor.scalar_type());
-    if (dtype != spec.dtype) {
-      throw input_error(label + " must be " + spec.dtype + ", got " + dtype + " (shape " + given +
-                        "); convert it or re-export with --dtype " + dtype);
-    }
-    if (static_cast<size_t>(tensor.dim()) != spec.shape.size()) {
-      throw input_error(label + " must have " + std::to_string(spec.shape.size()) + " dims " + expected + ", got " +
-                        std::to_string(tensor.dim()) + " dims " + given);
-    }
-    for (size_t axis = 0; axis < spec.shape.size(); ++axis) {
-      const ShapeEntry& want = spec.shape[axis];
-      int64_t have = tensor.size(static_cast<int64_t>(axis));
-      if (want.is_static()) {
-        if (want.size != have) {
-          throw input_error(label + " must have shape " + expected + ", got " + given + ": dim " + std::to_string(axis) +
-                            " is static " + std::to_string(want.size) + "; re-export with a named dim (--dim) to make it dynamic");
-        }
-        continue;
-      }
-      const DimRange& range = sig.dims.at(want.name);
-      if (have < range.min || have > range.max) {
-        throw input_error(label + " must have shape " + expected + ", got " + given + ": dim " + std::to_string(axis) + " (" +
-                          want.name + ") = " + std::to_string(have) + " is outside " + std::to_string(range.min) + ".." +
-                          std::to_string(range.max) + "; re-export with a wider --dim " + want.name + "=MIN:MAX");
-      }
-      auto seen = bound.find(want.name);
-      if (seen != bound.end() && seen->second.first != have) {
-        throw input_error(label + " has " + want.name + " = " + std::to_string(have) + " but " + seen->second.second + " has " +
-                          want.name + " = " + std::to_string(seen->second.first) + "; inputs sharing a dim name must agree");
-      }
-      bound.emplace(want.name, std::make_pair(have, label));
-    }
-  }
+  InputCheck check(sig);
+  for (size_t index = 0; index < inputs.size(); ++index) check.check(index, inputs[index].sizes(), dtype_name(inputs[index].scalar_type()));
 }
 
 std::vector<at::Tensor> Package::random_inputs(uint64_t seed) const {

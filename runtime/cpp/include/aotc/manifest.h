@@ -71,6 +71,12 @@ struct Manifest {
 // Read and check FOLDER/manifest.json; throws aotc::Error (exit 7) with the Python runtime's messages.
 Manifest read_manifest(const std::string& folder);
 
+// FOLDER/manifest.json's bytes (at most 16 MiB, a regular file, read without blocking), and the
+// check of bytes read that way: a caller that verifies the bytes (a signature) parses those very
+// bytes, never a second read of the file.
+std::string read_manifest_bytes(const std::string& folder);
+Manifest parse_manifest(const std::string& folder, const std::string& text);
+
 // FOLDER/manifest.json's `backend` after the manifest's own checks (JSON, format, hash) but before
 // the field checks only an AOTInductor manifest passes: how a package tells an ONNX Runtime member,
 // which this runtime skips, from a broken one, which it refuses.

@@ -2,7 +2,8 @@
 // Python. The same contract as the Python runtime (aotc_runtime.load): the manifest is checked,
 // file hashes verified, the torch release / platform / GPU architecture compared, inputs checked
 // against the signature before every call, state carried between calls, TF32 set around calls of
-// a tf32 package, and a CUDA graph replayed per input signature for reduce-overhead packages.
+// a tf32 package, and a CUDA graph replayed per input signature for reduce-overhead packages;
+// with LoadOptions::public_key, its signature checked first (aotc_runtime.load(public_key=...)).
 // A package with `specializations` loads each member as a Package of its own and runs a call on
 // the member whose dim values the inputs have, else on its dynamic model.
 //
@@ -35,6 +36,9 @@ struct LoadOptions {
   bool verify = true;            // check file hashes (skip only right after verifying them yourself)
   bool reuse_outputs = false;    // CUDA-graph packages: return the graph's own output buffers (no copy)
   LoadTimes* times = nullptr;    // filled in when given
+  // An ed25519 public key (PEM, `aotc keygen`): when set, the package must be signed by its private
+  // key (`aotc sign`) and unchanged since, or load throws (exit 7); file hashes are then always checked.
+  std::string public_key;
 };
 
 class CudaGraphs;
