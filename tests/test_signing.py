@@ -138,8 +138,15 @@ def test_require_signature_needs_a_key(signed, keys):
     result = invoke("run", signed, "--require-signature")
     assert result.exit_code == 2 and "--require-signature needs --public-key" in result.stderr
     assert "Traceback" not in result.stderr
-    cpp = invoke("run", signed, "--engine", "cpp", "--public-key", keys.mine.public)
-    assert cpp.exit_code == 2 and "C++ runner does not check signatures yet" in cpp.stderr
+    cpp = invoke("run", signed, "--engine", "cpp", "--require-signature")
+    assert cpp.exit_code == 2 and "--require-signature needs --public-key" in cpp.stderr
+
+
+def test_the_cpp_engine_checks_the_signature_too(signed, keys):
+    ok = invoke("run", signed, "--engine", "cpp", "--public-key", keys.mine.public)
+    assert ok.exit_code == 0, ok.stderr
+    other = invoke("run", signed, "--engine", "cpp", "--public-key", keys.other.public)
+    assert other.exit_code == 7, other.stderr
 
 
 def test_sign_refuses_a_damaged_package(packages, tmp_path, keys):

@@ -57,22 +57,22 @@ def run(
 
     public_key = required_key(require_signature, public_key)
     if engine == "cpp":
-        if public_key is not None:
-            raise click.UsageError(
-                "the C++ runner does not check signatures yet; run a signed package with --engine python"
-            )
         if threads > 1:
             raise click.UsageError(
                 "--threads is for --engine python; the C++ runner calls from one thread"
             )
-        raise click.exceptions.Exit(run_cpp(package, inputs, output, iters, seed, as_json))
+        raise click.exceptions.Exit(
+            run_cpp(package, inputs, output, iters, seed, as_json, public_key)
+        )
     from aotc_runtime import format_report
 
     report = run_api(package, inputs, output, iters, seed, public_key=public_key, threads=threads)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 
-def run_cpp(package: Path, inputs, output, iters: int, seed: int, as_json: bool) -> int:
+def run_cpp(
+    package: Path, inputs, output, iters: int, seed: int, as_json: bool, public_key=None
+) -> int:
     """The same run through aotc-runner; its report and errors pass through, its exit code is ours."""
     import subprocess
 
@@ -85,6 +85,8 @@ def run_cpp(package: Path, inputs, output, iters: int, seed: int, as_json: bool)
         args += ["--output", str(output)]
     if as_json:
         args.append("--json")
+    if public_key is not None:  # the runner checks it as the Python runtime does
+        args += ["--require-signature", "--public-key", str(public_key)]
     result = subprocess.run(args, capture_output=True, text=True)
     click.echo(result.stdout, nl=False)
     click.echo(result.stderr, nl=False, err=True)
