@@ -117,13 +117,17 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["build"]:
         print("usage: python -m aotc.cpp_runner build [BUILD_DIR]", file=sys.stderr)
         return 2
-    from aotc.cli.main import run_reporting_errors
+    # `make runner`'s entry: errors reported as the CLI reports them, without importing the CLI
+    # (the library never does; it made aotc/ one import cycle of 14 modules)
+    from aotc.errors import AotcError
 
-    def build() -> None:
+    try:
         path = build_runner(Path(argv[1]) if len(argv) > 1 else BUILD_DIR)
-        print(f"built {path}")
-
-    return run_reporting_errors(build, verbose=False)
+    except AotcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"built {path}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -51,3 +51,19 @@ def test_runtime_public_api_resolves():
     """Every name in aotc_runtime.__all__ is importable (the lazy table and __all__ agree)."""
     for name in aotc_runtime.__all__:
         assert getattr(aotc_runtime, name) is not None, name
+
+
+def test_the_library_never_imports_the_cli():
+    """aotc/cli/ parses flags and calls aotc.api; nothing outside it imports it (issue 25 found
+    aotc/cpp_runner.py importing aotc.cli.main: 14 modules in one import cycle)."""
+    offenders = []
+    for path in sorted((ROOT / "aotc").rglob("*.py")):
+        inside = path.relative_to(ROOT / "aotc").parts
+        if inside[0] == "cli" or inside == ("__main__.py",):  # the CLI and `python -m aotc`
+            continue
+        text = path.read_text()
+        if re.search(
+            r"^\s*(from aotc\.cli\b|import aotc\.cli\b|from aotc import cli\b)", text, re.M
+        ):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == [], offenders

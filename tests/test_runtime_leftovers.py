@@ -32,6 +32,19 @@ def env_with_tmp(tmp: Path) -> dict:
     return {**os.environ, "TMPDIR": str(tmp)}
 
 
+def start_a_long_run(packages, tmp: Path) -> subprocess.Popen:
+    """`aotc-run` of many calls, returned once the model is unpacked under `tmp` and running."""
+    child = subprocess.Popen(
+        [*RUN, str(packages.get("mlp").package), "--iters", "100000000"],
+        env=env_with_tmp(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(tmp.rglob("*.so")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(tmp.rglob("*.so")), "the package was never unpacked"
+    return child
+
+
 def test_a_run_leaves_nothing_in_the_temporary_folder(packages, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -65,14 +78,7 @@ def test_a_failed_load_leaves_nothing(packages, tmp_path):
 def test_sigterm_during_a_run_leaves_nothing(packages, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    child = subprocess.Popen(
-        [*RUN, str(packages.get("mlp").package), "--iters", "100000000"],
-        env=env_with_tmp(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(tmp.rglob("*.so")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # loaded: the model is unpacked and running
-    assert list(tmp.rglob("*.so")), "the package was never unpacked"
+    child = start_a_long_run(packages, tmp)
     child.send_signal(signal.SIGTERM)
     _out, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
@@ -83,13 +89,7 @@ def test_sigterm_during_a_run_leaves_nothing(packages, tmp_path):
 def test_what_a_killed_process_left_is_removed_by_the_next_load(packages, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    child = subprocess.Popen(
-        [*RUN, str(packages.get("mlp").package), "--iters", "100000000"],
-        env=env_with_tmp(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(tmp.rglob("*.so")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    child = start_a_long_run(packages, tmp)
     child.kill()  # SIGKILL: nothing of the process runs again
     child.wait(timeout=60)
     assert [p.name.split("-")[2] for p in tmp.iterdir()] == [str(child.pid)]
