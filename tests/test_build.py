@@ -67,7 +67,8 @@ def test_manifest_records_the_build(packages):
 
 def test_manifest_says_where_the_build_time_went(packages):
     manifest = json.loads((packages.get("cnn_bn").package / "manifest.json").read_text())
-    phases = manifest["build_phases"]
+    # aotc's own stages (aotc.load, ...) are checked by test_the_build_says_where_its_time_went
+    phases = {k: v for k, v in manifest["build_phases"].items() if not k.startswith("aotc.")}
     # A CPU build compiles C++: some Inductor phase takes over the 0.5 s the record starts at.
     assert phases, "no Inductor phase recorded"
     for name, phase in phases.items():
