@@ -308,6 +308,9 @@ def test_a_stopped_runner_leaves_nothing_behind(runner, packages, tmp_path, stop
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # a suite started in the background (`cmd &`) inherits SIGINT ignored, and the runner
+        # rightly leaves an ignored signal ignored: give the runner the default, as a terminal does
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         # The serve loop answers only once the package is loaded: the signal comes to a runner
