@@ -107,21 +107,22 @@ def test_unknown_isa_is_a_usage_error(tmp_path):
 PROBE_COUNT = """
 import json, sys
 from torch._inductor import cpu_vec_isa
-from aotc.build.cpu_isa import compiled_features, trusted_vec_isa_options
+from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
 
 probes = []
 real = cpu_vec_isa.VecISA.check_build
 cpu_vec_isa.VecISA.check_build = lambda self, code: probes.append(str(self)) or real(self, code)
-trusted = trusted_vec_isa_options("g++")
-features = compiled_features("native", "g++", trusted)
-print(json.dumps({"probes": probes, "trusted": trusted, "features": list(features)}))
+with remembered_vec_isa_probes("g++") as count:
+    features = compiled_features("native", "g++")
+    flags = cpu_vec_isa.pick_vec_isa().build_arch_flags()
+print(json.dumps({"probes": probes, "runs": count.runs, "features": list(features), "flags": flags}))
 """
 
 
 def test_the_vector_isa_probe_runs_once_per_machine(tmp_path):
     """Issue 25: Inductor compiles and runs a test program per vector ISA (12 s here, 40 s on the
-    H100 host) in every build process. The answer is kept in aotc's cache: a second process asks
-    no compiler, and records the same features."""
+    H100 host) in every build process. Each answer is kept in aotc's cache: a second process asks
+    no compiler, picks the same flags, and records the same features."""
     env = {**os.environ, "AOTC_CACHE_DIR": str(tmp_path / "cache")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")  # no probe binaries kept there
     runs = []
@@ -134,6 +135,8 @@ def test_the_vector_isa_probe_runs_once_per_machine(tmp_path):
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first, second = runs
     assert first["probes"], "the first build process should run Inductor's probe"
-    assert second["probes"] == [] and second["trusted"] == {"cpp.vec_isa_ok": True}
-    assert second["features"] == first["features"]
-    assert len(list((tmp_path / "cache" / "cpu-isa").glob("*.json"))) == 1
+    assert first["runs"] == len(first["probes"])
+    assert second["probes"] == [] and second["runs"] == 0
+    assert second["features"] == first["features"] and second["flags"] == first["flags"]
+    remembered = list((tmp_path / "cache" / "cpu-isa").glob("*.json"))
+    assert len(remembered) == first["runs"]  # one answer kept per probe

@@ -11,16 +11,22 @@ Inductor decides which vector ISAs it may use by compiling and running a test pr
 one the CPU claims (`valid_vec_isa_list`): ten compiler runs, 12 s on the 2-core CPU VM and about
 40 s on the H100 host (issue 25), once per process, and every build is a new process (each --tune
 candidate too), CUDA builds included (AOTInductor picks an ISA for any package's host code). The
-answer depends only on the compiler, torch and the CPU, so it is kept in aotc's cache folder
-(trusted_vec_isa_options): a machine pays for the probe once.
+answer depends only on the compiler, torch and the CPU, so each probe's answer is kept in aotc's
+cache folder (remembered_vec_isa_probes): a machine pays for each probe once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
 import platform
 import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from aotc.errors import UserInputError
 
@@ -91,33 +97,60 @@ def isa_options(name: str) -> dict:
     return {"cpp.march": march, "cpp.simdlen": simdlen}
 
 
-def trusted_vec_isa_options(cxx: str) -> dict:
-    """{"cpp.vec_isa_ok": True} when Inductor's probe already ran for this compiler, torch and CPU
-    and every vector ISA the CPU claims passed it: Inductor then takes the CPU's word and skips the
-    probe, which is what the probe would have answered. Otherwise the probe runs (in this process,
-    where Inductor's own call reuses its answer) and the answer is kept for the next build. An
-    ISA that failed the probe (a compiler too old for AMX, say) keeps the probe on every time."""
-    if not is_x86():
-        return {}
-    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, x86_isa_checker
+@contextlib.contextmanager
+def remembered_vec_isa_probes(cxx: str) -> Iterator[ProbeCount]:
+    """Inside: each of Inductor's vector-ISA probes (VecISA.check_build: compile a test program
+    with one ISA's flags, load it in a child) answers from aotc's cache folder when this compiler,
+    torch and CPU already answered it, and is remembered when not. Every probe goes through that
+    one method, the subclasses' extra ones too (AVX-512 BF16 and VNNI, AMX, AMX-FP16: 4 of the
+    H100 host's 14), so the flags Inductor picks are exactly what the probe would have given. A
+    cache others can write is not used (the probe runs, as without aotc). Yields the count and
+    time of the probes that really ran, for the build's stage times."""
+    from torch._inductor import cpu_vec_isa
 
     from aotc.cache_dir import private_cache_root
 
-    cpu_flags = set(x86_isa_checker())
-    claimed = [str(i) for i in supported_vec_isa_list if set(str(i).split()) <= cpu_flags]
+    count = ProbeCount()
     try:
         folder = private_cache_root() / "cpu-isa"
-    except UserInputError:  # a cache others can write: probe every time rather than trust it
-        return {}
-    path = folder / f"{_probe_key(cxx, claimed)}.json"
+    except UserInputError:
+        folder = None
+    real = cpu_vec_isa.VecISA.check_build
+    base = _probe_context(cxx)
+
+    @functools.wraps(real)
+    def remembered(self, code, *args, **kwargs):
+        key = _probe_key(base, self.build_arch_flags(), code)
+        path = folder / f"{key}.json" if folder is not None else None
+        if path is not None:
+            try:
+                return bool(json.loads(path.read_text())["ok"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        began = time.perf_counter()
+        ok = real(self, code, *args, **kwargs)
+        count.runs += 1
+        count.seconds += time.perf_counter() - began
+        if path is not None:
+            _remember(path, ok)
+        return ok
+
+    cpu_vec_isa.VecISA.check_build = remembered
     try:
-        valid = json.loads(path.read_text())["valid"]
-    except (OSError, ValueError, KeyError, TypeError):
-        valid = _probe_and_remember(path)
-    return {"cpp.vec_isa_ok": True} if valid == claimed else {}
+        yield count
+    finally:
+        cpu_vec_isa.VecISA.check_build = real
 
 
-def _probe_key(cxx: str, claimed: list) -> str:
+@dataclasses.dataclass
+class ProbeCount:
+    runs: int = 0
+    seconds: float = 0.0
+
+
+def _probe_context(cxx: str) -> dict:
+    """What a probe's answer depends on besides its own flags and program: the compiler, torch,
+    and the CPU (its model and every flag the kernel reports)."""
     import torch
 
     try:
@@ -126,32 +159,40 @@ def _probe_key(cxx: str, claimed: list) -> str:
         ).stdout.splitlines()[:1]
     except (OSError, subprocess.TimeoutExpired):
         version = []
-    record = {"cxx": cxx, "cxx_version": version, "torch": torch.__version__, "claimed": claimed}
+    return {"cxx": cxx, "cxx_version": version, "torch": torch.__version__, "cpu": _cpu_identity()}
+
+
+def _cpu_identity() -> list:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return [platform.machine(), platform.processor()]
+    wanted = ("model name", "flags")
+    return sorted({line.strip() for line in lines if line.split(":")[0].strip() in wanted})
+
+
+def _probe_key(context: dict, arch_flags: str, code: str) -> str:
+    record = {**context, "arch_flags": arch_flags, "code": code}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _probe_and_remember(path) -> list:
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-
+def _remember(path: Path, ok: bool) -> None:
     from aotc_runtime import write_text_atomically
 
-    valid = [str(isa) for isa in valid_vec_isa_list()]  # the probe
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps({"valid": valid}) + "\n")
-    return valid
+    write_text_atomically(path, json.dumps({"ok": bool(ok)}) + "\n")
 
 
-def compiled_features(name: str, cxx: str, trusted: dict | None = None) -> tuple[str, ...]:
+def compiled_features(name: str, cxx: str) -> tuple[str, ...]:
     """The /proc/cpuinfo names of the extensions a package built for `name` may use: the macros
-    `cxx` defines under the -march and vector-ISA flags Inductor will pass. `trusted`: what
-    trusted_vec_isa_options gave, applied here as it will be to the compile."""
+    `cxx` defines under the -march and vector-ISA flags Inductor will pass."""
     if not is_x86():
         return ()
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import invalid_vec_isa, pick_vec_isa
 
     march, simdlen = ISAS[name]
-    with config.patch({"cpp.simdlen": simdlen, **(trusted or {})}):
+    with config.patch({"cpp.simdlen": simdlen}):
         vec_isa = pick_vec_isa()
     if simdlen is not None and vec_isa == invalid_vec_isa:
         raise UserInputError(

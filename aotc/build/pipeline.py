@@ -13,7 +13,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotc.build.cpu_isa import compiled_features, trusted_vec_isa_options
+from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
 from aotc.build.disk_space import check_space, full_device
 from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
@@ -104,42 +104,47 @@ def _build(
         ):
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}
-        # Inductor's vector-ISA probe, skipped when this machine already answered it
-        trusted_isa = trusted_vec_isa_options(compiler["cpp.cxx"][1])
-        features = compiled_features(cfg.cpu_isa, compiler["cpp.cxx"][1], trusted_isa)
-        manifest = new_manifest(cfg, meta, options, compiler_record, features)
-        # The compiled model carries what it was built as, so a runtime can tell an edited manifest
-        # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
-        described = {
-            "aot_inductor.metadata": {
-                CONTRACT_KEY: json.dumps(model_contract(manifest), sort_keys=True)
+        cxx = compiler["cpp.cxx"][1]
+        # Inductor's vector-ISA probe runs in here: each of its answers once per machine
+        with remembered_vec_isa_probes(cxx) as probes:
+            features = compiled_features(cfg.cpu_isa, cxx)
+            manifest = new_manifest(cfg, meta, options, compiler_record, features)
+            # The compiled model carries what it was built as, so a runtime can tell an edited manifest
+            # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
+            described = {
+                "aot_inductor.metadata": {
+                    CONTRACT_KEY: json.dumps(model_contract(manifest), sort_keys=True)
+                }
             }
-        }
-        with (
-            progress.stage(
-                f"compiling with AOTInductor, mode {cfg.mode.value}",
-                detail=TuningProgress(),
-                key="compile",
-            ),
-            inductor_phase_times(phases),
-        ):
-            compile_aoti(
-                placed,
-                staging / MODEL_FILE,
-                {**options, **compiler, **trusted_isa, **described},
-                cfg.precision,
-            )
-            if empty_weights_blob(staging / MODEL_FILE):
-                # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
-                # keeps the default layout, its (empty) constants inside the .so
-                options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
-                manifest = dataclasses.replace(manifest, inductor_options=options)
+            with (
+                progress.stage(
+                    f"compiling with AOTInductor, mode {cfg.mode.value}",
+                    detail=TuningProgress(),
+                    key="compile",
+                ),
+                inductor_phase_times(phases),
+            ):
                 compile_aoti(
                     placed,
                     staging / MODEL_FILE,
-                    {**options, **compiler, **trusted_isa, **described},
+                    {**options, **compiler, **described},
                     cfg.precision,
                 )
+                if empty_weights_blob(staging / MODEL_FILE):
+                    # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
+                    # keeps the default layout, its (empty) constants inside the .so
+                    options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
+                    manifest = dataclasses.replace(manifest, inductor_options=options)
+                    compile_aoti(
+                        placed,
+                        staging / MODEL_FILE,
+                        {**options, **compiler, **described},
+                        cfg.precision,
+                    )
+        phases[f"{STAGE_PREFIX}cpu_isa_probe"] = {
+            "seconds": round(probes.seconds, 2),
+            "calls": probes.runs,
+        }
         normalize_archive(staging / MODEL_FILE)  # the same inputs give the same bytes
         if signature.get("state"):
             write_state(ep, signature, staging)

@@ -215,7 +215,8 @@ def build(
 
 
 def time_breakdown(phases: dict) -> str:
-    """'load 7.1s, lower 0.3s, compile 21.6s (C++ compiler 12.7s), check 3.2s' from build_phases."""
+    """'load 7.1s, lower 0.3s, compile 21.6s (C++ compiler 12.7s), check 3.2s' from build_phases,
+    and Inductor's vector-ISA probe where it ran (the first build on a machine)."""
     from aotc.build.pipeline import STAGE_PREFIX
 
     def seconds(key: str) -> float | None:
@@ -232,6 +233,9 @@ def time_breakdown(phases: dict) -> str:
         if stage == "compile" and compiler:
             part += f" (C++ compiler {compiler:.1f}s)"
         parts.append(part)
+    probe = phases.get(STAGE_PREFIX + "cpu_isa_probe")
+    if isinstance(probe, dict) and probe.get("calls"):
+        parts.append(f"CPU ISA probe {probe['seconds']:.1f}s ({probe['calls']} runs, once per machine)")
     return ", ".join(parts)
 
 
