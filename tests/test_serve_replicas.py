@@ -7,6 +7,7 @@ idempotent), so every accepted request is answered, and answered right; Ray star
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -60,12 +61,49 @@ def test_sigterm_stops_the_server_cleanly(mlp):
             if "Ctrl-C stops it" in line:
                 break
         process.send_signal(signal.SIGTERM)
-        _, rest = process.communicate(timeout=120)
+        try:
+            _, rest = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, rest = process.communicate()
+            pytest.fail("still running 120 s after SIGTERM:\n" + ("".join(seen) + rest)[-3000:])
     finally:
         process.kill()
     stderr = "".join(seen) + rest
     assert process.returncode == 0, stderr[-2000:]
     assert "Ctrl-C stops it" in stderr and "stopping" in stderr and "SIGTERM received" not in stderr
+
+
+HANGING_STOP = """
+import json, sys, time
+from pathlib import Path
+from aotc.cli.serve import end_after
+from aotc.serve.app import ServeOptions, descendants, start
+import os
+start(ServeOptions(package=Path(sys.argv[1]), port=int(sys.argv[2])))
+print(json.dumps(descendants(os.getpid())), flush=True)
+end_after(1)
+time.sleep(600)  # a stop that hangs
+"""
+
+
+def test_a_stop_that_hangs_ends_with_every_process_it_started(mlp):
+    """The fallback behind a SIGTERM'd server whose Ray shutdown hangs: the process ends all the
+    same, and takes Ray's processes (its agents too, which do not share its fate) with it."""
+    done = subprocess.run(
+        [sys.executable, "-c", HANGING_STOP, str(mlp), str(free_port())],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "warning: Ray did not stop within 1 s" in done.stderr
+    started = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(started) >= 3  # GCS, raylet, agents, workers
+    deadline = time.monotonic() + 10
+    while (alive := [pid for pid in started if os.path.exists(f"/proc/{pid}")]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert not alive, f"still running: {alive}"
 
 
 @pytest.fixture(scope="module")

@@ -150,6 +150,7 @@ def serve(
             _wait_forever()
         except KeyboardInterrupt:  # the way a server is stopped: not an error
             click.echo("stopping", err=True)
+            end_after(STOP_TIMEOUT_S)
     finally:
         stop(server)
 
@@ -173,6 +174,34 @@ def check_once(server) -> int:
     click.echo(f"POST /v1/predict -> 200 in {reply.seconds * 1000:.1f} ms; outputs {shapes}")
     click.echo(json.dumps(reply.json())[:2000])
     return 0
+
+
+# A stop takes 10 s on the 2-core VM; Ray's own shutdown can hang on rare occasions (seen once in
+# CI: a SIGTERM'd server still up 120 s later; ray-project/ray#29431, #44836 are of that kind).
+STOP_TIMEOUT_S = 60.0
+
+
+def end_after(seconds: float) -> None:
+    """Ends the process `seconds` from now if it has not ended by then, with every process it
+    started: a server asked to stop stops. A daemon thread, so it still runs while atexit handlers
+    (Ray's shutdown among them) run."""
+    import os
+    import threading
+    import time
+
+    from aotc.serve.app import kill_everything_started
+
+    def watchdog() -> None:
+        time.sleep(seconds)
+        click.echo(
+            f"warning: Ray did not stop within {seconds:.0f} s; ending it and every process it "
+            "started",
+            err=True,
+        )
+        kill_everything_started()
+        os._exit(0)
+
+    threading.Thread(target=watchdog, name="aotc-stop-watchdog", daemon=True).start()
 
 
 def _wait_forever() -> None:

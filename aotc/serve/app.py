@@ -328,3 +328,34 @@ def stop(server: Server) -> None:
     finally:
         if server.started_ray:
             ray.shutdown()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children first, then theirs), read from /proc: the local
+    Ray's node processes are this process's children, its workers and agents their children."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def kill_everything_started() -> None:
+    """SIGKILL every process this one started, Ray's included: what a stop that hangs falls back to
+    (Ray's agents do not share the fate of the process that started Ray, and would stay)."""
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
