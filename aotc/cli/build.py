@@ -235,7 +235,9 @@ def time_breakdown(phases: dict) -> str:
         parts.append(part)
     probe = phases.get(STAGE_PREFIX + "cpu_isa_probe")
     if isinstance(probe, dict) and probe.get("calls"):
-        parts.append(f"CPU ISA probe {probe['seconds']:.1f}s ({probe['calls']} runs, once per machine)")
+        parts.append(
+            f"CPU ISA probe {probe['seconds']:.1f}s ({probe['calls']} runs, once per machine)"
+        )
     return ", ".join(parts)
 
 
