@@ -104,9 +104,12 @@ def staging_folder(target: Path):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_manifest(folder: Path, manifest: Manifest) -> Manifest:
-    """Hash every file in the folder into the manifest's `files` and write manifest.json."""
-    manifest = dataclasses.replace(manifest, files=hash_package_files(folder))
+def write_manifest(folder: Path, manifest: Manifest, hash_files: bool = True) -> Manifest:
+    """Hash every file in the folder into the manifest's `files` and write manifest.json.
+    hash_files=False keeps `files` as it is: for a record added after the last hashing, when no
+    other file has changed since (hashing reads the whole package again)."""
+    if hash_files:
+        manifest = dataclasses.replace(manifest, files=hash_package_files(folder))
     write_text_atomically(folder / MANIFEST_NAME, manifest_text(manifest))
     return manifest
 

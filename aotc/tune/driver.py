@@ -214,7 +214,10 @@ def assemble(
         )
         manifest = write_manifest(staging, manifest)
         record["assembled_check"] = check_assembled(cfg, staging, manifest, used, retry, progress)
-        manifest = write_manifest(staging, dataclasses.replace(manifest, tuning=record))
+        # only the record changes: the files were hashed just above, and the check changed none
+        manifest = write_manifest(
+            staging, dataclasses.replace(manifest, tuning=record), hash_files=False
+        )
         commit(staging, cfg.output)
     return BuildResult(cfg.output, manifest)
 
