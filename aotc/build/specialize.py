@@ -138,9 +138,6 @@ def derivation_problem(
         inputs = Signature.from_json(meta.signature).inputs
     except ValueError:  # a FieldError: the signature is not readable
         return "its signature is not readable"
-    expected = Signature.from_json(source_signature).specialized(sizes)
-    ours = [(i.name, i.dtype, tuple(i.shape)) for i in inputs]
-    theirs = [(i.name, i.dtype, tuple(i.shape)) for i in expected]
-    if ours != theirs:
-        return f"its inputs {ours} are not the source's at those sizes {theirs}"
-    return None
+    return Signature.from_json(source_signature).specialization_difference(
+        sizes, inputs, "the source's"
+    )

@@ -295,18 +295,11 @@ def check_member(path: Path, manifest: Manifest, spec: Any, member: Manifest) ->
     ]
     if member.specializations or member.signature.state:
         problems.append("it has members or state of its own")
-    expected = manifest.signature.specialized(spec.dims)
-    if len(expected) != len(member.signature.inputs):
-        problems.append(
-            f"it takes {len(member.signature.inputs)} inputs, the package {len(expected)}"
-        )
-    for ours, theirs in zip(expected, member.signature.inputs):
-        if (ours.name, ours.dtype, ours.shape) != (theirs.name, theirs.dtype, theirs.shape):
-            problems.append(
-                f"its input is {theirs.name} {theirs.dtype}{list(theirs.shape)} where the package's "
-                f"at {spec.label} is {ours.name} {ours.dtype}{list(ours.shape)}"
-            )
-            break
+    difference = manifest.signature.specialization_difference(
+        spec.dims, member.signature.inputs, f"the package's at {spec.label}"
+    )
+    if difference:
+        problems.append(difference)
     if problems:
         raise PackageError(
             f"package {path}: its member {spec.package} ({spec.label}) is not the package's model at "

@@ -310,6 +310,26 @@ class Signature:
             for spec in self.inputs
         )
 
+    def specialization_difference(self, sizes: dict, inputs: tuple, ours: str) -> str | None:
+        """How `inputs` (a --specialize member's) differ from this signature's at `sizes`, which
+        the message calls `ours` ("the package's"): the first difference in count, name, dtype or
+        shape, or None. The runtime's member check and the build's check of a cached specialized
+        artifact ask the same question."""
+        expected = self.specialized(sizes)
+        if len(expected) != len(inputs):
+            return f"it takes {len(inputs)} inputs where {ours} are {len(expected)}"
+        for want, got in zip(expected, inputs):
+            if (want.name, want.dtype, tuple(want.shape)) != (
+                got.name,
+                got.dtype,
+                tuple(got.shape),
+            ):
+                return (
+                    f"its input is {got.name} {got.dtype}{list(got.shape)} where {ours} is "
+                    f"{want.name} {want.dtype}{list(want.shape)}"
+                )
+        return None
+
     def example_sizes(self) -> dict:
         return {name: info["example"] for name, info in self.dims.items()}
 
