@@ -27,7 +27,9 @@ _WRAPPERS = re.compile(r"API call failed at|^Exception raised from")
 # glog's prefix on torch's C++ log lines: "[E1123 18:22:10.655812392 c_shim_cuda.cpp:1273] "
 _GLOG_PREFIX = re.compile(r"^\[[EWIF]\d{4} [\d:.]+ [^\]]+\] ")
 _CAUSES = re.compile(
-    r"^[\w.]*(Error|Exception)\b|Exception in aoti_torch|CUDA error|out of memory|Assertion|assert"
+    # assert(ion) as a word: torch's frames and log lines mention `_assert_tensor_metadata` and
+    # friends, which say nothing of the failure
+    r"^[\w.]*(Error|Exception)\b|Exception in aoti_torch|CUDA error|out of memory|\bassert(ion)?\b"
     r"|what\(\):",
     re.IGNORECASE,
 )

@@ -213,6 +213,10 @@ def test_a_failed_child_names_the_native_cause_not_the_wrapper():
     )
     assert failure_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n", 1)
     assert failure_line("", -9) == "exit status -9"
+    # a native assertion is a cause; a line that only names torch's _assert_* ops is not
+    assert_failed = "x.cpp:12: void f(): Assertion `n > 0' failed.\n"
+    noise = "W1123 graph.py:88] skipping torch.ops.aten._assert_tensor_metadata.default\n"
+    assert failure_line(assert_failed + noise, -6) == assert_failed.strip()
 
 
 def test_a_failing_check_child_says_why_and_verbose_prints_all_of_it(
