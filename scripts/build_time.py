@@ -53,6 +53,11 @@ def measure(model, args, scratch: Path) -> dict:
         return {"model": model.name, "error": f"aotc build: {done.stderr.strip()[-300:]}"}
     manifest = json.loads((package / "manifest.json").read_text())
     stages = {k: v["seconds"] for k, v in manifest["build_phases"].items() if k.startswith("aotc.")}
+    probe = manifest["build_phases"].get("aotc.cpu_isa_probe", {})
+    # the wall time outside build_package: interpreter and imports before, teardown after
+    startup_s, _ = timed(
+        [sys.executable, "-c", "import torch, aotc.cli.main, aotc.build.pipeline"], dict(os.environ)
+    )
     bare = [sys.executable, __file__, "--bare", str(artifact), str(scratch / "bare.pt2")]
     bare += ["--device", args.device, "--precision", args.precision]
     bare += ["--options", json.dumps(manifest["inductor_options"])]
@@ -69,6 +74,10 @@ def measure(model, args, scratch: Path) -> dict:
         "export_s": round(export_s, 1),
         "aotc_build_s": round(aotc_s, 1),
         "aotc_stages_s": stages,
+        "aotc_inside_build_s": manifest["build_seconds"],
+        "aotc_isa_probe_runs": probe.get("calls"),
+        "cli_startup_s": round(startup_s, 1),
+        "aotc_exit_s": round(aotc_s - manifest["build_seconds"] - startup_s, 1),
         "bare_s": round(bare_s, 1),
         "bare_inside_s": inside,
         "ratio_to_bare_plus_check": round(aotc_s / (bare_s + check), 3),

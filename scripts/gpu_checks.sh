@@ -10,7 +10,12 @@
 #   zoo_small       scripts/zoo.py on the small transformers zoo, reduce-overhead, without the torch.compile column
 #   suite[=M1,M2]   scripts/bench_suite.py on the GPU models (or those given), reduce-overhead packages;
 #                   docs/bench_suite_cuda.md and docs/bench/ copied to RESULTS_DIR/docs/
-# Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled.
+#   build_time      scripts/build_time.py on DistilBERT-QA 8x384 (issue 25's target), twice: the first
+#                   build on the machine (aotc's CPU-ISA cache empty), then with it warm
+#   precision       the GPU tests of bf16 and fp16 builds (tests/test_gpu_precision.py)
+#   probes          every package under WORKDIR: how many CPU vector-ISA probes its build ran
+# Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled
+# (build_time gives each build a fresh one); aotc's cache folder is WORKDIR/aotc_cache.
 set -u
 if [ $# -lt 3 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
   sed -n '2,13p' "$0" | cut -c3-
@@ -21,7 +26,10 @@ WORK=$2
 shift 2
 mkdir -p "$RESULTS/docs" "$WORK"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$WORK/inductor_cache
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$WORK/inductor_cache AOTC_CACHE_DIR=$WORK/aotc_cache
+# the checkout's code whether or not the editable install below works (it needs setuptools'
+# build backend, which an offline machine may lack)
+export PYTHONPATH=$PWD/runtime:$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
 log() { echo "[$(date +%T)] $*" | tee -a "$RESULTS/session.log"; }
 
@@ -30,7 +38,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e ./runtime -e . > "$R
 # The tests validate every package against docs/manifest.schema.json; offline GPU machines get
 # jsonschema from wheels downloaded beforehand (docs/gpu.md).
 if [ -d .gpu/wheels ]; then
-  python3 -m pip install -q --no-index --find-links .gpu/wheels jsonschema hypothesis cryptography nlohmann-json \
+  # the wheels that are there, by file: naming one that is not makes pip install none
+  python3 -m pip install -q --no-index --find-links .gpu/wheels .gpu/wheels/*.whl \
     >> "$RESULTS/install.log" 2>&1 || log "test dependencies install failed"
 fi
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1
@@ -55,6 +64,22 @@ for step in "$@"; do
       python3 scripts/bench_suite.py --device cuda --out docs --work "$WORK/suite" ${models[@]+"${models[@]}"} \
         --mode reduce-overhead --against eager,compile:default,compile:reduce-overhead --cold-runs 1 >> "$RESULTS/suite.log" 2>&1 || rc=$?
       cp -r docs/bench docs/bench_suite_cuda.md "$RESULTS/docs/" ;;
+    build_time)
+      for run in first_on_machine warm; do
+        python3 scripts/build_time.py distilbert_qa --device cuda --out "$RESULTS/build_time_$run.json" \
+          >> "$RESULTS/build_time.log" 2>&1 || rc=$?
+      done ;;
+    precision) python3 -m pytest -q tests/test_gpu_precision.py -p no:cacheprovider > "$RESULTS/precision.log" 2>&1 || rc=$? ;;
+    probes)
+      python3 - "$WORK" > "$RESULTS/probes.txt" 2>&1 <<'PY' || rc=$?
+import json, sys
+from pathlib import Path
+for manifest in sorted(Path(sys.argv[1]).rglob("manifest.json")):
+    phases = json.loads(manifest.read_text()).get("build_phases", {})
+    probe = phases.get("aotc.cpu_isa_probe", {})
+    print(manifest.parent, probe.get("calls", "-"), probe.get("seconds", "-"))
+PY
+      ;;
     *) log "unknown step $step"; rc=2 ;;
   esac
   log "end $step rc=$rc"
