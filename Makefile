@@ -38,7 +38,7 @@ test-gpu: install
 runner: install
 	@test -f /usr/include/openssl/evp.h -a -f /usr/include/zlib.h || test "$$(id -u)" != 0 || \
 	  (apt-get update -q && apt-get install -y -q libssl-dev zlib1g-dev cmake g++)
-	$(PY) -m aotc.cpp_runner build
+	$(PY) -m aotc.deploy.cpp_runner build
 	ln -sf $(CURDIR)/runtime/cpp/build/aotc-runner $(VENV)/bin/aotc-runner
 
 # Formatter check, linter, types (settings in pyproject.toml); `make format` applies the formatter.

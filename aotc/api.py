@@ -7,8 +7,8 @@ from pathlib import Path
 
 from aotc.bench.harness import BenchConfig
 from aotc.build.pipeline import BuildResult, build_package
-from aotc.bundle import BundleResult
 from aotc.config import BuildConfig, ExportConfig
+from aotc.deploy.bundle import BundleResult
 from aotc.explain.report import ExplainConfig, ExplainReport, explain_model
 from aotc.export.trace import ExportResult, export_model
 from aotc.progress import Progress, ProgressBar
@@ -25,7 +25,7 @@ def export_onnx(artifact: str | Path, output: str | Path, force: bool = False) -
 
     from aotc.errors import UserInputError
     from aotc.export.artifact import load_artifact
-    from aotc.onnx.convert import export_to_onnx
+    from aotc.export.onnx import export_to_onnx
 
     started = time.perf_counter()
     artifact, output = Path(artifact), Path(output)
@@ -78,7 +78,7 @@ def verify(
     (`artifact`, default: the one the manifest records). Returns the report; report["ok"] says
     whether every check passed and report["exit_code"] is the code of the first that failed.
     """
-    from aotc.verify_package import verify_package
+    from aotc.deploy.verify_package import verify_package
 
     return verify_package(
         Path(package),
@@ -113,7 +113,7 @@ def bundle(
 ) -> BundleResult:
     """A folder holding the package, the C++ runner and their libraries, to run with no Python.
     `public_key`: the bundle runs the package only while it is signed by that key's private key."""
-    from aotc.bundle import make_bundle
+    from aotc.deploy.bundle import make_bundle
 
     key = Path(public_key) if public_key is not None else None
     return make_bundle(Path(package), Path(output), force, public_key=key)

@@ -51,7 +51,7 @@ class ExportConfig:
     weights: Path | None = None
     strict: bool = False
     force: bool = False
-    format: str = "pt2"  # pt2 (the artifact aotc build takes) or onnx (aotc/onnx/convert.py)
+    format: str = "pt2"  # pt2 (the artifact aotc build takes) or onnx (aotc/export/onnx.py)
 
     def dtype_for(self, index: int) -> str:
         if not self.dtypes:
@@ -104,7 +104,7 @@ class BuildConfig:
     # The CPU instruction set the C++ code is compiled for (aotc/build/cpu_isa.py): native is the
     # build machine's; avx2 and avx512 are portable x86-64 levels.
     cpu_isa: str = "native"
-    # aotinductor, or onnxruntime (aotc/onnx/package.py): what compiles and runs the model
+    # aotinductor, or onnxruntime (aotc/build/backends/onnxruntime.py): what compiles and runs the model
     backend: str = "aotinductor"
     # --tune: build the candidates of configs/tune/<device>.yaml, keep the fastest that passes
     tune: bool = False

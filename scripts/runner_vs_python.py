@@ -27,7 +27,7 @@ import numpy
 import torch
 
 import aotc_runtime
-from aotc.cpp_runner import runner_path
+from aotc.deploy.cpp_runner import runner_path
 
 
 def first_line_ms(command: list) -> tuple[float, str]:

@@ -9,8 +9,9 @@ import pytest
 import torch
 from conftest import invoke
 
-import aotc.build.pipeline
+import aotc.build.backends.inductor
 import aotc.build.verify
+import aotc.errors
 from aotc_runtime import hash_package_files
 
 REQUIRED = [
@@ -113,7 +114,7 @@ def test_interrupted_build_leaves_nothing(packages, tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(aotc.build.pipeline, "compile_aoti", interrupt)
+    monkeypatch.setattr(aotc.build.backends.inductor, "compile_aoti", interrupt)
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 130 and "interrupted" in result.stderr
     assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
@@ -235,7 +236,7 @@ def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypa
 
     monkeypatch.setattr(aotc.build.verify.subprocess, "run", fake_run)
     for strict, flag in ((True, "1"), (False, "0")):
-        with pytest.raises(aotc.build.pipeline.BuildError):
+        with pytest.raises(aotc.errors.BuildError):
             aotc.build.verify.run_in_child("unused", [("example", [torch.zeros(1)])], strict)
         assert seen["env"][aotc.build.verify.STRICT_FP32_ENV] == flag
 

@@ -21,7 +21,7 @@ from conftest import invoke
 from test_cpp_runner import assert_same_outputs, built_runner, python_outputs, run_cpp
 
 import aotc_runtime
-from aotc.bundle import launcher_text
+from aotc.deploy.bundle import launcher_text
 from aotc_runtime.errors import AotcRuntimeError
 from aotc_runtime.runner import run_package
 

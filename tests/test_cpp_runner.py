@@ -1,6 +1,6 @@
 """The C++ runner (runtime/cpp) against the Python runtime: same outputs, same refusals.
 
-The runner is built once per session (`python -m aotc.cpp_runner build`, what `make runner` runs);
+The runner is built once per session (`python -m aotc.deploy.cpp_runner build`, what `make runner` runs);
 building it needs cmake, a C++ compiler, OpenSSL's and zlib's headers and the nlohmann-json package.
 """
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import aotc_runtime
-from aotc.cpp_runner import build_runner
+from aotc.deploy.cpp_runner import build_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -263,7 +263,7 @@ def test_bad_command_line_is_exit_2(runner):
 
 def test_embedding_example_builds_and_runs(runner, packages, tmp_path):
     """examples/cpp: a user's program linking aotc::runtime (load, call, read outputs)."""
-    from aotc.cpp_runner import cmake_arguments
+    from aotc.deploy.cpp_runner import cmake_arguments
 
     build = tmp_path / "embed"
     for step in (

@@ -17,7 +17,7 @@ from conftest import MLP, invoke
 
 import aotc_runtime
 from aotc.build.cpu_isa import compiled_features
-from aotc.cpp_runner import runner_path
+from aotc.deploy.cpp_runner import runner_path
 from aotc.errors import UserInputError
 
 pytestmark = pytest.mark.skipif(

@@ -195,7 +195,7 @@ def test_densenet121_through_the_cpp_runner(gpu_workdir, densenet, mode, tmp_pat
 
     import numpy
 
-    from aotc.cpp_runner import build_runner
+    from aotc.deploy.cpp_runner import build_runner
 
     runner = build_runner(gpu_workdir / "runner_build")
     package_dir = build_once(gpu_workdir, densenet, f"densenet121_{mode}", "--mode", mode)

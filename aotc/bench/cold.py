@@ -140,7 +140,7 @@ def run_child(case: ColdCase, package: Path, artifact, manifest: Manifest, cache
     """One fresh process; {'total_ms', 'startup_ms', 'import_ms', 'load_ms', 'first_call_ms', 'memory'}."""
     env = child_env(TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
     if case.name == "cpp":  # the C++ runner: no Python in the process at all
-        from aotc.cpp_runner import runner_path
+        from aotc.deploy.cpp_runner import runner_path
 
         command = [str(runner_path()), str(package), "--json"]
     else:

@@ -392,14 +392,14 @@ def setup_contender(name: str, ep, package_path: Path) -> Contender:
 
 def onnxruntime_package(artifact: Path, work: Path) -> Path:
     """The artifact built with --backend onnxruntime (numeric check included) into `work`."""
+    from aotc.build.backends import backend
     from aotc.config import BuildConfig
-    from aotc.onnx.package import build_onnx_package
     from aotc.progress import Progress
 
     cfg = BuildConfig(
         artifact=artifact, output=work / "onnxruntime_pkg", device="cpu", backend="onnxruntime"
     )
-    return build_onnx_package(cfg, Progress(enabled=False), time.perf_counter()).output
+    return backend("onnxruntime").build(cfg, Progress(enabled=False), time.perf_counter()).output
 
 
 def place_baseline(artifact: Path, manifest: Manifest, device):

@@ -17,7 +17,7 @@ from aotc.errors import PackageError
 
 class RunnerProcess:
     def __init__(self, package: Path):
-        from aotc.cpp_runner import runner_path
+        from aotc.deploy.cpp_runner import runner_path
         from aotc_runtime import read_manifest
 
         self.input_names = read_manifest(package).signature.input_names

@@ -1,38 +1,24 @@
-"""`aotc build`: export artifact -> package folder (AOTInductor .pt2 + manifest.json).
+"""`aotc build`: export artifact -> package folder (compiled model + manifest.json).
 
-Stages: load the artifact, place it on the device/precision, compile with AOTInductor, hash and
-write the manifest, load-and-run the package in a child process against eager, rename into place.
+What every build shares: the device resolved and the config checked, a tuned or specialized build
+handed to aotc/tune, the others to their backend (aotc/build/backends/: AOTInductor, ONNX Runtime),
+each of which ends with `finish` here (the check's record, the final manifest, the rename into
+place).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
-from aotc.build.disk_space import check_space, full_device
-from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
-from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
-from aotc.build.precision import place_program, tf32_matmuls
-from aotc.build.profile import TuningProgress, inductor_phase_times
-from aotc.build.ptxas import same_ptxas_as_workers
-from aotc.build.reproducible import normalize_archive
-from aotc.build.tolerances import tolerance
-from aotc.build.toolchain import compiler_options, use_compiler
-from aotc.build.verify import check_numerics
-from aotc.config import BuildConfig, Mode, Precision, resolve_device
-from aotc.errors import BuildError, DiskFullError, UserInputError
-from aotc.export.artifact import load_artifact
+from aotc.build.backends import backend
+from aotc.build.package_writer import commit, write_manifest
+from aotc.config import BuildConfig, Mode, resolve_device
 from aotc.export.call_structure import initial_state
-from aotc.export.user_frames import first_line
 from aotc.progress import Progress
-from aotc.quiet import quiet_torch
-from aotc_runtime import CONTRACT_KEY, MODEL_FILE, STATE_FILE, Manifest, model_contract
+from aotc_runtime import STATE_FILE, Manifest
 
 
 @dataclass
@@ -64,114 +50,7 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
         from aotc.tune.driver import build_tuned
 
         return build_tuned(cfg, progress)
-    if cfg.backend == "onnxruntime":
-        from aotc.onnx.package import build_onnx_package
-
-        return build_onnx_package(cfg, progress or Progress(), started)
-    if Path(cfg.artifact).suffix == ".onnx":
-        raise UserInputError(
-            f"{cfg.artifact} is an ONNX model: build it with --backend onnxruntime (AOTInductor "
-            "builds .pt2 artifacts from `aotc export`)"
-        )
-    import torch
-
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise UserInputError(
-            "--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine"
-        )
-    compiler, compiler_record = compiler_options(cfg.bsymbolic)
-    # Inductor's worker processes read $CXX when they start: name the compiler before anything
-    # imports torch._inductor (see toolchain.use_compiler); on CUDA, give this process the ptxas
-    # they give Triton, or max-autotune compiles every template twice (aotc/build/ptxas.py).
-    with use_compiler(compiler["cpp.cxx"][1]), same_ptxas_as_workers(cfg.device == "cuda") as ptxas:
-        if cfg.device == "cuda":
-            compiler_record = {**compiler_record, "ptxas": ptxas or "triton's bundled ptxas"}
-        return _build(cfg, progress, started, compiler, compiler_record)
-
-
-def _build(
-    cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict
-) -> BuildResult:
-    options = resolve_options(cfg)
-    check_space(cfg.output, cfg.artifact)
-    with progress.stage(f"loading {cfg.artifact}", key="load"):
-        ep, meta = load_artifact(cfg.artifact)
-    signature = meta.signature
-    with output_lock(cfg.output), staging_folder(cfg.output) as staging:
-        with (
-            progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})", key="lower"),
-            quiet_torch(),
-        ):
-            placed = place_program(ep, cfg.device, cfg.precision, signature)
-        phases: dict = {}
-        cxx = compiler["cpp.cxx"][1]
-        # Inductor's vector-ISA probe runs in here: each of its answers once per machine
-        with remembered_vec_isa_probes(cxx) as probes:
-            features = compiled_features(cfg.cpu_isa, cxx)
-            manifest = new_manifest(cfg, meta, options, compiler_record, features)
-            # The compiled model carries what it was built as, so a runtime can tell an edited manifest
-            # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
-            described = {
-                "aot_inductor.metadata": {
-                    CONTRACT_KEY: json.dumps(model_contract(manifest), sort_keys=True)
-                }
-            }
-            with (
-                progress.stage(
-                    f"compiling with AOTInductor, mode {cfg.mode.value}",
-                    detail=TuningProgress(),
-                    key="compile",
-                ),
-                inductor_phase_times(phases),
-            ):
-                compile_aoti(
-                    placed,
-                    staging / MODEL_FILE,
-                    {**options, **compiler, **described},
-                    cfg.precision,
-                )
-                if empty_weights_blob(staging / MODEL_FILE):
-                    # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
-                    # keeps the default layout, its (empty) constants inside the .so
-                    options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
-                    manifest = dataclasses.replace(manifest, inductor_options=options)
-                    compile_aoti(
-                        placed,
-                        staging / MODEL_FILE,
-                        {**options, **compiler, **described},
-                        cfg.precision,
-                    )
-        phases[f"{STAGE_PREFIX}cpu_isa_probe"] = {
-            "seconds": round(probes.seconds, 2),
-            "calls": probes.runs,
-        }
-        normalize_archive(staging / MODEL_FILE)  # the same inputs give the same bytes
-        if signature.get("state"):
-            write_state(ep, signature, staging)
-        compile_seconds = time.perf_counter() - started
-        manifest = dataclasses.replace(
-            manifest, build_seconds=round(compile_seconds, 2), build_phases=phases
-        )
-        # the check's child loads the package through the runtime
-        manifest = write_manifest(staging, manifest)
-        atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol)
-        with (
-            progress.stage("checking the package against eager in a child process", key="check"),
-            quiet_torch(),
-        ):
-            reference = place_program(ep, cfg.device, Precision.FP32, signature)
-            strict = cfg.device == "cuda" and cfg.precision == Precision.FP32
-            check = check_numerics(
-                reference,
-                signature,
-                staging,
-                cfg.device,
-                atol,
-                rtol,
-                cfg.allow_mismatch,
-                strict=strict,
-            )
-        return finish(staging, manifest, check, cfg.output, started, progress)
+    return backend(cfg.backend).build(cfg, progress, started)
 
 
 def finish(
@@ -204,42 +83,6 @@ STAGE_PREFIX = "aotc."  # build_phases keys of aotc's stages (the rest are Induc
 def stage_phases(progress) -> dict:
     seconds = getattr(progress, "seconds", {})
     return {f"{STAGE_PREFIX}{k}": {"seconds": round(v, 2), "calls": 1} for k, v in seconds.items()}
-
-
-def empty_weights_blob(package_path: Path) -> bool:
-    """Whether AOTInductor wrote its weights blob with nothing in it."""
-    with zipfile.ZipFile(package_path) as archive:
-        return any(
-            info.filename.endswith("_weights.blob") and info.file_size == 0
-            for info in archive.infolist()
-        )
-
-
-_FAILED_NATIVE_WRITES: list = []
-
-
-def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) -> None:
-    import torch
-
-    try:
-        with quiet_torch(), tf32_matmuls(precision == Precision.TF32):
-            torch._inductor.aoti_compile_and_package(
-                ep, package_path=str(package_path), inductor_configs=options
-            )
-    except (KeyboardInterrupt, BuildError):
-        raise
-    except Exception as exc:
-        full = full_device(package_path.parent)
-        if full:
-            # torch's zip writer, still referenced by this traceback, throws again when destroyed
-            # (std::terminate): keep it alive and let the CLI leave before it is collected.
-            _FAILED_NATIVE_WRITES.append(exc)
-            DiskFullError.leave_at_once = True
-            raise DiskFullError(full) from None
-        raise BuildError(
-            f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; "
-            "rerun with --verbose for details"
-        ) from exc
 
 
 def write_state(ep, signature: dict, folder: Path) -> None:

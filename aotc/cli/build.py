@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from aotc.build.backends import BACKENDS
 from aotc.cli.types import duration_type, exit_codes_epilog, option_type, specialize_type
 
 
@@ -77,7 +78,7 @@ from aotc.cli.types import duration_type, exit_codes_epilog, option_type, specia
 )
 @click.option(
     "--backend",
-    type=click.Choice(["aotinductor", "onnxruntime"]),
+    type=click.Choice(list(BACKENDS)),
     default=None,
     help="What compiles and runs the model: AOTInductor, or ONNX Runtime (CPU; needs aotc[onnx]); "
     "an .onnx ARTIFACT implies onnxruntime [default: aotinductor].",

@@ -91,7 +91,7 @@ def export(
 
 def report_onnx_check(path: Path) -> None:
     """The ONNX model against eager, as measured at export; a warning where a build would fail."""
-    from aotc.onnx.convert import read_onnx_model
+    from aotc.export.onnx import read_onnx_model
 
     _model, info = read_onnx_model(path)
     for name, max_abs in info.export_check.items():

@@ -76,7 +76,7 @@ def run_cpp(
     """The same run through aotc-runner; its report and errors pass through, its exit code is ours."""
     import subprocess
 
-    from aotc.cpp_runner import runner_path
+    from aotc.deploy.cpp_runner import runner_path
 
     args = [str(runner_path()), str(package), "--iters", str(iters), "--seed", str(seed)]
     for path in inputs:

@@ -29,7 +29,7 @@ def verify(package, require_signature, public_key, artifact, as_json):
     sha256 must be the one the manifest records) run eagerly, within the recorded tolerance.
     """
     from aotc.api import verify as verify_api
-    from aotc.verify_package import VerificationFailed
+    from aotc.deploy.verify_package import VerificationFailed
 
     report = verify_api(package, required_key(require_signature, public_key), artifact)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

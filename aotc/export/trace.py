@@ -66,7 +66,7 @@ def export_model(cfg: ExportConfig) -> ExportResult:
         check_dim_ranges(ep, signature, call)
     meta = ArtifactMeta.new(model=loaded.description, signature=signature)
     if cfg.format == "onnx":
-        from aotc.onnx.convert import export_to_onnx
+        from aotc.export.onnx import export_to_onnx
 
         export_to_onnx(ep, meta, cfg.output)
     else:

@@ -236,7 +236,7 @@ def check_assembled(
     with a case at every member's sizes (the package routes those calls to the member). Each model
     in it passed a check when it was built, but against what it was built from, and perhaps in
     another run: a cache entry or a specialized artifact changed since is caught here."""
-    from aotc.verify_package import rerun_numeric_check
+    from aotc.deploy.verify_package import rerun_numeric_check
 
     try:
         with progress.stage("checking the assembled package against eager in a child process"):

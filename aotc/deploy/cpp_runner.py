@@ -1,6 +1,6 @@
 """The C++ runner (runtime/cpp): building it against the installed torch, and finding it.
 
-`make runner` and the tests build it with `python -m aotc.cpp_runner build`; `aotc run --engine cpp`,
+`make runner` and the tests build it with `python -m aotc.deploy.cpp_runner build`; `aotc run --engine cpp`,
 `aotc bench --against cpp` and `aotc bundle` find it with `runner_path()`: $AOTC_RUNNER (which must
 name an executable aotc-runner; anything else is refused, exit 2), else the checkout's build
 folder, else `aotc-runner` on PATH.
@@ -17,7 +17,7 @@ from pathlib import Path
 from aotc.errors import BuildError, UserInputError
 
 RUNNER_ENV = "AOTC_RUNNER"
-SOURCE_DIR = Path(__file__).resolve().parent.parent / "runtime" / "cpp"
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "runtime" / "cpp"
 BUILD_DIR = SOURCE_DIR / "build"
 RUNNER_NAME = "aotc-runner"
 
@@ -115,7 +115,7 @@ def _not_a_program(path: Path) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] != ["build"]:
-        print("usage: python -m aotc.cpp_runner build [BUILD_DIR]", file=sys.stderr)
+        print("usage: python -m aotc.deploy.cpp_runner build [BUILD_DIR]", file=sys.stderr)
         return 2
     # `make runner`'s entry: errors reported as the CLI reports them, without importing the CLI
     # (the library never does; it made aotc/ one import cycle of 14 modules)

@@ -23,14 +23,14 @@ from aotc.build.verify import CALLS_PER_CASE, check_numerics
 from aotc.config import BuildConfig, Mode, Precision
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import ArtifactMeta, load_artifact
-from aotc.export.user_frames import first_line
-from aotc.onnx.convert import (
+from aotc.export.onnx import (
     export_to_onnx,
     read_onnx_model,
     require_onnx,
     set_metadata,
     unoptimized_outputs,
 )
+from aotc.export.user_frames import first_line
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
 
@@ -58,7 +58,7 @@ def check_config(cfg: BuildConfig) -> None:
         raise UserInputError("; ".join(problems))
 
 
-def build_onnx_package(cfg: BuildConfig, progress: Progress, started: float):
+def build(cfg: BuildConfig, progress: Progress, started: float):
     from aotc.build.pipeline import finish, write_state
 
     require_onnx()

@@ -244,8 +244,8 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
     device = manifest.device.type
     member_sizes = [dict(spec.dims) for spec in manifest.specializations]
     if Path(artifact).suffix == ".onnx":  # an ONNX Runtime package built from an .onnx export
-        from aotc.onnx.convert import read_onnx_model
-        from aotc.onnx.package import onnx_reference
+        from aotc.build.backends.onnxruntime import onnx_reference
+        from aotc.export.onnx import read_onnx_model
 
         model, info = read_onnx_model(Path(artifact))
         atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)

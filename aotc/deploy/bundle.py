@@ -145,7 +145,7 @@ def make_bundle(
     """`public_key`: the bundle requires the package to be signed by its private key, and carries
     the key; the package is checked against it here first (exit 7 if it fails)."""
     from aotc.build.package_writer import commit, staging_folder
-    from aotc.cpp_runner import runner_path
+    from aotc.deploy.cpp_runner import runner_path
     from aotc_runtime import read_manifest, verify_files
 
     package, output = Path(package), Path(output)
