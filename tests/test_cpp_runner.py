@@ -125,7 +125,7 @@ def test_random_inputs_latency_and_report(runner, packages):
     report = json.loads(result.stdout)
     assert report["inputs"] == "random (seed 0)" and report["latency"]["n"] == 20
     assert 0 < report["latency"]["median_ms"] <= report["latency"]["p99_ms"]
-    assert set(report["load_breakdown_ms"]) == {"manifest", "hashes", "loader", "state"}
+    assert set(report["load_breakdown_ms"]) == {"manifest", "device", "hashes", "loader", "state"}
 
 
 def test_runner_does_not_link_libpython(runner):

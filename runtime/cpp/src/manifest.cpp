@@ -606,7 +606,11 @@ void check_compatible(const std::string& folder, const Manifest& m) {
     throw package_error(where + " was built for " + m.platform + ", this machine is " + running_platform() + "; rebuild it here");
   }
   check_cpu(where, m);
+}
+
+void check_device(const std::string& folder, const Manifest& m) {
   if (m.device_type != "cuda") return;
+  std::string where = "package " + folder;
 #ifdef AOTC_WITH_CUDA
   if (torch::cuda::is_available()) {
     const auto* props = at::cuda::getCurrentDeviceProperties();

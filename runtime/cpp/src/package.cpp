@@ -14,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "aotc/signing.h"
 #include "cuda_graphs.h"
@@ -178,10 +179,29 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
   package.manifest_ = parse_manifest(folder, text);
   check_compatible(folder, package.manifest_);
   times.manifest_ms = since(started);
+  // CUDA's initialisation (the GPU check needs it, the loader would pay it anyway) and the hash
+  // check need nothing of each other, and both must pass before any of the package's code is
+  // loaded: they overlap. A device refusal still comes before a hash refusal, as in sequence.
+  std::exception_ptr device_error, hash_error;
+  std::thread device_check([&, started = Clock::now()] {
+    try {
+      check_device(folder, package.manifest_);
+    } catch (...) {
+      device_error = std::current_exception();
+    }
+    times.device_ms = since(started);
+  });
   started = Clock::now();
-  // A signature vouches for the other files only through their hashes: never skipped then.
-  if (options.verify || signed_) verify_files(folder, package.manifest_);
+  try {
+    // A signature vouches for the other files only through their hashes: never skipped then.
+    if (options.verify || signed_) verify_files(folder, package.manifest_);
+  } catch (...) {
+    hash_error = std::current_exception();
+  }
   times.hashes_ms = since(started);
+  device_check.join();
+  if (device_error) std::rethrow_exception(device_error);
+  if (hash_error) std::rethrow_exception(hash_error);
   started = Clock::now();
   bool cuda = package.manifest_.device_type == "cuda";
   package.device_ = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);

@@ -183,7 +183,7 @@ int run(const Args& args) {
       // From process start (static initialisation) to the first output: the runner's cold start.
       {"process_to_first_output_ms", first_output_ms},
       {"load_breakdown_ms",
-       {{"manifest", times.manifest_ms}, {"hashes", times.hashes_ms}, {"loader", times.loader_ms}, {"state", times.state_ms}}},
+       {{"manifest", times.manifest_ms}, {"device", times.device_ms}, {"hashes", times.hashes_ms}, {"loader", times.loader_ms}, {"state", times.state_ms}}},
       {"iters", args.iters},
       {"cuda_graphs_captured", package.cuda_graphs_captured()},
       // The process-wide TF32 settings the calls ran under (a tf32 package turns both on around its calls).

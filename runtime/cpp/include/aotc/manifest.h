@@ -85,8 +85,12 @@ std::string read_backend(const std::string& folder);
 // Refuse a package whose files differ from the manifest's hashes (exit 7).
 void verify_files(const std::string& folder, const Manifest& manifest);
 
-// Refuse a package built for another torch release, platform, GPU architecture or CPU (exit 7).
+// Refuse a package built for another torch release, platform or CPU, or never finished (exit 7).
 void check_compatible(const std::string& folder, const Manifest& manifest);
+
+// Refuse a CUDA package on a machine with no usable GPU or a GPU of another architecture (exit 7).
+// It initialises CUDA (about 100 ms on the H100 host): Package::load runs it beside the hash check.
+void check_device(const std::string& folder, const Manifest& manifest);
 
 // Refuse a package whose manifest does not describe its compiled model: METADATA is the model's
 // AOTInductor metadata (exit 7, naming the first difference with both sides).
