@@ -4,6 +4,8 @@
     python scripts/zoo.py --device cuda --set gpu --mode reduce-overhead --jobs 4 --merge   # realistic sizes, GPU
     python scripts/zoo.py --only bert gpt2 --iters 20 --out /tmp/m.md --work /tmp/zoo      # a few, quickly
     python scripts/zoo.py --backend onnxruntime --set zoo --jobs 2 --merge   # the ONNX Runtime backend, CPU
+    python scripts/zoo.py --device cuda --set gpu --mode reduce-overhead --precision bf16 --jobs 4 --merge
+                                                                        # bf16 packages, a table of their own
 
 Per model, each step in a fresh process: `aotc export` (the catalog's --dim flags), `aotc build --json`
 (status, seconds, package size, the build's own numeric check), then `python scripts/zoo.py _measure NAME PKG`:
@@ -13,6 +15,11 @@ process (aotc bench's rounds: aotc.bench.harness.interleaved). A failing step ke
 aotc's one-line `error:`; later steps show `-`. --jobs N runs the export+build of N models at once; the
 measurements always run one at a time. Records go to JSON (default: --out with .json, one record per
 model per device); --merge keeps the other records of that file, so CPU and GPU runs share one page.
+
+--precision bf16 (or fp16) builds reduced-precision packages and compares each with eager run in that
+precision (the model and its floating inputs cast to it): the error, and the latency of eager, the
+package and torch.compile, are all of the same bf16 model. Its records (one per model, device,
+backend and precision) get tables of their own.
 
 --backend onnxruntime builds with `aotc build --backend onnxruntime` (CPU, mode default) instead: the
 build's progress lines tell which of its steps failed (conversion to ONNX, ONNX Runtime's optimization
@@ -178,6 +185,8 @@ def export_and_build(model, args, work: Path, env) -> dict:
             args.device,
             "--mode",
             args.mode,
+            "--precision",
+            args.precision,
             "--force",
             "--json",
             # ONNX: the progress lines on stderr say which of the build's steps failed
@@ -245,6 +254,7 @@ def measure_step(model, package: str, args) -> dict:
             args.device,
             str(args.iters),
             compile_flag,
+            args.precision,
         ],
         args.timeout,
     )
@@ -293,9 +303,16 @@ def max_abs_error(eager_out, package_out) -> tuple:
 
 
 def measure(
-    name: str, package: str, device_type: str, iters: int, with_compile: bool = True
+    name: str,
+    package: str,
+    device_type: str,
+    iters: int,
+    with_compile: bool = True,
+    precision: str = "fp32",
 ) -> dict:
-    """Eager vs package (and torch.compile on CUDA) on the model file's example inputs, in this process."""
+    """Eager vs package (and torch.compile on CUDA) on the model file's example inputs, in this
+    process; in bf16 or fp16, eager and torch.compile run the model cast to that dtype, and the
+    package takes the inputs as exported (it casts them itself)."""
     import torch
 
     import aotc_runtime
@@ -307,13 +324,18 @@ def measure(
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     # constructed after torch.manual_seed(0), as aotc export does
     loaded = load_model(f"tests/zoo/{model_entry.file}")
-    model = loaded.module.to(device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    model = loaded.module.to(device, dtype)
 
     def move(v):
         return v.to(device) if isinstance(v, torch.Tensor) else v
 
+    def cast(v):  # eager's inputs in the model's precision; integer ids and masks stay as they are
+        return v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
     args, kwargs = split_inputs(loaded.example_inputs())
     args, kwargs = [move(a) for a in args], {k: move(v) for k, v in kwargs.items()}
+    eager_args, eager_kwargs = [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
     # constants are baked into the package
     tensor_kwargs = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
     result = {"status": "ok", "error": None, "compile_error": None}
@@ -323,19 +345,19 @@ def measure(
         ):  # fp32 on both sides for the error; latency below runs with the process's default flags
             checked = aotc_runtime.load(package)
             result["max_abs"], result["worst_output"] = max_abs_error(
-                model(*args, **kwargs), checked(*args, **tensor_kwargs)
+                model(*eager_args, **eager_kwargs), checked(*args, **tensor_kwargs)
             )
         del checked  # a CUDA graph captured with TF32 off would keep it off: time a fresh load
         pkg = aotc_runtime.load(package)
         contenders = {
-            "eager": lambda: model(*args, **kwargs),
+            "eager": lambda: model(*eager_args, **eager_kwargs),
             "package": lambda: pkg(*args, **tensor_kwargs),
         }
         if device.type == "cuda" and with_compile:
             compiled = torch.compile(model, mode="reduce-overhead")
             try:
-                compiled(*args, **kwargs)
-                contenders[COMPILE] = lambda: compiled(*args, **kwargs)
+                compiled(*eager_args, **eager_kwargs)
+                contenders[COMPILE] = lambda: compiled(*eager_args, **eager_kwargs)
             except Exception as exc:  # reported in its column; eager and package are still measured
                 result["compile_error"] = one_line(exc)
     result["latency"] = interleaved_latency(contenders, device, iters)
@@ -383,13 +405,19 @@ def one_line(exc: Exception) -> str:
 
 
 def measure_main(
-    name: str, package: str, device: str, iters: str, compile_flag: str = "compile"
+    name: str,
+    package: str,
+    device: str,
+    iters: str,
+    compile_flag: str = "compile",
+    precision: str = "fp32",
 ) -> int:
-    """`zoo.py _measure NAME PKG DEVICE ITERS`: prints one JSON line, a failure as aotc's one-line error."""
+    """`zoo.py _measure NAME PKG DEVICE ITERS [compile|no-compile] [PRECISION]`: prints one JSON
+    line, a failure as aotc's one-line error."""
     from aotc.errors import AotcError, AotcRuntimeError
 
     try:
-        result = measure(name, package, device, int(iters), compile_flag == "compile")
+        result = measure(name, package, device, int(iters), compile_flag == "compile", precision)
     except Exception as exc:  # aotc's own errors read as the CLI prints them
         aotc_error = isinstance(exc, (AotcError, AotcRuntimeError))
         result = {"status": "fail", "error": f"error: {exc}" if aotc_error else one_line(exc)}
@@ -426,9 +454,15 @@ def backend_of(record: dict) -> str:
     return record.get("backend", DEFAULT_BACKEND)
 
 
+def precision_of(record: dict) -> str:
+    """The record's build precision (records written before --precision existed are fp32)."""
+    return record.get("precision", "fp32")
+
+
 def new_record(model, args, host: dict, command: str) -> dict:
-    # the default backend's records keep their old shape (no "backend" key)
+    # the default backend's and fp32's records keep their old shape (no "backend", "precision")
     backend = {} if args.backend == DEFAULT_BACKEND else {"backend": args.backend}
+    backend.update({} if args.precision == "fp32" else {"precision": args.precision})
     return {
         "model": model.name,
         "family": model.family,
@@ -491,12 +525,12 @@ def run_zoo(models: list, args, work: Path, command: str, checkpoint=lambda reco
 
 
 def save_records(records: list, path: Path, merge: bool) -> list:
-    """Write the JSON (with --merge: over the file's records, replacing those of the same model, device
-    and backend)."""
+    """Write the JSON (with --merge: over the file's records, replacing those of the same model,
+    device, backend and precision)."""
     from aotc.bench.report import write_json
 
     def key(r):
-        return r["model"], r["device"], backend_of(r)
+        return r["model"], r["device"], backend_of(r), precision_of(r)
 
     old = json.loads(path.read_text())["records"] if merge and path.is_file() else []
     new_keys = {key(r) for r in records}
@@ -664,7 +698,8 @@ def render(records: list, json_name: str) -> str:
             versions = json.dumps(r.get("versions"), sort_keys=True)
             onnx_groups.setdefault((r["device"], r["machine"], r["torch"], versions), []).append(r)
             continue
-        groups.setdefault((r["device"], r["machine"], r["torch"], r["mode"]), []).append(r)
+        key = (r["device"], r["machine"], r["torch"], r["mode"], precision_of(r))
+        groups.setdefault(key, []).append(r)
     lines = [
         "# aotc model zoo: compatibility matrix",
         "",
@@ -678,9 +713,14 @@ def render(records: list, json_name: str) -> str:
         f"{json_name}).",
         "",
     ]
-    for (device, host, torch_version, mode), rows in sorted(groups.items()):
+    # fp32's tables first, then bf16's and fp16's
+    ranked = {"fp32": 0, "bf16": 1, "fp16": 2}
+    for (device, host, torch_version, mode, precision), rows in sorted(
+        groups.items(), key=lambda item: (ranked.get(item[0][4], 3), item[0])
+    ):
         cuda = device == "cuda"
         date = max(r["date"] for r in rows)
+        reduced = precision != "fp32"
         header = [
             "model",
             "family",
@@ -689,14 +729,15 @@ def render(records: list, json_name: str) -> str:
             "export",
             "build",
             "run",
-            "max abs err",
+            f"max abs err vs eager {precision}" if reduced else "max abs err",
             "build s",
             "package MB",
             "eager ms",
             "package ms",
             "speedup",
-        ] + (["compile r-o ms"] if cuda else [])
-        lines += [f"## {device.upper()}: {host}; torch {torch_version}; {date}; mode {mode}", ""]
+        ] + ([f"compile r-o ms ({precision})" if reduced else "compile r-o ms"] if cuda else [])
+        title = f"## {device.upper()}: {host}; torch {torch_version}; {date}; mode {mode}"
+        lines += [title + (f"; {precision}" if reduced else ""), ""]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += [
             "| " + " | ".join(c.replace("|", "\\|") for c in table_row(r, cuda)) + " |"
@@ -745,6 +786,12 @@ def parse_args(argv: list):
     )
     parser.add_argument("--mode", default="default", help="aotc build --mode")
     parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="aotc build --precision; eager and torch.compile run the model in it too",
+    )
+    parser.add_argument(
         "--backend",
         choices=(DEFAULT_BACKEND, "onnxruntime"),
         default=DEFAULT_BACKEND,
@@ -759,8 +806,13 @@ def parse_args(argv: list):
         help="on CUDA, leave out the torch.compile reduce-overhead column (its compile takes minutes per model)",
     )
     args = parser.parse_args(argv)
-    if args.backend == "onnxruntime" and (args.device != "cpu" or args.mode != "default"):
-        parser.error("--backend onnxruntime builds CPU packages: --device cpu, --mode default")
+    if args.backend == "onnxruntime" and (
+        args.device != "cpu" or args.mode != "default" or args.precision != "fp32"
+    ):
+        parser.error(
+            "--backend onnxruntime builds CPU fp32 packages: --device cpu, --mode default, "
+            "--precision fp32"
+        )
     return args
 
 
