@@ -117,4 +117,16 @@ GPU_ZOO = (
     ),
     ZooModel("resnet50", "gpu/resnet50.py", "vision", atol=_GPU_ATOL, source="torchvision"),
     ZooModel("vit_b_16", "gpu/vit_b_16.py", "vision", atol=_GPU_ATOL, source="torchvision"),
+    # issue 25's five transformers models (with distilbert_qa and llama_120m above)
+    ZooModel(
+        "roberta_base_seqcls",
+        "gpu/roberta_base_seqcls.py",
+        "classification",
+        _dims("1:16", "8:510", _LM),  # the longest roberta-base runs (aotc export measured it)
+        atol=_GPU_ATOL,
+    ),
+    ZooModel(
+        "vit_base_hf", "gpu/vit_base_hf.py", "vision", ("B=1:16@pixel_values:0",), atol=_GPU_ATOL
+    ),
+    ZooModel("t5_small", "gpu/t5_small.py", "encoder-decoder", atol=_GPU_ATOL),
 )
