@@ -1,0 +1,105 @@
+"""The generation step (aotc/export/text_generation.py), exported with torch.export and run as a
+greedy loop, against transformers' own `generate` on the same weights: the zoo's decoder LMs,
+token for token and logits within fp32 rounding, for a batch of two prompts of different lengths
+(left-padded, as `generate` pads a decoder-only batch). The exported program is run eagerly here;
+building it into a package is the next part of issue 26."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from aotc.errors import UserInputError
+from aotc.export.text_generation import cache_step, check_supports_static_cache, step_inputs
+
+ZOO = Path(__file__).parent / "zoo"
+MAX_LEN = 32
+NEW_TOKENS = 8
+
+
+def zoo_model(name: str):
+    spec = importlib.util.spec_from_file_location(name, ZOO / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    model = module.get_model().eval()
+    # random weights at the default scale give near-uniform logits and a repeated token; larger
+    # ones give a varied sequence, which makes the comparison mean something
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model, module.VOCAB
+
+
+def left_padded_prompts(vocab: int) -> tuple:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab, (2, 7), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    ids[1, :3], mask[1, :3] = 0, 0  # the second prompt is 4 tokens long
+    return ids, mask
+
+
+def export_step(model):
+    step = cache_step(model, batch_size=2, max_len=MAX_LEN)
+    ids, mask = left_padded_prompts(model.config.vocab_size)
+    example = step_inputs(ids, mask, 0, MAX_LEN)
+    s = torch.export.Dim("S", min=1, max=MAX_LEN)
+    return torch.export.export(
+        step, example, dynamic_shapes=({1: s}, {1: s}, {0: s}, None), strict=False
+    )
+
+
+def greedy(program, ids, mask) -> tuple:
+    """(new tokens [B, NEW_TOKENS], each step's logits) from the exported step, prefill then decode."""
+    logits = program(*step_inputs(ids, mask, 0, MAX_LEN))
+    tokens, scores = [logits.argmax(-1)], [logits]
+    for i in range(NEW_TOKENS - 1):
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+        logits = program(*step_inputs(tokens[-1][:, None], mask, ids.shape[1] + i, MAX_LEN))
+        tokens.append(logits.argmax(-1))
+        scores.append(logits)
+    return torch.stack(tokens, 1), scores
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2", "mistral", "mistral-window-4"])
+def test_the_exported_step_generates_what_transformers_generates(name):
+    model, vocab = zoo_model(name.split("-")[0])
+    if name.endswith("window-4"):  # a window shorter than prompt + new tokens: the mask limits it
+        model.config.sliding_window = 4
+    ep = export_step(model)
+    # the cache is state: functionalized, the program writes the cache buffers and no constant
+    mutated = set(ep.run_decompositions({}).graph_signature.buffers_to_mutate.values())
+    layers = model.config.num_hidden_layers
+    assert mutated == {f"{kind}_{i}" for kind in ("key_cache", "value_cache", "cache_length")
+                       for i in range(layers)}  # fmt: skip
+
+    ids, mask = left_padded_prompts(vocab)
+    with torch.no_grad():
+        expected = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,  # no early stop at a random eos
+            do_sample=False,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_logits=True,  # raw: scores are after processors (min_new_tokens masks eos)
+        )
+        got, scores = greedy(ep.module(), ids, mask)
+    assert got.tolist() == expected.sequences[:, ids.shape[1] :].tolist()
+    assert len(set(got.flatten().tolist())) > 2, "a degenerate sequence tests little"
+    for ours, theirs in zip(scores, expected.logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_a_model_without_static_cache_support_is_refused_in_one_line():
+    class NotAnLM(torch.nn.Module):
+        generation_config = None
+        config = None
+
+    with pytest.raises(UserInputError) as error:
+        check_supports_static_cache(NotAnLM())
+    assert "static KV cache" in str(error.value) and "\n" not in str(error.value)
