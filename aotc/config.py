@@ -52,6 +52,36 @@ class ExportConfig:
     strict: bool = False
     force: bool = False
     format: str = "pt2"  # pt2 (the artifact aotc build takes) or onnx (aotc/export/onnx.py)
+    # text-generation: the model is a decoder LM exported as one step of generation over a static
+    # KV cache of batch_size x max_seq_len (aotc/export/text_generation.py)
+    task: str | None = None
+    max_seq_len: int | None = None
+    batch_size: int = 1
+
+    def _task_problems(self) -> list:
+        if self.task is None:
+            return (
+                ["--max-seq-len and --batch-size go with --task text-generation"]
+                if self.max_seq_len is not None or self.batch_size != 1
+                else []
+            )
+        problems = []
+        if self.task != "text-generation":
+            problems.append(f"--task {self.task} is not one of: text-generation")
+        if self.max_seq_len is None or self.max_seq_len < 2:
+            problems.append(
+                "--task text-generation needs --max-seq-len N (at least 2): the KV cache's length, "
+                "prompt and new tokens together"
+            )
+        if self.batch_size < 1:
+            problems.append("--batch-size must be at least 1")
+        if self.input_shapes or self.dims:
+            problems.append(
+                "--task text-generation makes the inputs itself; leave out --input-shape and --dim"
+            )
+        if self.format != "pt2":
+            problems.append("--task text-generation exports a .pt2 artifact, not --format onnx")
+        return problems
 
     def dtype_for(self, index: int) -> str:
         if not self.dtypes:
@@ -78,6 +108,7 @@ class ExportConfig:
             )
         if self.weights is not None and not self.weights.is_file():
             problems.append(f"--weights {self.weights} does not exist")
+        problems += self._task_problems()
         if problems:
             raise UserInputError("; ".join(problems))
 

@@ -13,6 +13,7 @@ from aotc.export.artifact import ArtifactMeta
 from aotc_runtime import (
     HASH_FIELD,
     Device,
+    Generation,
     Manifest,
     RuntimeSettings,
     Signature,
@@ -78,6 +79,7 @@ def new_manifest(
         build_seconds=0.0,
         numeric_check=None,
         varies_per_build=varies,
+        generation=generation_record(meta.task),
     )
 
 
@@ -88,3 +90,16 @@ def triton_version() -> str | None:
         return triton.__version__
     except ImportError:
         return None
+
+
+def generation_record(task: dict | None) -> Generation | None:
+    """The manifest's `generation` from the artifact's --task record (None for one-call models)."""
+    if not task or task.get("name") != "text-generation":
+        return None
+    return Generation(
+        batch_size=task["batch_size"],
+        max_seq_len=task["max_seq_len"],
+        vocab_size=task["vocab_size"],
+        eos_token_ids=tuple(task.get("eos_token_ids", ())),
+        pad_token_id=task.get("pad_token_id"),
+    )

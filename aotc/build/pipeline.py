@@ -16,6 +16,7 @@ from pathlib import Path
 from aotc.build.backends import backend
 from aotc.build.package_writer import commit, write_manifest
 from aotc.config import BuildConfig, Mode, resolve_device
+from aotc.errors import UserInputError
 from aotc.export.call_structure import initial_state
 from aotc.progress import Progress
 from aotc_runtime import STATE_FILE, Manifest
@@ -47,7 +48,15 @@ def build_package(cfg: BuildConfig, progress: Progress | None = None) -> BuildRe
         progress.note(resolved)
     cfg.validate()
     if cfg.tune or cfg.specialize:
+        from aotc.export.artifact import read_artifact_meta
         from aotc.tune.driver import build_tuned
+
+        if Path(cfg.artifact).suffix == ".pt2" and read_artifact_meta(Path(cfg.artifact)).task:
+            # its members would be other generation steps, with a loop of their own to check
+            raise UserInputError(
+                f"{cfg.artifact} is a text-generation artifact: --tune and --specialize do not "
+                "build those yet; build it without them"
+            )
 
         return build_tuned(cfg, progress)
     return backend(cfg.backend).build(cfg, progress, started)

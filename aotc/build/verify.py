@@ -34,11 +34,19 @@ STRICT_FP32_ENV = (
 )
 
 
-def input_cases(ep, signature, device, extra_sizes: Sequence[dict] = ()) -> list:
+def input_cases(
+    ep, signature, device, extra_sizes: Sequence[dict] = (), task: dict | None = None
+) -> list:
     """[(label, [tensors])]: the export's example inputs, then all dynamic dims at min and at max,
     then one case at each of `extra_sizes` (a --specialize package's members: the package routes
-    those calls to them, so they are checked against the same eager program)."""
+    those calls to them, so they are checked against the same eager program). A generation step
+    (`task`) gets the calls of a generation instead: random inputs are not valid positions."""
     from aotc_runtime import Signature
+
+    if task is not None:
+        from aotc.export.text_generation import check_cases
+
+        return check_cases(task, device)
 
     sig = Signature.from_json(signature)
     n_inputs = len(sig.inputs)  # the artifact's example inputs end with the initial state, if any
@@ -193,6 +201,7 @@ def check_numerics(
     reference=None,
     extra_sizes: Sequence[dict] = (),
     fix: str = "loosen --atol/--rtol, try another --mode, or pass --allow-mismatch to keep the package anyway",
+    task: dict | None = None,
 ) -> NumericCheck:
     """Run the check; return the manifest's numeric_check record or raise NumericMismatchError.
 
@@ -203,7 +212,7 @@ def check_numerics(
     from aotc.build.precision import strict_fp32
     from aotc_runtime import NumericCheck, OutputCheck
 
-    cases = input_cases(ep, signature, device, extra_sizes)
+    cases = input_cases(ep, signature, device, extra_sizes, task)
     if reference is not None:
         described, run_reference = reference
         references = run_reference(cases)

@@ -27,11 +27,44 @@ from aotc.cli.types import exit_codes_epilog, model_options
     help="pt2: the artifact `aotc build` compiles; onnx: an ONNX model (needs aotc[onnx]); MODEL may "
     "then be a .pt2 artifact to convert [default: from -o's suffix, else pt2].",
 )
+@click.option(
+    "--task",
+    type=click.Choice(["text-generation"]),
+    default=None,
+    help="text-generation: MODEL is a transformers *ForCausalLM, exported as one step of generation "
+    "over a static KV cache (prefill and decode); the task makes the inputs itself.",
+)
+@click.option(
+    "--max-seq-len",
+    type=int,
+    default=None,
+    help="With --task: the KV cache's length, prompt and new tokens together.",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=1,
+    show_default=True,
+    help="With --task: the prompts generated at once (fewer may be given at run time).",
+)
 @click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def export(
-    model, output, input_shapes, dims, dtypes, entry, weights, output_format, strict, force, as_json
+    model,
+    output,
+    input_shapes,
+    dims,
+    dtypes,
+    entry,
+    weights,
+    output_format,
+    task,
+    max_seq_len,
+    batch_size,
+    strict,
+    force,
+    as_json,
 ):
     """Trace MODEL (a .py file or package.module:attr) into an export artifact (.pt2), or an ONNX model."""
     from aotc.api import export as export_api
@@ -61,6 +94,9 @@ def export(
         strict=strict,
         force=force,
         format=output_format,
+        task=task,
+        max_seq_len=max_seq_len,
+        batch_size=batch_size,
     )
     result = export_api(cfg)
     if output_format == "onnx" and not as_json:

@@ -276,6 +276,7 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
             allow_mismatch=True,
             strict=strict,
             extra_sizes=member_sizes,
+            task=meta.task,
         )
 
 

@@ -130,7 +130,7 @@ def explain_model(cfg: ExplainConfig) -> ExplainReport:
     started = time.perf_counter()
     import torch
 
-    loaded, call = prepare_model(cfg.export_config())
+    loaded, call, _task = prepare_model(cfg.export_config())
     with torch.no_grad(), user_output_hidden():
         # A model that fails by itself is a ModelError, not an export problem.
         layout = output_layout(check_eager(loaded, call))

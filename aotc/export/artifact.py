@@ -33,6 +33,9 @@ class ArtifactMeta:
     # A --specialize artifact: {"sha256": of the artifact it was re-exported from, "sizes": {dim:
     # size}}. The build and `aotc verify` check it, so a planted file cannot pass for a member.
     derived_from: dict | None = None
+    # A --task artifact: {"name": "text-generation", "batch_size", "max_seq_len", "vocab_size",
+    # "eos_token_ids", "pad_token_id"}: what the build's check and the runtime's loop need.
+    task: dict | None = None
 
     @classmethod
     def new(cls, model: str, signature: dict) -> ArtifactMeta:
@@ -55,6 +58,8 @@ class ArtifactMeta:
         }
         if self.derived_from is not None:
             data["derived_from"] = self.derived_from
+        if self.task is not None:
+            data["task"] = self.task
         return data
 
     @classmethod
@@ -75,6 +80,7 @@ class ArtifactMeta:
             derived_from=data["derived_from"]
             if isinstance(data.get("derived_from"), dict)
             else None,
+            task=data["task"] if isinstance(data.get("task"), dict) else None,
         )
 
 

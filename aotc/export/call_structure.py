@@ -98,11 +98,16 @@ def output_layout(output) -> OutputLayout:
 
     if other:
         path, value = other[0]
+        kind = type(value).__name__
+        fix = (
+            # transformers' KV cache: the model generates; its loop is aotc's to run
+            "a decoder LM is exported for generation with `--task text-generation --max-seq-len N`"
+            if kind.endswith("Cache")
+            else "return it as a tensor (torch.tensor(value)) or leave it out of forward's result"
+        )
         raise ModelError(
-            f"model output {name(path) if path else ''} is a {type(value).__name__} "
-            f"({str(value)[:40]!r}), not a tensor; "
-            "packages return tensors only: return it as a tensor (torch.tensor(value)) or leave it "
-            "out of forward's result"
+            f"model output {name(path) if path else ''} is a {kind} ({str(value)[:40]!r}), not a "
+            f"tensor; packages return tensors only: {fix}"
         )
     if not leaves:
         raise ModelError(

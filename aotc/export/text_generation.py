@@ -27,9 +27,15 @@ them at the buffers as export sees them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aotc.errors import UserInputError
+from aotc_runtime.generation import step_inputs  # one definition, the runtime's loop uses it
+
+TASK = "text-generation"
+# the step's inputs that grow with the tokens fed at once, and their axis
+_S_AXES = (("input_ids", 1), ("position_ids", 1), ("cache_position", 0))
 
 
 def check_supports_static_cache(model: Any) -> None:
@@ -103,15 +109,69 @@ def cache_step(model: Any, batch_size: int, max_len: int):
     return CacheStep().eval()
 
 
-def step_inputs(input_ids, attention_mask, start: int, max_len: int) -> tuple:
-    """The inputs of one step that feeds the tokens `input_ids` [B, S] at cache positions start..
-    start+S-1, where `attention_mask` [B, start+S] marks the real tokens so far (padding 0)."""
+def generation_export(loaded: Any, cfg: Any) -> tuple:
+    """(the loaded model as a generation step, the dims of the example call, the artifact's task
+    record) for `aotc export --task text-generation`: the user's model file as written, its
+    example_inputs() replaced by a prompt of random ids."""
     import torch
 
-    batch, length = input_ids.shape
-    seen = attention_mask.shape[1]
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, seen - length :]
-    full_mask = torch.zeros(batch, max_len, dtype=torch.long, device=input_ids.device)
-    full_mask[:, :seen] = attention_mask
-    cache_position = torch.arange(start, start + length, device=input_ids.device)
-    return input_ids, positions.contiguous(), cache_position, full_mask
+    from aotc.export.shapes import DimSpec
+
+    model, max_len, batch = loaded.module, cfg.max_seq_len, cfg.batch_size
+    step = cache_step(model, batch, max_len)
+    vocab = model.config.get_text_config().vocab_size
+    prompt = max(2, min(8, max_len // 2))  # the traced S: torch.export specializes 0 and 1
+
+    def example_inputs():
+        ids = torch.randint(0, vocab, (batch, prompt), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones(batch, prompt, dtype=torch.long)
+        names = ("input_ids", "position_ids", "cache_position", "attention_mask")
+        return dict(zip(names, step_inputs(ids, mask, 0, max_len)))
+
+    wrapped = dataclasses.replace(loaded, module=step, example_inputs=example_inputs)
+    dims = (DimSpec("S", 1, max_len, prompt, _S_AXES),)
+    return wrapped, dims, task_record(model, cfg)
+
+
+def task_record(model: Any, cfg: Any) -> dict:
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return {
+        "name": TASK,
+        "batch_size": cfg.batch_size,
+        "max_seq_len": cfg.max_seq_len,
+        "vocab_size": model.config.get_text_config().vocab_size,
+        "eos_token_ids": [int(e) for e in eos],
+        "pad_token_id": getattr(generation, "pad_token_id", None),
+    }
+
+
+def check_cases(task: dict, device: Any) -> list:
+    """The build's numeric check of a generation step: [(label, inputs)] in the order they run,
+    the cache carried from one to the next as in generation: a prefill that fills the whole cache
+    (S at its max), a prompt's prefill, decode steps after it, and a one-token prefill (S at its
+    min). Each is called twice by the check; a step writes the same cache positions both times,
+    so the second call sees what the first did."""
+    import torch
+
+    batch, max_len, vocab = task["batch_size"], task["max_seq_len"], task["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+
+    def prompt(length: int):
+        return torch.randint(0, vocab, (batch, length), generator=g)
+
+    def case(label: str, ids, mask, start: int):
+        return label, [t.to(device) for t in step_inputs(ids, mask, start, max_len)]
+
+    ones = lambda n: torch.ones(batch, n, dtype=torch.long)  # noqa: E731
+    length = max(2, min(8, max_len // 2))
+    cases = [
+        case(f"prefill of {max_len} tokens (S at its max)", prompt(max_len), ones(max_len), 0),
+        case(f"prefill of {length} tokens", prompt(length), ones(length), 0),
+    ]
+    for step in range(min(4, max_len - length)):
+        seen = length + step + 1
+        cases.append(case(f"decode step {step + 1}", prompt(1), ones(seen), seen - 1))
+    cases.append(case("prefill of 1 token (S at its min)", prompt(1), ones(1), 0))
+    return cases

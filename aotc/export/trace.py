@@ -9,6 +9,7 @@ lift the buffers forward mutates out as state, save atomically.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,14 +58,16 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     started = time.perf_counter()
     import torch
 
-    loaded, call = prepare_model(cfg)
+    loaded, call, task = prepare_model(cfg)
     with torch.no_grad():
         layout = output_layout(check_eager(loaded, call))
     ep, state = export_with_state(loaded, call, layout, cfg.strict)
     signature = make_signature(ep, call, layout, state)
-    if call.dims:
+    if call.dims and task is None:  # a generation step's S is checked by its build's loop
         check_dim_ranges(ep, signature, call)
-    meta = ArtifactMeta.new(model=loaded.description, signature=signature)
+    meta = dataclasses.replace(
+        ArtifactMeta.new(model=loaded.description, signature=signature), task=task
+    )
     if cfg.format == "onnx":
         from aotc.export.onnx import export_to_onnx
 
@@ -74,12 +77,17 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     return ExportResult(cfg.output, loaded.description, signature, time.perf_counter() - started)
 
 
-def prepare_model(cfg: ExportConfig) -> tuple[LoadedModel, ExampleCall]:
-    """(loaded model with its weights, the example call to trace)."""
+def prepare_model(cfg: ExportConfig) -> tuple[LoadedModel, ExampleCall, dict | None]:
+    """(loaded model with its weights, the example call to trace, the --task record or None)."""
     loaded = load_model(cfg.model, cfg.entry)
     if cfg.weights:
         load_weights(loaded.module, cfg.weights)
-    return loaded, example_call(cfg, loaded)
+    if cfg.task is None:
+        return loaded, example_call(cfg, loaded), None
+    from aotc.export.text_generation import generation_export
+
+    loaded, dims, task = generation_export(loaded, cfg)
+    return loaded, example_call(dataclasses.replace(cfg, dims=dims), loaded), task
 
 
 def load_weights(module, path: Path) -> None:

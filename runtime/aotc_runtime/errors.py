@@ -35,3 +35,10 @@ class InputTooLargeError(InputMismatchError):
     def __init__(self, message: str, size: int, limit: int):
         super().__init__(message)
         self.size, self.limit = size, limit
+
+
+class GenerationInputError(AotcRuntimeError):
+    """A generation request the package cannot serve: an empty prompt, ids outside the
+    vocabulary, more prompts than the package's batch, or more tokens than its KV cache holds."""
+
+    exit_code = 2

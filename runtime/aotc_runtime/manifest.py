@@ -48,6 +48,46 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """A text-generation package (`aotc export --task text-generation`): its program is one step
+    of generation over a static KV cache, the package's state, of batch_size x max_seq_len."""
+
+    batch_size: int
+    max_seq_len: int
+    vocab_size: int
+    eos_token_ids: tuple = ()  # generation stops at any of them
+    pad_token_id: int | None = None
+
+    @classmethod
+    def read(cls, fields: Fields) -> Generation:
+        eos = fields.value("eos_token_ids", [])
+        if not isinstance(eos, list) or not all(
+            isinstance(e, int) and not isinstance(e, bool) for e in eos
+        ):
+            fields.fail("eos_token_ids", "is not a list of integers")
+        generation = cls(
+            fields.integer("batch_size"),
+            fields.integer("max_seq_len"),
+            fields.integer("vocab_size"),
+            tuple(eos),
+            fields.integer("pad_token_id", None),
+        )
+        for key in ("batch_size", "max_seq_len", "vocab_size"):
+            if getattr(generation, key) < 1:
+                fields.fail(key, "is not a positive integer")
+        return generation
+
+    def to_json(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "max_seq_len": self.max_seq_len,
+            "vocab_size": self.vocab_size,
+            "eos_token_ids": list(self.eos_token_ids),
+            "pad_token_id": self.pad_token_id,
+        }
+
+
+@dataclass(frozen=True)
 class Toolchain:
     """What the package needs at run time (torch, platform, cuda) and, in `build_tools`, what built it."""
 
@@ -277,6 +317,8 @@ class Manifest:
     specializations: tuple = ()
     # what `aotc build --tune` tried, measured and chose: written by the build, read by people
     tuning: dict = field(default_factory=dict)
+    # a text-generation package: what its loop needs (Generation above); None for one-call models
+    generation: Generation | None = None
 
     @property
     def model_file(self) -> str:
@@ -305,6 +347,7 @@ class Manifest:
         source = fields.value("source", None)
         signature = Signature.from_json(fields.object("signature"))
         specializations = fields.items("specializations", Specialization.read, [])
+        generation = fields.value("generation", None)
         _check_specializations(fields, specializations, signature, files)
         return cls(
             aotc_version=fields.text("aotc_version"),
@@ -329,6 +372,9 @@ class Manifest:
             varies_per_build=fields.raw_object("varies_per_build", {}),
             specializations=tuple(specializations),
             tuning=fields.raw_object("tuning", {}),
+            generation=Generation.read(fields.object("generation"))
+            if generation is not None
+            else None,
         )
 
     def to_json(self) -> dict:
@@ -360,6 +406,8 @@ class Manifest:
             data["specializations"] = [s.to_json() for s in self.specializations]
         if self.tuning:
             data["tuning"] = dict(self.tuning)
+        if self.generation is not None:
+            data["generation"] = self.generation.to_json()
         return {k: v for k, v in data.items() if v is not None or k == "model"}
 
 

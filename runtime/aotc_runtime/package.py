@@ -69,6 +69,7 @@ class Package:
         self._initial_state = [t.to(self.device) for t in initial_state]
         self._state = [t.clone() for t in self._initial_state]
         self._state_lock = threading.Lock()
+        self._generating = threading.Lock()  # one generate at a time: the KV cache is the state
         self._n_outputs = len(self.signature.outputs)
         # The input check runs before every call, and with CUDA-graph replay the rest of a call is a
         # few µs of CPU work: a signature that passed once is remembered, not re-checked dim by dim.
@@ -171,6 +172,58 @@ class Package:
         where = [self.signature.dim_location(name) for name in dims]
         self._members.append((label, where, tuple(dims.values()), member))
         self._routes.clear()
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """A text-generation package's prompts followed by their new tokens, as transformers'
+        `generate` returns them: greedy with temperature 0 (the default), sampled otherwise (top-k,
+        top-p, a seed for repeatable runs). See aotc_runtime/generation.py."""
+        from .generation import generate
+        from .sampling import Sampling
+
+        return generate(
+            self,
+            input_ids,
+            attention_mask,
+            max_new_tokens=max_new_tokens,
+            sampling=Sampling(temperature, top_k, top_p, seed),
+            eos_token_ids=eos_token_ids,
+        )
+
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ):
+        """`generate`'s new tokens, one step [prompts] at a time as they come."""
+        from .generation import stream
+        from .sampling import Sampling
+
+        return stream(
+            self,
+            input_ids,
+            attention_mask,
+            max_new_tokens=max_new_tokens,
+            sampling=Sampling(temperature, top_k, top_p, seed),
+            eos_token_ids=eos_token_ids,
+        )
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""

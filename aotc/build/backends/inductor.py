@@ -136,6 +136,7 @@ def _build(
                 rtol,
                 cfg.allow_mismatch,
                 strict=strict,
+                task=meta.task,
             )
         return finish(staging, manifest, check, cfg.output, started, progress)
 

@@ -1,0 +1,180 @@
+"""Text generation with a package built from `aotc export --task text-generation`: the prompts'
+prefill, then one decode step per new token, the KV cache kept as the package's state.
+
+The package's program is one step (aotc/export/text_generation.py):
+
+    step(input_ids [B, S], position_ids [B, S], cache_position [S], attention_mask [B, max_len])
+        -> logits of the last position [B, vocab]
+
+`generate` answers as transformers' `generate` does for a decoder-only model: prompts of
+different lengths come left-padded with an attention mask, the result is the prompts followed by
+the new tokens, and a sequence that produced an end-of-sequence token gets the pad token after it
+until every sequence has ended or `max_new_tokens` is reached. One `generate` at a time runs on a
+package (its cache is one), others wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from .errors import GenerationInputError, PackageError
+from .sampling import Sampling, next_tokens
+
+if TYPE_CHECKING:
+    from .manifest import Generation
+    from .package import Package
+
+GREEDY = Sampling()
+
+
+def step_inputs(input_ids, attention_mask, start: int, max_len: int) -> tuple:
+    """The inputs of one step that feeds the tokens `input_ids` [B, S] at cache positions start..
+    start+S-1, where `attention_mask` [B, start+S] marks the real tokens so far (padding 0): the
+    tokens' positions in their own sequences, the cache positions, and the mask over the cache."""
+    batch, length = input_ids.shape
+    seen = attention_mask.shape[1]
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, seen - length :]
+    full_mask = torch.zeros(batch, max_len, dtype=torch.long, device=input_ids.device)
+    full_mask[:, :seen] = attention_mask
+    cache_position = torch.arange(start, start + length, device=input_ids.device)
+    return input_ids, positions.contiguous(), cache_position, full_mask
+
+
+def generation_of(package: Package) -> Generation:
+    generation = package.manifest.generation
+    if generation is None:
+        raise PackageError(
+            f"package {package.path} is not a text-generation package; export the model with "
+            "`aotc export --task text-generation --max-seq-len N` and build that"
+        )
+    return generation
+
+
+def check_request(
+    generation: Generation,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    max_new_tokens: int,
+    sampling: Sampling,
+) -> None:
+    """One line naming what the package cannot serve, and the fix."""
+    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+        raise GenerationInputError(
+            f"input_ids must be a 2-D tensor of token ids [prompts, tokens], got "
+            f"{str(input_ids.dtype).split('.')[-1]}{list(input_ids.shape)}"
+        )
+    prompts, length = input_ids.shape
+    if prompts == 0 or length == 0:
+        raise GenerationInputError("the prompt is empty; give at least one token")
+    if prompts > generation.batch_size:
+        raise GenerationInputError(
+            f"{prompts} prompts, but the package generates for at most {generation.batch_size} at "
+            "once; split them, or export with a larger --batch-size"
+        )
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise GenerationInputError(
+            f"attention_mask is {list(attention_mask.shape)}, input_ids {list(input_ids.shape)}; "
+            "give one mask entry per token"
+        )
+    if attention_mask is not None and bool((attention_mask.sum(-1) == 0).any()):
+        raise GenerationInputError("a prompt is empty (its attention mask is all 0)")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= generation.vocab_size:
+        bad = low if low < 0 else high
+        raise GenerationInputError(
+            f"token id {bad} is outside the vocabulary (0..{generation.vocab_size - 1})"
+        )
+    if max_new_tokens < 1:
+        raise GenerationInputError(f"max_new_tokens is {max_new_tokens}; ask for at least 1")
+    if length + max_new_tokens > generation.max_seq_len:
+        room = generation.max_seq_len - max_new_tokens
+        fix = (
+            f"shorten the prompt to at most {room} tokens, ask for fewer new tokens,"
+            if room >= 1
+            else f"ask for at most {generation.max_seq_len - length} new tokens"
+        )
+        raise GenerationInputError(
+            f"a prompt of {length} tokens and {max_new_tokens} new tokens need "
+            f"{length + max_new_tokens} positions, but the package's KV cache holds "
+            f"{generation.max_seq_len}; {fix} or export with a larger --max-seq-len"
+        )
+    problem = sampling.check()
+    if problem:
+        raise GenerationInputError(problem)
+
+
+def stream(
+    package: Package,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    eos_token_ids: Sequence[int] | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yields each step's new tokens [prompts] (on the CPU) as they come; see `generate`."""
+    generation = generation_of(package)
+    check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
+    prompts, length = input_ids.shape
+    device, batch, max_len = package.device, generation.batch_size, generation.max_seq_len
+    ids = input_ids.to(device, torch.int64)
+    mask = (
+        torch.ones_like(ids) if attention_mask is None else attention_mask.to(device, torch.int64)
+    )
+    if prompts < batch:  # the package's batch is fixed: fill it with one-token-repeated rows
+        filler = torch.zeros(batch - prompts, length, dtype=torch.int64, device=device)
+        ids, mask = torch.cat([ids, filler]), torch.cat([mask, torch.ones_like(filler)])
+    eos = torch.tensor(
+        generation.eos_token_ids if eos_token_ids is None else list(eos_token_ids),
+        dtype=torch.int64,
+        device=device,
+    )
+    pad = generation.pad_token_id
+    if pad is None:
+        pad = int(eos[0]) if eos.numel() else 0  # transformers pads with the eos token then
+    generator = None
+    if not sampling.greedy:
+        generator = torch.Generator(device)
+        generator.manual_seed(0 if sampling.seed is None else sampling.seed)
+    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    with package._generating, torch.inference_mode():
+        package.reset_state()
+        logits = package(*step_inputs(ids, mask, 0, max_len))
+        for step in range(max_new_tokens):
+            tokens = next_tokens(logits, sampling, generator)
+            tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad))
+            if eos.numel():
+                unfinished &= ~torch.isin(tokens, eos)
+            yield tokens[:prompts].cpu()
+            if step + 1 == max_new_tokens or not bool(unfinished[:prompts].any()):
+                return
+            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.int64, device=device)], 1)
+            logits = package(*step_inputs(tokens[:, None], mask, length + step, max_len))
+
+
+def generate(
+    package: Package,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    eos_token_ids: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """The prompts [prompts, tokens] followed by the new tokens, [prompts, tokens + new] (on the
+    CPU), as transformers' `generate` returns them. At most the package's batch of prompts; fewer
+    are answered as if the others were not there."""
+    new = list(
+        stream(
+            package,
+            input_ids,
+            attention_mask,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_token_ids=eos_token_ids,
+        )
+    )
+    return torch.cat([input_ids.cpu().to(torch.int64), torch.stack(new, 1)], dim=1)

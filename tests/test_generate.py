@@ -1,0 +1,199 @@
+"""Text-generation packages (issue 26): `aotc export --task text-generation`, `aotc build`, then
+`Package.generate`, against transformers' own `generate` on the same weights (CPU, fp32).
+
+The zoo's small LMs, with their weights scaled up: at the default init scale a random LM repeats
+one token, which would make a token-for-token comparison say little. Each model file is exported
+once (batch 2, a 32-token cache) and built once per module.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import invoke
+
+import aotc_runtime
+from aotc_runtime.errors import GenerationInputError, PackageError
+
+pytestmark = pytest.mark.slow
+ZOO = Path(__file__).parent / "zoo"
+MAX_LEN, BATCH = 32, 2
+FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
+
+MODEL_FILE = """
+import importlib.util
+import torch
+
+spec = importlib.util.spec_from_file_location("zoo_lm", {zoo_file!r})
+zoo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(zoo)
+
+
+def get_model():
+    model = zoo.get_model().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+"""
+
+
+def load_model_file(path: Path):
+    """The model as `aotc export` constructs it (seed 0, then get_model())."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    return module.get_model().eval()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """family -> (package folder, the same model in eager)."""
+    work = tmp_path_factory.mktemp("generate")
+    result = {}
+    for family in FAMILIES:
+        source = work / f"{family}_lm.py"
+        source.write_text(textwrap.dedent(MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py"))))
+        artifact, package = work / f"{family}.pt2", work / f"{family}_pkg"
+        done = invoke(
+            "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,
+            "--batch-size", BATCH, "-o", artifact,
+        )  # fmt: skip
+        assert done.exit_code == 0, done.stderr
+        done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
+        assert done.exit_code == 0, done.stderr
+        result[family] = (package, load_model_file(source))
+    return result
+
+
+def prompts(vocab: int = 512) -> tuple:
+    """Two prompts, the second 4 tokens long and left-padded to the first's 7."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab, (2, 7), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    ids[1, :3], mask[1, :3] = 0, 0
+    return ids, mask
+
+
+def reference(model, ids, mask, new_tokens: int, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(
+            ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, **kwargs
+        )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_equal_transformers_generate(built, family):
+    package, model = built[family]
+    ids, mask = prompts()
+    expected = reference(model, ids, mask, 16, min_new_tokens=16, pad_token_id=0)
+    got = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=16, eos_token_ids=[])
+    assert got.tolist() == expected.tolist()
+    assert len(set(got[:, 7:].flatten().tolist())) > 4, "a degenerate sequence tests little"
+
+
+def test_fewer_prompts_than_the_batch_are_answered_as_if_alone(built):
+    package, model = built["gpt2"]
+    ids, _mask = prompts()
+    alone = ids[1:, 3:]  # the second prompt without its padding
+    expected = reference(model, alone, torch.ones_like(alone), 10, min_new_tokens=10)
+    got = aotc_runtime.load(package).generate(alone, max_new_tokens=10, eos_token_ids=[])
+    assert got.tolist() == expected.tolist()
+
+
+def test_generation_stops_at_eos_and_pads_after_it(built):
+    package, model = built["gpt2"]
+    ids, mask = prompts()
+    free = reference(model, ids, mask, 12, min_new_tokens=12, pad_token_id=0)
+    eos = int(free[0, 7 + 3])  # the first prompt's fourth new token
+    # the model has no pad token: transformers then pads with the eos token, and so does aotc
+    expected = reference(model, ids, mask, 12, eos_token_id=eos, pad_token_id=eos)
+    got = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=12, eos_token_ids=[eos])
+    assert got.tolist() == expected.tolist()
+    first = got[0, 7:].tolist()
+    assert first.index(eos) == 3 and set(first[4:]) == {eos}
+
+
+def test_sampling_is_repeatable_with_a_seed_and_top_k_1_is_greedy(built):
+    package, _model = built["gpt2"]
+    loaded = aotc_runtime.load(package)
+    ids, mask = prompts()
+    settings = {"max_new_tokens": 12, "temperature": 0.9, "top_k": 50, "top_p": 0.95}
+    first = loaded.generate(ids, mask, seed=7, **settings)
+    assert loaded.generate(ids, mask, seed=7, **settings).tolist() == first.tolist()
+    other = loaded.generate(ids, mask, seed=8, **settings)
+    assert other.tolist() != first.tolist()  # the seed is used (equal would be a 1-in-many chance)
+    greedy = loaded.generate(ids, mask, max_new_tokens=12)
+    top1 = loaded.generate(ids, mask, max_new_tokens=12, temperature=0.9, top_k=1, seed=7)
+    assert top1.tolist() == greedy.tolist()
+
+
+def test_streaming_yields_the_same_tokens_step_by_step(built):
+    package, _model = built["gpt2"]
+    loaded = aotc_runtime.load(package)
+    ids, mask = prompts()
+    steps = list(loaded.stream(ids, mask, max_new_tokens=6, eos_token_ids=[]))
+    assert [list(s.shape) for s in steps] == [[2]] * 6
+    whole = loaded.generate(ids, mask, max_new_tokens=6, eos_token_ids=[])
+    assert torch.stack(steps, 1).tolist() == whole[:, 7:].tolist()
+
+
+def test_concurrent_generations_do_not_share_the_cache(built):
+    package, _model = built["gpt2"]
+    loaded = aotc_runtime.load(package)
+    ids, mask = prompts()
+    expected = {k: loaded.generate(ids[k : k + 1], mask[k : k + 1], max_new_tokens=12)
+                for k in (0, 1)}  # fmt: skip
+    results: dict = {}
+
+    def run(k: int) -> None:
+        for _ in range(3):
+            results.setdefault(k, []).append(
+                loaded.generate(ids[k : k + 1], mask[k : k + 1], max_new_tokens=12)
+            )
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for k in (0, 1):
+        assert all(r.tolist() == expected[k].tolist() for r in results[k])
+
+
+@pytest.mark.parametrize(
+    "ids, new_tokens, words",
+    [
+        (torch.zeros(1, 30, dtype=torch.long), 8, "KV cache holds 32"),
+        (torch.full((1, 4), 512), 4, "outside the vocabulary"),
+        (torch.zeros(1, 0, dtype=torch.long), 4, "empty"),
+        (torch.zeros(3, 4, dtype=torch.long), 4, "at most 2 at once"),
+        (torch.zeros(1, 4, dtype=torch.long), 0, "at least 1"),
+    ],
+    ids=["too-long", "out-of-vocab", "empty", "too-many-prompts", "no-new-tokens"],
+)
+def test_bad_requests_get_one_line_and_exit_code_2(built, ids, new_tokens, words):
+    package, _model = built["gpt2"]
+    with pytest.raises(GenerationInputError) as error:
+        aotc_runtime.load(package).generate(ids, max_new_tokens=new_tokens)
+    assert words in str(error.value) and "\n" not in str(error.value)
+    assert error.value.exit_code == 2
+
+
+def test_a_one_call_package_refuses_generate(packages):
+    loaded = aotc_runtime.load(packages.get("mlp").package)
+    with pytest.raises(PackageError, match="not a text-generation package"):
+        loaded.generate(torch.zeros(1, 4, dtype=torch.long), max_new_tokens=2)
+
+
+def test_a_generation_artifact_is_refused_by_tune_and_specialize(built, tmp_path):
+    artifact = Path(built["gpt2"][0]).parent / "gpt2.pt2"
+    result = invoke("build", artifact, "--specialize", "S=4", "-o", tmp_path / "p")
+    assert result.exit_code == 2 and "text-generation artifact" in result.stderr, result.stderr
