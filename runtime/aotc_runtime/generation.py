@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 GREEDY = Sampling()
 
 
-def step_inputs(input_ids, attention_mask, start: int, max_len: int) -> tuple:
+def step_inputs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int, max_len: int
+) -> tuple:
     """The inputs of one step that feeds the tokens `input_ids` [B, S] at cache positions start..
     start+S-1, where `attention_mask` [B, start+S] marks the real tokens so far (padding 0): the
     tokens' positions in their own sequences, the cache positions, and the mask over the cache."""

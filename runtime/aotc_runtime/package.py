@@ -211,7 +211,7 @@ class Package:
         top_p: float | None = None,
         seed: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
-    ):
+    ) -> Iterator[torch.Tensor]:
         """`generate`'s new tokens, one step [prompts] at a time as they come."""
         from .generation import stream
         from .sampling import Sampling
