@@ -197,3 +197,40 @@ def test_a_generation_artifact_is_refused_by_tune_and_specialize(built, tmp_path
     artifact = Path(built["gpt2"][0]).parent / "gpt2.pt2"
     result = invoke("build", artifact, "--specialize", "S=4", "-o", tmp_path / "p")
     assert result.exit_code == 2 and "text-generation artifact" in result.stderr, result.stderr
+
+
+def test_the_generate_command_prints_the_new_ids_and_timings(built):
+    import json
+
+    package, _model = built["gpt2"]
+    ids, mask = prompts()
+    first, second = ids[0].tolist(), ids[1, 3:].tolist()
+    result = invoke(
+        "generate", package, "--prompt-ids", ",".join(map(str, first)),
+        "--prompt-ids", ",".join(map(str, second)), "--max-new-tokens", 8, "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    expected = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=8)
+    assert report["generated_ids"] == expected[:, 7:].tolist()
+    assert report["timings"]["decode_steps"] == 7 and report["timings"]["first_token_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--prompt-ids", "5,999"], 2, "outside the vocabulary"),
+        (["--prompt-ids", "5,x"], 2, "comma-separated"),
+        (["--prompt-ids", "5", "--max-new-tokens", "40"], 2, "KV cache holds 32"),
+    ],
+    ids=["out-of-vocab", "not-ids", "too-long"],
+)
+def test_the_generate_command_refuses_bad_requests_in_one_line(built, args, code, words):
+    result = invoke("generate", built["gpt2"][0], *args)
+    assert result.exit_code == code and words in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_generate_command_refuses_a_one_call_package(packages):
+    result = invoke("generate", packages.get("mlp").package, "--prompt-ids", "1,2")
+    assert result.exit_code == 7 and "not a text-generation package" in result.stderr

@@ -16,6 +16,7 @@ from aotc.cli.build import build
 from aotc.cli.bundle import bundle
 from aotc.cli.explain import explain
 from aotc.cli.export import export
+from aotc.cli.generate import generate
 from aotc.cli.keys import keygen, sign
 from aotc.cli.run import run
 from aotc.cli.serve import serve
@@ -62,7 +63,7 @@ def cli(verbose):
         os.environ.pop(VERBOSE_ENV, None)
 
 
-for command in (export, build, run, serve, bench, explain, bundle, keygen, sign, verify):
+for command in (export, build, run, generate, serve, bench, explain, bundle, keygen, sign, verify):
     cli.add_command(command)
 
 

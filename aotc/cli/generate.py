@@ -1,0 +1,110 @@
+"""`aotc generate`: new tokens from a text-generation package (aotc_runtime's Package.stream),
+with the time to the first token and the decode rate."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from aotc.cli.types import exit_codes_epilog
+from aotc.errors import UserInputError
+
+
+def token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserInputError(
+            f"--prompt-ids {text!r} is not a comma-separated list of token ids (5,17,42)"
+        ) from None
+    return ids
+
+
+@click.command(epilog=exit_codes_epilog())
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option(
+    "--prompt-ids",
+    "prompts",
+    multiple=True,
+    required=True,
+    help="A prompt as comma-separated token ids (5,17,42); repeat for a batch.",
+)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="0: greedy; above 0: sampled.",
+)
+@click.option("--top-k", type=click.IntRange(min=1), default=None)
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
+@click.option("--seed", type=int, default=None, help="Makes a sampled run repeatable.")
+@click.option("--stream", is_flag=True, help="Print each step's new tokens as they come.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def generate(package, prompts, max_new_tokens, temperature, top_k, top_p, seed, stream, as_json):
+    """New tokens for each prompt from PACKAGE (built from `aotc export --task text-generation`).
+
+    Prompts of different lengths are left-padded, as transformers pads a batch.
+    """
+    import torch
+
+    import aotc_runtime
+
+    ids = [token_ids(p) for p in prompts]
+    if any(not prompt for prompt in ids):
+        raise UserInputError("a --prompt-ids is empty; give at least one token id")
+    longest = max(len(prompt) for prompt in ids)
+    input_ids = torch.zeros(len(ids), longest, dtype=torch.int64)
+    mask = torch.zeros(len(ids), longest, dtype=torch.int64)
+    for row, prompt in enumerate(ids):
+        input_ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+        mask[row, longest - len(prompt) :] = 1
+    loaded = aotc_runtime.load(package)
+    started = time.perf_counter()
+    stamps, steps = [], []
+    for tokens in loaded.stream(
+        input_ids,
+        mask,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+    ):
+        stamps.append(time.perf_counter())
+        steps.append(tokens.tolist())
+        if stream and not as_json:
+            click.echo(" ".join(str(t) for t in steps[-1]))
+    generated = [[step[row] for step in steps] for row in range(len(ids))]
+    report = {"generated_ids": generated, "timings": timings(started, stamps)}
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    if not stream:
+        for row in generated:
+            click.echo(",".join(str(t) for t in row))
+    t = report["timings"]
+    click.echo(
+        f"first token {t['first_token_ms']:.1f} ms; {t['decode_tokens_per_s']:.1f} tokens/s per "
+        f"sequence after it (p50 {t['decode_p50_ms']:.2f} ms, p99 {t['decode_p99_ms']:.2f} ms)",
+        err=True,
+    )
+
+
+def timings(started: float, stamps: list) -> dict:
+    """Time to the first token (the prefill), and the decode steps after it."""
+    from aotc_runtime import summarize
+
+    steps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+    decode = summarize(steps) if steps else {}
+    return {
+        "first_token_ms": (stamps[0] - started) * 1e3 if stamps else None,
+        "decode_steps": len(steps),
+        "decode_tokens_per_s": 1e3 * len(steps) / sum(steps) if steps else 0.0,
+        "decode_p50_ms": decode.get("median_ms", 0.0),
+        "decode_p99_ms": decode.get("p99_ms", 0.0),
+    }
