@@ -57,12 +57,13 @@ class ExportConfig:
     task: str | None = None
     max_seq_len: int | None = None
     batch_size: int = 1
+    tokenizer: Path | None = None  # a folder with tokenizer.json, carried into the package
 
     def _task_problems(self) -> list:
         if self.task is None:
             return (
-                ["--max-seq-len and --batch-size go with --task text-generation"]
-                if self.max_seq_len is not None or self.batch_size != 1
+                ["--max-seq-len, --batch-size and --tokenizer go with --task text-generation"]
+                if self.max_seq_len is not None or self.batch_size != 1 or self.tokenizer
                 else []
             )
         problems = []
@@ -81,6 +82,11 @@ class ExportConfig:
             )
         if self.format != "pt2":
             problems.append("--task text-generation exports a .pt2 artifact, not --format onnx")
+        if self.tokenizer is not None and not (Path(self.tokenizer) / "tokenizer.json").is_file():
+            problems.append(
+                f"--tokenizer {self.tokenizer} has no tokenizer.json; give a transformers tokenizer "
+                "folder with a fast tokenizer (tokenizer.save_pretrained writes one)"
+            )
         return problems
 
     def dtype_for(self, index: int) -> str:

@@ -234,3 +234,50 @@ def test_the_generate_command_refuses_bad_requests_in_one_line(built, args, code
 def test_the_generate_command_refuses_a_one_call_package(packages):
     result = invoke("generate", packages.get("mlp").package, "--prompt-ids", "1,2")
     assert result.exit_code == 7 and "not a text-generation package" in result.stderr
+
+
+def tiny_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer of 512 words made with the `tokenizers` library (nothing downloaded),
+    saved as a transformers tokenizer folder holds it (tokenizer.json)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 512)}}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_a_tokenizer_travels_with_the_package_and_text_prompts_work(built, tmp_path):
+    import json
+
+    from tokenizers import Tokenizer
+
+    source = Path(built["gpt2"][0]).parent / "gpt2_lm.py"
+    folder = tiny_tokenizer(tmp_path / "tok")
+    artifact, package = tmp_path / "lm.pt2", tmp_path / "lm_pkg"
+    done = invoke(
+        "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,
+        "--tokenizer", folder, "-o", artifact,
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
+    assert done.exit_code == 0, done.stderr
+    manifest = aotc_runtime.read_manifest(package)
+    assert manifest.generation.tokenizer == "tokenizer.json"
+    assert "tokenizer.json" in manifest.files  # hashed (and signed) like the model
+
+    result = invoke("generate", package, "--prompt", "w5 w17 w42", "--max-new-tokens", 6, "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    by_ids = aotc_runtime.load(package).generate(torch.tensor([[5, 17, 42]]), max_new_tokens=6)
+    assert report["generated_ids"] == [by_ids[0, 3:].tolist()]
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert report["generated_text"] == [tokenizer.decode(report["generated_ids"][0])]
+
+
+def test_text_prompts_without_a_tokenizer_are_refused_in_one_line(built):
+    result = invoke("generate", built["gpt2"][0], "--prompt", "hello")
+    assert result.exit_code == 2 and "carries no tokenizer" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

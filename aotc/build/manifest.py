@@ -92,6 +92,9 @@ def triton_version() -> str | None:
         return None
 
 
+TOKENIZER_FILE = "tokenizer.json"  # where a text-generation package keeps its tokenizer
+
+
 def generation_record(task: dict | None) -> Generation | None:
     """The manifest's `generation` from the artifact's --task record (None for one-call models)."""
     if not task or task.get("name") != "text-generation":
@@ -102,4 +105,5 @@ def generation_record(task: dict | None) -> Generation | None:
         vocab_size=task["vocab_size"],
         eos_token_ids=tuple(task.get("eos_token_ids", ())),
         pad_token_id=task.get("pad_token_id"),
+        tokenizer=TOKENIZER_FILE if task.get("tokenizer") else None,
     )

@@ -47,6 +47,13 @@ from aotc.cli.types import exit_codes_epilog, model_options
     show_default=True,
     help="With --task: the prompts generated at once (fewer may be given at run time).",
 )
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="With --task: a transformers tokenizer folder (its tokenizer.json), carried into the "
+    "package so `aotc generate --prompt TEXT` works offline.",
+)
 @click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -62,6 +69,7 @@ def export(
     task,
     max_seq_len,
     batch_size,
+    tokenizer,
     strict,
     force,
     as_json,
@@ -97,6 +105,7 @@ def export(
         task=task,
         max_seq_len=max_seq_len,
         batch_size=batch_size,
+        tokenizer=tokenizer,
     )
     result = export_api(cfg)
     if output_format == "onnx" and not as_json:

@@ -26,10 +26,15 @@ def token_ids(text: str) -> list[int]:
 @click.command(epilog=exit_codes_epilog())
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option(
+    "--prompt",
+    "texts",
+    multiple=True,
+    help="A prompt as text, with the tokenizer the package carries; repeat for a batch.",
+)
+@click.option(
     "--prompt-ids",
     "prompts",
     multiple=True,
-    required=True,
     help="A prompt as comma-separated token ids (5,17,42); repeat for a batch.",
 )
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
@@ -45,7 +50,9 @@ def token_ids(text: str) -> list[int]:
 @click.option("--seed", type=int, default=None, help="Makes a sampled run repeatable.")
 @click.option("--stream", is_flag=True, help="Print each step's new tokens as they come.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def generate(package, prompts, max_new_tokens, temperature, top_k, top_p, seed, stream, as_json):
+def generate(
+    package, texts, prompts, max_new_tokens, temperature, top_k, top_p, seed, stream, as_json
+):
     """New tokens for each prompt from PACKAGE (built from `aotc export --task text-generation`).
 
     Prompts of different lengths are left-padded, as transformers pads a batch.
@@ -54,16 +61,21 @@ def generate(package, prompts, max_new_tokens, temperature, top_k, top_p, seed, 
 
     import aotc_runtime
 
-    ids = [token_ids(p) for p in prompts]
+    if bool(texts) == bool(prompts):
+        raise UserInputError(
+            "give the prompts as --prompt TEXT or as --prompt-ids 5,17,42 (one of them)"
+        )
+    loaded = aotc_runtime.load(package)
+    tokenizer = loaded.tokenizer if texts else None
+    ids = [tokenizer.encode(t).ids for t in texts] if tokenizer else [token_ids(p) for p in prompts]
     if any(not prompt for prompt in ids):
-        raise UserInputError("a --prompt-ids is empty; give at least one token id")
+        raise UserInputError("a prompt is empty (no tokens); give at least one token")
     longest = max(len(prompt) for prompt in ids)
     input_ids = torch.zeros(len(ids), longest, dtype=torch.int64)
     mask = torch.zeros(len(ids), longest, dtype=torch.int64)
     for row, prompt in enumerate(ids):
         input_ids[row, longest - len(prompt) :] = torch.tensor(prompt)
         mask[row, longest - len(prompt) :] = 1
-    loaded = aotc_runtime.load(package)
     started = time.perf_counter()
     stamps, steps = [], []
     for tokens in loaded.stream(
@@ -80,13 +92,15 @@ def generate(package, prompts, max_new_tokens, temperature, top_k, top_p, seed, 
         if stream and not as_json:
             click.echo(" ".join(str(t) for t in steps[-1]))
     generated = [[step[row] for step in steps] for row in range(len(ids))]
-    report = {"generated_ids": generated, "timings": timings(started, stamps)}
+    report: dict = {"generated_ids": generated, "timings": timings(started, stamps)}
+    if tokenizer is not None:
+        report["generated_text"] = [tokenizer.decode(row) for row in generated]
     if as_json:
         click.echo(json.dumps(report))
         return
     if not stream:
-        for row in generated:
-            click.echo(",".join(str(t) for t in row))
+        for row in report.get("generated_text") or generated:
+            click.echo(row if isinstance(row, str) else ",".join(str(t) for t in row))
     t = report["timings"]
     click.echo(
         f"first token {t['first_token_ms']:.1f} ms; {t['decode_tokens_per_s']:.1f} tokens/s per "

@@ -84,17 +84,39 @@ class ArtifactMeta:
         )
 
 
-def save_artifact(ep, meta: ArtifactMeta, output: Path) -> None:
-    """torch.export.save to a temporary name beside the target, then rename (never half-written)."""
+def save_artifact(ep, meta: ArtifactMeta, output: Path, extra: dict | None = None) -> None:
+    """torch.export.save to a temporary name beside the target, then rename (never half-written).
+    `extra`: more files carried in the archive (a text-generation model's tokenizer)."""
     import torch
 
     from aotc_runtime import replaced_atomically
 
+    files = {ARTIFACT_META: json.dumps(meta.to_json()), **(extra or {})}
     with (
         replaced_atomically(output, suffix=".pt2") as tmp,
         quiet_torch(),
     ):  # torch.export.save wants a .pt2 name
-        torch.export.save(ep, str(tmp), extra_files={ARTIFACT_META: json.dumps(meta.to_json())})
+        torch.export.save(ep, str(tmp), extra_files=files)
+
+
+TOKENIZER_ENTRY = "aotc_tokenizer.json"  # a text-generation artifact's tokenizer (tokenizers' JSON)
+_MAX_TOKENIZER_BYTES = 256 << 20
+
+
+def read_artifact_tokenizer(path: Path) -> str | None:
+    """The tokenizer a text-generation artifact carries (tokenizers' JSON text), or None."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.filename.endswith(f"/extra/{TOKENIZER_ENTRY}"):
+                if info.file_size > _MAX_TOKENIZER_BYTES:
+                    raise UserInputError(
+                        f"{path}: its tokenizer entry is {info.file_size} bytes, over the "
+                        f"{_MAX_TOKENIZER_BYTES >> 20} MiB a tokenizer may take; re-export it"
+                    )
+                return archive.read(info).decode("utf-8")
+    return None
 
 
 # Entries torch.export.load would unpickle (running whatever code the pickle names): weights or

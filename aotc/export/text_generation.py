@@ -133,6 +133,24 @@ def generation_export(loaded: Any, cfg: Any) -> tuple:
     return wrapped, dims, task_record(model, cfg)
 
 
+def read_tokenizer(folder: Any) -> str:
+    """tokenizer.json of a transformers tokenizer folder, checked to be one `tokenizers` reads
+    (the runtime loads it with that library: a JSON file, no code)."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    text = (Path(folder) / "tokenizer.json").read_text(encoding="utf-8")
+    try:
+        Tokenizer.from_str(text)
+    except Exception as exc:  # the library's errors are plain Exceptions with its parser's text
+        raise UserInputError(
+            f"--tokenizer {folder}: tokenizer.json is not a tokenizer the `tokenizers` library "
+            f"reads ({str(exc).splitlines()[0][:160]}); save it with a fast tokenizer"
+        ) from None
+    return text
+
+
 def task_record(model: Any, cfg: Any) -> dict:
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
@@ -144,6 +162,7 @@ def task_record(model: Any, cfg: Any) -> dict:
         "vocab_size": model.config.get_text_config().vocab_size,
         "eos_token_ids": [int(e) for e in eos],
         "pad_token_id": getattr(generation, "pad_token_id", None),
+        "tokenizer": cfg.tokenizer is not None,
     }
 
 

@@ -73,8 +73,18 @@ def export_model(cfg: ExportConfig) -> ExportResult:
 
         export_to_onnx(ep, meta, cfg.output)
     else:
-        save_artifact(ep, meta, cfg.output)
+        save_artifact(ep, meta, cfg.output, carried_files(cfg))
     return ExportResult(cfg.output, loaded.description, signature, time.perf_counter() - started)
+
+
+def carried_files(cfg: ExportConfig) -> dict:
+    """Files the artifact carries besides the program: a text-generation model's tokenizer."""
+    if cfg.tokenizer is None:
+        return {}
+    from aotc.export.artifact import TOKENIZER_ENTRY
+    from aotc.export.text_generation import read_tokenizer
+
+    return {TOKENIZER_ENTRY: read_tokenizer(cfg.tokenizer)}
 
 
 def prepare_model(cfg: ExportConfig) -> tuple[LoadedModel, ExampleCall, dict | None]:

@@ -16,11 +16,11 @@ package (its cache is one), others wait.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import GenerationInputError, PackageError
+from .errors import GenerationInputError, MissingDependencyError, PackageError
 from .sampling import Sampling, next_tokens
 
 if TYPE_CHECKING:
@@ -53,6 +53,24 @@ def generation_of(package: Package) -> Generation:
             "`aotc export --task text-generation --max-seq-len N` and build that"
         )
     return generation
+
+
+def load_tokenizer(package: Package) -> Any:  # a tokenizers.Tokenizer
+    """The tokenizer the package carries (`aotc export --tokenizer`), read with the `tokenizers`
+    library: a JSON file, nothing in it runs."""
+    generation = generation_of(package)
+    if generation.tokenizer is None:
+        raise GenerationInputError(
+            f"package {package.path} carries no tokenizer; give token ids, or export with "
+            "--tokenizer DIR"
+        )
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise MissingDependencyError(
+            "text prompts need the `tokenizers` library; pip install tokenizers"
+        ) from None
+    return Tokenizer.from_file(str(package.path / generation.tokenizer))
 
 
 def check_request(

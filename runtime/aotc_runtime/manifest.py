@@ -57,6 +57,7 @@ class Generation:
     vocab_size: int
     eos_token_ids: tuple = ()  # generation stops at any of them
     pad_token_id: int | None = None
+    tokenizer: str | None = None  # the package's tokenizers JSON file, when it carries one
 
     @classmethod
     def read(cls, fields: Fields) -> Generation:
@@ -71,7 +72,10 @@ class Generation:
             fields.integer("vocab_size"),
             tuple(eos),
             fields.integer("pad_token_id", None),
+            fields.optional_text("tokenizer"),
         )
+        if generation.tokenizer is not None and not _inside_package(generation.tokenizer):
+            fields.fail("tokenizer", "is not a plain path inside the package")
         for key in ("batch_size", "max_seq_len", "vocab_size"):
             if getattr(generation, key) < 1:
                 fields.fail(key, "is not a positive integer")
@@ -84,6 +88,7 @@ class Generation:
             "vocab_size": self.vocab_size,
             "eos_token_ids": list(self.eos_token_ids),
             "pad_token_id": self.pad_token_id,
+            "tokenizer": self.tokenizer,
         }
 
 

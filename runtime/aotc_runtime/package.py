@@ -70,6 +70,7 @@ class Package:
         self._state = [t.clone() for t in self._initial_state]
         self._state_lock = threading.Lock()
         self._generating = threading.Lock()  # one generate at a time: the KV cache is the state
+        self._tokenizer: Any = None
         self._n_outputs = len(self.signature.outputs)
         # The input check runs before every call, and with CUDA-graph replay the rest of a call is a
         # few µs of CPU work: a signature that passed once is remembered, not re-checked dim by dim.
@@ -199,6 +200,15 @@ class Package:
             sampling=Sampling(temperature, top_k, top_p, seed),
             eos_token_ids=eos_token_ids,
         )
+
+    @property
+    def tokenizer(self) -> Any:
+        """A text-generation package's tokenizer (a `tokenizers.Tokenizer`), when it carries one."""
+        if self._tokenizer is None:
+            from .generation import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self)
+        return self._tokenizer
 
     def stream(
         self,

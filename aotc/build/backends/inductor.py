@@ -26,7 +26,7 @@ from aotc.build.toolchain import compiler_options, use_compiler
 from aotc.build.verify import check_numerics
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
-from aotc.export.artifact import load_artifact
+from aotc.export.artifact import load_artifact, read_artifact_tokenizer
 from aotc.export.user_frames import first_line
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
@@ -112,6 +112,13 @@ def _build(
             "calls": probes.runs,
         }
         normalize_archive(staging / MODEL_FILE)  # the same inputs give the same bytes
+        if manifest.generation is not None and manifest.generation.tokenizer:
+            tokenizer = read_artifact_tokenizer(cfg.artifact)
+            if tokenizer is None:
+                raise UserInputError(
+                    f"{cfg.artifact} says it carries a tokenizer but holds none; re-export it"
+                )
+            (staging / manifest.generation.tokenizer).write_text(tokenizer, encoding="utf-8")
         if signature.get("state"):
             write_state(ep, signature, staging)
         compile_seconds = time.perf_counter() - started
