@@ -281,3 +281,11 @@ def test_text_prompts_without_a_tokenizer_are_refused_in_one_line(built):
     result = invoke("generate", built["gpt2"][0], "--prompt", "hello")
     assert result.exit_code == 2 and "carries no tokenizer" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_cache_longer_than_the_models_positions_is_refused_at_export(built, tmp_path):
+    source = Path(built["gpt2"][0]).parent / "gpt2_lm.py"  # the zoo's GPT-2: 64 positions
+    result = invoke(
+        "export", source, "--task", "text-generation", "--max-seq-len", 96, "-o", tmp_path / "a.pt2"
+    )
+    assert result.exit_code == 2 and "use at most 64" in result.stderr, result.stderr

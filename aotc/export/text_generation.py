@@ -118,6 +118,12 @@ def generation_export(loaded: Any, cfg: Any) -> tuple:
     from aotc.export.shapes import DimSpec
 
     model, max_len, batch = loaded.module, cfg.max_seq_len, cfg.batch_size
+    positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if positions is not None and max_len > positions:
+        raise UserInputError(
+            f"--max-seq-len {max_len} is more than the {positions} positions "
+            f"{type(model).__name__} was made for (max_position_embeddings); use at most {positions}"
+        )
     step = cache_step(model, batch, max_len)
     vocab = model.config.get_text_config().vocab_size
     prompt = max(2, min(8, max_len // 2))  # the traced S: torch.export specializes 0 and 1
