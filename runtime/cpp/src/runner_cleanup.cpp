@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -28,8 +29,14 @@ void remove_folder() {
   std::lock_guard<std::mutex> hold(state_lock);
   if (folder.empty()) return;
   std::error_code ignored;
-  // The main thread may be unpacking into it still: a second pass takes what the first one raced with.
-  for (int pass = 0; pass < 3 && std::filesystem::exists(folder, ignored); ++pass) std::filesystem::remove_all(folder, ignored);
+  // Other threads may be writing into it (torch unpacking a model) or deleting from it (the main
+  // thread's teardown, when a signal and the end of --serve's input come together: its loader
+  // removes its own copy while remove_all walks the folder, which then stops at the first entry
+  // that vanished under it). Pass again until the folder is gone, for up to a second.
+  for (int pass = 0; pass < 100 && std::filesystem::exists(folder, ignored); ++pass) {
+    if (pass > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::filesystem::remove_all(folder, ignored);
+  }
   folder.clear();
 }
 
