@@ -41,7 +41,6 @@ BACKENDS = {
         Backend("onnxruntime", "onnxruntime", "ONNX Runtime (CPU; needs aotc[onnx])"),
     )
 }
-DEFAULT_BACKEND = "aotinductor"
 
 
 def backend(name: str) -> Backend:

@@ -95,7 +95,7 @@ def build(cfg: BuildConfig, progress: Progress, started: float):
         manifest = dataclasses.replace(
             manifest, build_seconds=round(time.perf_counter() - started, 2)
         )
-        write_manifest(staging, manifest)
+        manifest = write_manifest(staging, manifest)  # hashed once: finish keeps these
         atol, rtol = tolerance("fp32", "cpu", cfg.atol, cfg.rtol)
         with (
             progress.stage("checking the package against its reference in a child process"),
