@@ -45,9 +45,9 @@ def next_tokens(
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if sampling.top_p is not None and sampling.top_p < 1.0:
         ordered, order = torch.sort(scores, descending=True, dim=-1)
-        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        probabilities = ordered.softmax(dim=-1)
         # drop a token once the ones before it already hold top_p; the first always stays
-        drop = (cumulative - ordered.softmax(dim=-1)) >= sampling.top_p
+        drop = (probabilities.cumsum(dim=-1) - probabilities) >= sampling.top_p
         scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
     probabilities = scores.softmax(dim=-1)
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
