@@ -12,6 +12,10 @@ The pool is bounded: WORKERS processes, each on one job at a time, and the bodie
 hold at most WAITING_BODIES x the body limit (256 MiB by default: hundreds of ordinary requests,
 four of the largest). Beyond that a request gets 503 with Retry-After at once, instead of holding
 its body in memory while it waits.
+
+Workers run at a lower scheduling priority (nice WORKER_NICENESS): on a machine with as many busy
+workers as cores (CI's VM has two), the ingress's loop (health checks, small requests) should not
+wait for the kernel's time slices behind a bulk decode.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
 
 INLINE_BYTES = 64 << 10  # a body's bytes, or an answer's tensor bytes
 WORKERS = 2
+WORKER_NICENESS = 10
 WAITING_BODIES = 4
 RETRY_AFTER_S = 1
 _LENGTH = struct.Struct("<Q")
@@ -141,6 +146,12 @@ class _Worker:
             cwd=root,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         )
+        try:  # lowering another process's priority needs no privilege
+            os.setpriority(
+                os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS
+            )
+        except OSError:  # it has ended already: the next call starts it again
+            pass
         assert process.stdin is not None
         send(process.stdin, self._settings)
         return process
