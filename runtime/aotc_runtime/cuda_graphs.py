@@ -123,3 +123,56 @@ class CudaGraphRunner:
         entry = _Graph(graph, static_inputs, static_outputs)
         self._graphs[key] = entry
         return entry
+
+
+class DecodeGraph:
+    """A text-generation package's decode step as one CUDA graph, its KV cache kept in place.
+
+    The runner above copies every input into its static buffers and clones every output at each
+    call: with a KV cache as state (aotc's convention passes it in and gets its new value back),
+    that is the whole cache copied twice per token, and one capture per prompt length if prefill
+    went through it too. Here only decode is captured (one shape per package: a token per
+    sequence), the cache lives in this graph's own `state` buffers, and the captured work is the
+    whole step: the program, the new cache copied back over the old one, and the step's own inputs
+    advanced for the next step (`step.advance`). A decode step is then: write the new tokens into
+    the ids buffer, one replay.
+
+    ExecuTorch's CUDA backend captures its decode method the same way (static inputs, the cache as
+    the model's own buffers); the difference here is that the inputs' advance is captured too, so
+    no host value (a position, a mask column) travels to the device per token.
+    """
+
+    def __init__(
+        self,
+        run_flat: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+        device: torch.device,
+        step: Any,  # generation.DecodeStep: its buffers and advance()
+        state: list[torch.Tensor],
+        n_outputs: int,
+    ):
+        self.state = [t.clone() for t in state]
+        self._step = step
+        self._graph = torch.cuda.CUDAGraph()
+        flat = step.inputs + self.state
+        side = _warmup_stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):  # the program only: the state and inputs stay as they are
+                run_flat(flat)
+        torch.cuda.current_stream(device).wait_stream(side)
+        with torch.cuda.graph(self._graph):
+            outputs = run_flat(flat)
+            for old, new in zip(self.state, outputs[n_outputs:]):
+                old.copy_(new)
+            step.advance()
+        self.logits = outputs[0]
+
+    def load_state(self, state: list[torch.Tensor]) -> None:
+        for mine, given in zip(self.state, state):
+            mine.copy_(given)
+
+    def __call__(self) -> torch.Tensor:
+        """Runs the step on what the step's buffers hold; the logits' buffer is overwritten by the
+        next replay."""
+        self._graph.replay()
+        return self.logits

@@ -15,7 +15,8 @@ package (its cache is one), others wait.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -126,6 +127,99 @@ def check_request(
         raise GenerationInputError(problem)
 
 
+class DecodeStep:
+    """The decode step's inputs as buffers it owns and advances on the device: after a step, the
+    positions and the cache position move on by one and the mask gains the next column, so no
+    host value crosses to the device per token (a host tensor copied to a CUDA device waits for
+    the device to finish what it was given first). `DecodeGraph` captures `run` whole."""
+
+    def __init__(self, inputs: Sequence[torch.Tensor]):
+        self.inputs = [
+            t.clone() for t in inputs
+        ]  # ids [B, 1], positions [B, 1], cache position [1], mask
+        self.ids, self.positions, self.cache_position, self.mask = self.inputs
+        self._last_column = self.mask.shape[1] - 1
+
+    def advance(self) -> None:
+        self.positions.add_(1)
+        self.cache_position.add_(1)
+        # clamped: after the cache's last position there is no next step, and no column to add
+        self.mask.index_fill_(1, self.cache_position.clamp(max=self._last_column), 1)
+
+    def load(self, inputs: Sequence[torch.Tensor]) -> None:
+        for mine, given in zip(self.inputs, inputs):
+            mine.copy_(given)
+
+
+def decoder(package: Package, first: Sequence[torch.Tensor]) -> Callable[[torch.Tensor], Any]:
+    """tokens [B] -> logits [B, vocab] of the step that feeds them, starting from the inputs of
+    the first decode step `first` and the cache the prefill left in the package's state. On CUDA
+    with CUDA graphs (reduce-overhead), each step is one replay of the package's DecodeGraph (made
+    at the first generate, kept for the next); otherwise a call of the package."""
+    graphs = package.manifest.runtime.cuda_graphs and package.device.type == "cuda"
+    graph = package._decode_graph if graphs else None
+    if graphs and graph is None:
+        from .cuda_graphs import DecodeGraph
+
+        step = DecodeStep(first)
+        try:
+            with package.run_settings():
+                graph = DecodeGraph(
+                    package._run_loader, package.device, step, package._state, package._n_outputs
+                )
+        except Exception as exc:  # capture is an optimisation: never fail the call because of it
+            print(
+                f"aotc_runtime: CUDA-graph capture of the decode step failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); decoding without graphs",
+                file=sys.stderr,
+            )
+            torch.cuda.synchronize(package.device)
+            package._decode_graph = False  # this load decodes without graphs from now on
+            graph = None
+        else:
+            package._decode_graph = graph
+    if graph:
+        graph._step.load(first)
+        graph.load_state(package._state)
+        package._state = graph.state  # what a later call of the package continues from
+
+        def replay(tokens: torch.Tensor) -> torch.Tensor:
+            graph._step.ids.copy_(tokens[:, None])
+            with package.run_settings():
+                return graph()
+
+        return replay
+    step = DecodeStep(first)
+
+    def call(tokens: torch.Tensor) -> torch.Tensor:
+        step.ids.copy_(tokens[:, None])
+        logits = package(*step.inputs)
+        step.advance()
+        return logits
+
+    return call
+
+
+class HostCopy:
+    """A step's new tokens on the host, copied while the device runs the next step: the copy is
+    queued before the next step and waited for after it is queued (on CUDA, into pinned memory)."""
+
+    def __init__(self, like: torch.Tensor):
+        self._cuda = like.device.type == "cuda"
+        self._buffer = torch.empty_like(like, device="cpu", pin_memory=self._cuda)
+        self._done = torch.cuda.Event() if self._cuda else None
+
+    def start(self, tokens: torch.Tensor) -> None:
+        self._buffer.copy_(tokens, non_blocking=self._cuda)
+        if self._done is not None:
+            self._done.record()
+
+    def result(self) -> torch.Tensor:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._buffer.clone()
+
+
 def stream(
     package: Package,
     input_ids: torch.Tensor,
@@ -135,7 +229,13 @@ def stream(
     sampling: Sampling = GREEDY,
     eos_token_ids: Sequence[int] | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yields each step's new tokens [prompts] (on the CPU) as they come; see `generate`."""
+    """Yields each step's new tokens [prompts] (on the CPU) as they come. At most the
+    package's batch of prompts; fewer are answered as if the others were not there.
+
+    The host waits for one thing per token, the copy of its tokens, and by then the device already
+    has the next step: a step is queued (its input is the sampled tokens, still on the device)
+    before the previous one's tokens are read. A generation that ends at an end-of-sequence token
+    has queued one step it does not use."""
     generation = generation_of(package)
     check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
     prompts, length = input_ids.shape
@@ -147,54 +247,53 @@ def stream(
     if prompts < batch:  # the package's batch is fixed: fill it with one-token-repeated rows
         filler = torch.zeros(batch - prompts, length, dtype=torch.int64, device=device)
         ids, mask = torch.cat([ids, filler]), torch.cat([mask, torch.ones_like(filler)])
-    eos = torch.tensor(
-        generation.eos_token_ids if eos_token_ids is None else list(eos_token_ids),
-        dtype=torch.int64,
-        device=device,
-    )
+    eos_list = generation.eos_token_ids if eos_token_ids is None else list(eos_token_ids)
+    eos = torch.tensor(eos_list, dtype=torch.int64, device=device)
+    eos_host = torch.tensor(eos_list, dtype=torch.int64)
     pad = generation.pad_token_id
     if pad is None:
-        pad = int(eos[0]) if eos.numel() else 0  # transformers pads with the eos token then
+        pad = eos_list[0] if eos_list else 0  # transformers pads with the eos token then
     generator = None
     if not sampling.greedy:
         generator = torch.Generator(device)
         generator.manual_seed(0 if sampling.seed is None else sampling.seed)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    finished_host = torch.zeros(batch, dtype=torch.bool)
     with package._generating, torch.inference_mode():
         package.reset_state()
-        logits = package(*step_inputs(ids, mask, 0, max_len))
+        prefill = step_inputs(ids, mask, 0, max_len)
+        logits = package.call_without_graphs(*prefill)
+        if max_new_tokens > 1:
+            # the first decode step's inputs: each sequence's next position is its count of real
+            # tokens so far, the cache position follows the prompt, the mask gains its column
+            full_mask = prefill[3].clone()
+            full_mask[:, length] = 1
+            first = (
+                ids[:, -1:],
+                mask.sum(-1, keepdim=True),
+                torch.tensor([length], device=device),
+                full_mask,
+            )
+            decode = decoder(package, first)
+        host = HostCopy(unfinished.long())
         for step in range(max_new_tokens):
             tokens = next_tokens(logits, sampling, generator)
             tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad))
             if eos.numel():
                 unfinished &= ~torch.isin(tokens, eos)
-            yield tokens[:prompts].cpu()
-            if step + 1 == max_new_tokens or not bool(unfinished[:prompts].any()):
+            host.start(tokens)
+            last = step + 1 == max_new_tokens
+            if not last:
+                logits = decode(tokens)
+            new = host.result()
+            yield new[:prompts]
+            if eos_host.numel():
+                finished_host |= torch.isin(new, eos_host)
+            if last or bool(finished_host[:prompts].all()):
                 return
-            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.int64, device=device)], 1)
-            logits = package(*step_inputs(tokens[:, None], mask, length + step, max_len))
 
 
-def generate(
-    package: Package,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    max_new_tokens: int,
-    sampling: Sampling = GREEDY,
-    eos_token_ids: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """The prompts [prompts, tokens] followed by the new tokens, [prompts, tokens + new] (on the
-    CPU), as transformers' `generate` returns them. At most the package's batch of prompts; fewer
-    are answered as if the others were not there."""
-    new = list(
-        stream(
-            package,
-            input_ids,
-            attention_mask,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            eos_token_ids=eos_token_ids,
-        )
-    )
-    return torch.cat([input_ids.cpu().to(torch.int64), torch.stack(new, 1)], dim=1)
+def with_prompts(input_ids: torch.Tensor, steps: Iterator[torch.Tensor]) -> torch.Tensor:
+    """The prompts [prompts, tokens] followed by the new tokens `stream` yields, [prompts, tokens
+    + new] (on the CPU), as transformers' `generate` returns them."""
+    return torch.cat([input_ids.cpu().to(torch.int64), torch.stack(list(steps), 1)], dim=1)

@@ -70,6 +70,7 @@ class Package:
         self._state = [t.clone() for t in self._initial_state]
         self._state_lock = threading.Lock()
         self._generating = threading.Lock()  # one generate at a time: the KV cache is the state
+        self._decode_graph: Any = None  # generation's decode step as a CUDA graph, once made
         self._tokenizer: Any = None
         self._n_outputs = len(self.signature.outputs)
         # The input check runs before every call, and with CUDA-graph replay the rest of a call is a
@@ -122,6 +123,18 @@ class Package:
             with self.run_settings():
                 outputs = self._call_flat(flat, key)
         return self._rebuild(outputs)
+
+    def call_without_graphs(self, *tensors: torch.Tensor) -> Any:
+        """A call (positional inputs, checked) that is never captured as a CUDA graph: generation's
+        prefill, whose prompt length changes from call to call and would otherwise be captured once
+        per length."""
+        self.signature.check_inputs(list(tensors))
+        flat = [t if t.device == self.device else t.to(self.device) for t in tensors]
+        with self._state_lock, self.run_settings():
+            outputs = self._run_loader(flat + self._state)
+        if self._state:
+            self._state = list(outputs[self._n_outputs :])
+        return self._rebuild(outputs[: self._n_outputs])
 
     def _call_with_state(self, flat: list[torch.Tensor], key: tuple | None) -> list[torch.Tensor]:
         with self.run_settings():
@@ -189,17 +202,19 @@ class Package:
         """A text-generation package's prompts followed by their new tokens, as transformers'
         `generate` returns them: greedy with temperature 0 (the default), sampled otherwise (top-k,
         top-p, a seed for repeatable runs). See aotc_runtime/generation.py."""
-        from .generation import generate
-        from .sampling import Sampling
+        from .generation import with_prompts
 
-        return generate(
-            self,
+        steps = self.stream(
             input_ids,
             attention_mask,
             max_new_tokens=max_new_tokens,
-            sampling=Sampling(temperature, top_k, top_p, seed),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
             eos_token_ids=eos_token_ids,
         )
+        return with_prompts(input_ids, steps)
 
     @property
     def tokenizer(self) -> Any:
