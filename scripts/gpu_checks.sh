@@ -14,6 +14,10 @@
 #                   build on the machine (aotc's CPU-ISA cache empty), then with it warm
 #   precision       the GPU tests of bf16 and fp16 builds (tests/test_gpu_precision.py)
 #   probes          every package under WORKDIR: how many CPU vector-ISA probes its build ran
+#   generate_tests  the GPU generation tests (tests/test_gpu_generate.py: fp32 and bf16, decode as a CUDA graph)
+#   generate_bench  scripts/generate_bench.py: GPT-2 124M bf16 and fp32 (32-token prompt, 128 new), and the
+#                   Llama-3.2-1B shape in bf16 (512-token prompt); JSON records in RESULTS_DIR
+#   zoo_bf16        scripts/zoo.py --precision bf16 on issue 25's five models, with the torch.compile column
 # Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled
 # (build_time gives each build a fresh one); aotc's cache folder is WORKDIR/aotc_cache.
 set -u
@@ -80,6 +84,17 @@ for manifest in sorted(Path(sys.argv[1]).rglob("manifest.json")):
     print(manifest.parent, probe.get("calls", "-"), probe.get("seconds", "-"))
 PY
       ;;
+    generate_tests) python3 -m pytest -q -s tests/test_gpu_generate.py -p no:cacheprovider > "$RESULTS/generate_tests.log" 2>&1 || rc=$? ;;
+    generate_bench)
+      python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16,fp32 --prompt-tokens 32 \
+        --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$?
+      python3 scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc,eager \
+        --prompt-tokens 512 --new 128 --max-seq-len 1024 --rounds 3 --bandwidth \
+        --out "$RESULTS/generate_llama1b.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
+    zoo_bf16) python3 scripts/zoo.py --device cuda --only roberta_base_seqcls llama_120m vit_base_hf t5_small distilbert_qa \
+                --mode reduce-overhead --precision bf16 --jobs 5 --iters 100 --work "$WORK/zoo_bf16" --merge \
+                > "$RESULTS/zoo_bf16.log" 2>&1 || rc=$?
+              cp docs/models.md docs/models.json "$RESULTS/docs/" ;;
     *) log "unknown step $step"; rc=2 ;;
   esac
   log "end $step rc=$rc"

@@ -184,9 +184,9 @@ def decoder(package: Package, first: Sequence[torch.Tensor]) -> Callable[[torch.
         package._state = graph.state  # what a later call of the package continues from
 
         def replay(tokens: torch.Tensor) -> torch.Tensor:
+            # no run_settings: TF32 and cuDNN flags choose kernels at capture, a replay reads none
             graph._step.ids.copy_(tokens[:, None])
-            with package.run_settings():
-                return graph()
+            return graph()
 
         return replay
     step = DecodeStep(first)
