@@ -73,8 +73,11 @@ class Codec:
         self._signature = Signature.from_json(signature_json)
         self._max_bytes = max_bytes
         settings = {"signature": signature_json, "max_bytes": max_bytes}
-        # started now, so that their imports (torch: seconds) are done before the first large body
+        # started now, and waited for: their imports (torch: seconds, ~300 MB each) are done before
+        # the ingress answers anything, so no request pays for them or sees them in its memory
         self._workers = [_Worker(settings) for _ in range(workers)]
+        for worker in self._workers:
+            worker.wait_ready()
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         for worker in self._workers:
             self._idle.put_nowait(worker)
@@ -134,6 +137,18 @@ class _Worker:
     def __init__(self, settings: dict):
         self._settings = settings
         self._process = self._start()
+        self._ready = False
+
+    def wait_ready(self) -> None:
+        """Until the worker has imported what it needs and read its settings (it says "ready")."""
+        if self._ready:
+            return
+        assert self._process.stdout is not None
+        try:
+            receive(self._process.stdout)
+        except (EOFError, OSError):  # it died starting: call() starts it again and says how
+            return
+        self._ready = True
 
     def _start(self) -> subprocess.Popen:
         # the worker imports what this process imported: Ray puts the driver's folders on a
@@ -158,10 +173,11 @@ class _Worker:
 
     def call(self, job: tuple) -> Any:
         if self._process.poll() is not None:
-            self._process = self._start()
+            self._process, self._ready = self._start(), False
         stdin, stdout = self._process.stdin, self._process.stdout
         assert stdin is not None and stdout is not None
         try:
+            self.wait_ready()
             send(stdin, job)
             return receive(stdout)
         except (EOFError, OSError):
@@ -264,6 +280,7 @@ def main() -> None:
         settings = receive(jobs)
         assert isinstance(settings, dict)
         signature = Signature.from_json(settings["signature"])
+        send(replies, ("ready",))
         while True:
             job = receive(jobs)
             assert isinstance(job, tuple)
