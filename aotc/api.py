@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from aotc.bench.harness import BenchConfig
+from aotc.bench.options import BenchConfig
 from aotc.build.pipeline import BuildResult, build_package
 from aotc.config import BuildConfig, ExportConfig
 from aotc.deploy.bundle import BundleResult
@@ -90,8 +90,10 @@ def verify(
 def bench(cfg: BenchConfig, progress: ProgressBar | None = None) -> dict:
     """Time a package against eager and torch.compile of its artifact; write cfg.json_path / cfg.plot_path.
 
-    `cfg` is a BenchConfig; `progress` an aotc.progress.ProgressBar (stderr).
-    Returns the report (JSON-ready dict); aotc.bench.report.format_table(report) is the CLI's table.
+    A text-generation package is timed per token against transformers' `generate` on the model its
+    artifact was exported from (aotc/bench/generation_bench.py). `cfg` is a BenchConfig; `progress`
+    an aotc.progress.ProgressBar (stderr). Returns the report (JSON-ready dict);
+    aotc.bench.report.format_table(report) is the CLI's table.
     """
     from aotc.bench.harness import bench_package
     from aotc.bench.plot import write_plot

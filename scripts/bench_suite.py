@@ -335,7 +335,7 @@ def parse_args(argv):
         help="measure nothing: rewrite the page from the saved results in OUT/bench/",
     )
     args = parser.parse_args(argv)
-    from aotc.bench.harness import parse_against
+    from aotc.bench.options import parse_against
 
     args.against = parse_against(args.against) if args.against else AGAINST[args.device]
     if args.cold_runs is None:

@@ -688,6 +688,16 @@ def render_onnx(rows: list) -> list:
     return lines
 
 
+HAND_WRITTEN = "<!-- Written by hand: scripts/zoo.py keeps what follows when it rewrites this page. -->"
+
+
+def hand_written(page: Path) -> str:
+    """What the page holds below HAND_WRITTEN (notes on the tables, the text-generation families),
+    to be kept under the regenerated tables."""
+    text = page.read_text() if page.exists() else ""
+    return "\n" + text[text.index(HAND_WRITTEN) :] if HAND_WRITTEN in text else ""
+
+
 def render(records: list, json_name: str) -> str:
     """docs/models.md: one table per (device, machine, torch, mode) in catalog order, each with its failures."""
     cat, groups, onnx_groups = catalog(), {}, {}
@@ -829,7 +839,7 @@ def main(argv: list) -> int:
 
         def write(records):
             everything = save_records(records, json_path, args.merge)
-            args.out.write_text(render(everything, json_path.name))
+            args.out.write_text(render(everything, json_path.name) + hand_written(args.out))
 
         write(run_zoo(models, args, work.resolve(), command, checkpoint=write))
     print(f"wrote {args.out} and {json_path}", file=sys.stderr)

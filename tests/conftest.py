@@ -92,6 +92,69 @@ def packages(tmp_path_factory) -> PackageCache:
     return PackageCache(tmp_path_factory.mktemp("packages"))
 
 
+ZOO = Path(__file__).parent / "zoo"
+GENERATION_MAX_LEN, GENERATION_BATCH = 32, 2
+# A zoo LM with its weights scaled up: at the default init scale a random LM repeats one token,
+# which would make a token-for-token comparison say little.
+GENERATION_MODEL_FILE = """
+import importlib.util
+import torch
+
+spec = importlib.util.spec_from_file_location("zoo_lm", {zoo_file!r})
+zoo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(zoo)
+
+
+def get_model():
+    model = zoo.get_model().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+"""
+
+
+def load_model_file(path: Path):
+    """The model as `aotc export` constructs it (seed 0, then get_model())."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    return module.get_model().eval()
+
+
+class GenerationBuilds:
+    """Text-generation packages of the zoo's decoder LMs (tests/zoo/<family>.py, weights scaled),
+    exported for batch 2 and a 32-token cache and built on the CPU once per session, on first use:
+    family -> (package folder, the same model in eager)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.built: dict = {}
+
+    def __getitem__(self, family: str) -> tuple:
+        if family not in self.built:
+            source = self.root / f"{family}_lm.py"
+            source.write_text(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
+            artifact, package = self.root / f"{family}.pt2", self.root / f"{family}_pkg"
+            done = invoke(
+                "export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
+                "--batch-size", GENERATION_BATCH, "-o", artifact,
+            )  # fmt: skip
+            assert done.exit_code == 0, done.stderr
+            done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
+            assert done.exit_code == 0, done.stderr
+            self.built[family] = (package, load_model_file(source))
+        return self.built[family]
+
+
+@pytest.fixture(scope="session")
+def generation_packages(tmp_path_factory) -> GenerationBuilds:
+    return GenerationBuilds(tmp_path_factory.mktemp("generation"))
+
+
 def eager_model(name: str):
     """The model of a case, built the way aotc loads it (same seed, eval mode)."""
     from aotc.export.loading import load_model

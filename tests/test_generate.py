@@ -1,76 +1,30 @@
 """Text-generation packages (issue 26): `aotc export --task text-generation`, `aotc build`, then
 `Package.generate`, against transformers' own `generate` on the same weights (CPU, fp32).
 
-The zoo's small LMs, with their weights scaled up: at the default init scale a random LM repeats
-one token, which would make a token-for-token comparison say little. Each model file is exported
-once (batch 2, a 32-token cache) and built once per module.
+The zoo's small LMs, with their weights scaled up (conftest.py's `generation_packages`: each
+exported once, batch 2 and a 32-token cache, and built once per session).
 """
 
 from __future__ import annotations
 
-import textwrap
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke
+from conftest import GENERATION_MAX_LEN, invoke
 
 import aotc_runtime
 from aotc_runtime.errors import GenerationInputError, PackageError
 
 pytestmark = pytest.mark.slow
-ZOO = Path(__file__).parent / "zoo"
-MAX_LEN, BATCH = 32, 2
-FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
-
-MODEL_FILE = """
-import importlib.util
-import torch
-
-spec = importlib.util.spec_from_file_location("zoo_lm", {zoo_file!r})
-zoo = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(zoo)
-
-
-def get_model():
-    model = zoo.get_model().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0)
-    return model
-"""
-
-
-def load_model_file(path: Path):
-    """The model as `aotc export` constructs it (seed 0, then get_model())."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    torch.manual_seed(0)
-    return module.get_model().eval()
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """family -> (package folder, the same model in eager)."""
-    work = tmp_path_factory.mktemp("generate")
-    result = {}
-    for family in FAMILIES:
-        source = work / f"{family}_lm.py"
-        source.write_text(textwrap.dedent(MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py"))))
-        artifact, package = work / f"{family}.pt2", work / f"{family}_pkg"
-        done = invoke(
-            "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,
-            "--batch-size", BATCH, "-o", artifact,
-        )  # fmt: skip
-        assert done.exit_code == 0, done.stderr
-        done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
-        assert done.exit_code == 0, done.stderr
-        result[family] = (package, load_model_file(source))
-    return result
+# gpt2 and the llama line; then other architectures: fused projections (phi3, gpt_neox), multi-query
+# attention, soft-capping and a sliding window shorter than the sequence (gemma2, gemma3), normed
+# queries and keys (qwen3, gemma3), a layer without rotary embeddings (smollm3), parallel attention
+# and MLP with LayerNorm (phi, gpt_neox, cohere, falcon), partial (phi, gpt_neox) or interleaved
+# (cohere) rotary embeddings, a config that names its key/value heads its own way (falcon)
+FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "phi3", "gemma2", "gemma3", "qwen3", "smollm3",
+            "cohere", "phi", "gpt_neox", "falcon")  # fmt: skip
 
 
 def prompts(vocab: int = 512) -> tuple:
@@ -90,8 +44,8 @@ def reference(model, ids, mask, new_tokens: int, **kwargs) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_tokens_equal_transformers_generate(built, family):
-    package, model = built[family]
+def test_greedy_tokens_equal_transformers_generate(generation_packages, family):
+    package, model = generation_packages[family]
     ids, mask = prompts()
     expected = reference(model, ids, mask, 16, min_new_tokens=16, pad_token_id=0)
     got = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=16, eos_token_ids=[])
@@ -99,8 +53,8 @@ def test_greedy_tokens_equal_transformers_generate(built, family):
     assert len(set(got[:, 7:].flatten().tolist())) > 4, "a degenerate sequence tests little"
 
 
-def test_fewer_prompts_than_the_batch_are_answered_as_if_alone(built):
-    package, model = built["gpt2"]
+def test_fewer_prompts_than_the_batch_are_answered_as_if_alone(generation_packages):
+    package, model = generation_packages["gpt2"]
     ids, _mask = prompts()
     alone = ids[1:, 3:]  # the second prompt without its padding
     expected = reference(model, alone, torch.ones_like(alone), 10, min_new_tokens=10)
@@ -108,8 +62,8 @@ def test_fewer_prompts_than_the_batch_are_answered_as_if_alone(built):
     assert got.tolist() == expected.tolist()
 
 
-def test_generation_stops_at_eos_and_pads_after_it(built):
-    package, model = built["gpt2"]
+def test_generation_stops_at_eos_and_pads_after_it(generation_packages):
+    package, model = generation_packages["gpt2"]
     ids, mask = prompts()
     free = reference(model, ids, mask, 12, min_new_tokens=12, pad_token_id=0)
     eos = int(free[0, 7 + 3])  # the first prompt's fourth new token
@@ -121,8 +75,8 @@ def test_generation_stops_at_eos_and_pads_after_it(built):
     assert first.index(eos) == 3 and set(first[4:]) == {eos}
 
 
-def test_sampling_is_repeatable_with_a_seed_and_top_k_1_is_greedy(built):
-    package, _model = built["gpt2"]
+def test_sampling_is_repeatable_with_a_seed_and_top_k_1_is_greedy(generation_packages):
+    package, _model = generation_packages["gpt2"]
     loaded = aotc_runtime.load(package)
     ids, mask = prompts()
     settings = {"max_new_tokens": 12, "temperature": 0.9, "top_k": 50, "top_p": 0.95}
@@ -135,8 +89,8 @@ def test_sampling_is_repeatable_with_a_seed_and_top_k_1_is_greedy(built):
     assert top1.tolist() == greedy.tolist()
 
 
-def test_streaming_yields_the_same_tokens_step_by_step(built):
-    package, _model = built["gpt2"]
+def test_streaming_yields_the_same_tokens_step_by_step(generation_packages):
+    package, _model = generation_packages["gpt2"]
     loaded = aotc_runtime.load(package)
     ids, mask = prompts()
     steps = list(loaded.stream(ids, mask, max_new_tokens=6, eos_token_ids=[]))
@@ -145,8 +99,8 @@ def test_streaming_yields_the_same_tokens_step_by_step(built):
     assert torch.stack(steps, 1).tolist() == whole[:, 7:].tolist()
 
 
-def test_concurrent_generations_do_not_share_the_cache(built):
-    package, _model = built["gpt2"]
+def test_concurrent_generations_do_not_share_the_cache(generation_packages):
+    package, _model = generation_packages["gpt2"]
     loaded = aotc_runtime.load(package)
     ids, mask = prompts()
     expected = {k: loaded.generate(ids[k : k + 1], mask[k : k + 1], max_new_tokens=12)
@@ -179,8 +133,8 @@ def test_concurrent_generations_do_not_share_the_cache(built):
     ],
     ids=["too-long", "out-of-vocab", "empty", "too-many-prompts", "no-new-tokens"],
 )
-def test_bad_requests_get_one_line_and_exit_code_2(built, ids, new_tokens, words):
-    package, _model = built["gpt2"]
+def test_bad_requests_get_one_line_and_exit_code_2(generation_packages, ids, new_tokens, words):
+    package, _model = generation_packages["gpt2"]
     with pytest.raises(GenerationInputError) as error:
         aotc_runtime.load(package).generate(ids, max_new_tokens=new_tokens)
     assert words in str(error.value) and "\n" not in str(error.value)
@@ -193,16 +147,16 @@ def test_a_one_call_package_refuses_generate(packages):
         loaded.generate(torch.zeros(1, 4, dtype=torch.long), max_new_tokens=2)
 
 
-def test_a_generation_artifact_is_refused_by_tune_and_specialize(built, tmp_path):
-    artifact = Path(built["gpt2"][0]).parent / "gpt2.pt2"
+def test_a_generation_artifact_is_refused_by_tune_and_specialize(generation_packages, tmp_path):
+    artifact = Path(generation_packages["gpt2"][0]).parent / "gpt2.pt2"
     result = invoke("build", artifact, "--specialize", "S=4", "-o", tmp_path / "p")
     assert result.exit_code == 2 and "text-generation artifact" in result.stderr, result.stderr
 
 
-def test_the_generate_command_prints_the_new_ids_and_timings(built):
+def test_the_generate_command_prints_the_new_ids_and_timings(generation_packages):
     import json
 
-    package, _model = built["gpt2"]
+    package, _model = generation_packages["gpt2"]
     ids, mask = prompts()
     first, second = ids[0].tolist(), ids[1, 3:].tolist()
     result = invoke(
@@ -225,8 +179,10 @@ def test_the_generate_command_prints_the_new_ids_and_timings(built):
     ],
     ids=["out-of-vocab", "not-ids", "too-long"],
 )
-def test_the_generate_command_refuses_bad_requests_in_one_line(built, args, code, words):
-    result = invoke("generate", built["gpt2"][0], *args)
+def test_the_generate_command_refuses_bad_requests_in_one_line(
+    generation_packages, args, code, words
+):
+    result = invoke("generate", generation_packages["gpt2"][0], *args)
     assert result.exit_code == code and words in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -249,16 +205,16 @@ def tiny_tokenizer(folder: Path) -> Path:
     return folder
 
 
-def test_a_tokenizer_travels_with_the_package_and_text_prompts_work(built, tmp_path):
+def test_a_tokenizer_travels_with_the_package_and_text_prompts_work(generation_packages, tmp_path):
     import json
 
     from tokenizers import Tokenizer
 
-    source = Path(built["gpt2"][0]).parent / "gpt2_lm.py"
+    source = Path(generation_packages["gpt2"][0]).parent / "gpt2_lm.py"
     folder = tiny_tokenizer(tmp_path / "tok")
     artifact, package = tmp_path / "lm.pt2", tmp_path / "lm_pkg"
     done = invoke(
-        "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,
+        "export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
         "--tokenizer", folder, "-o", artifact,
     )  # fmt: skip
     assert done.exit_code == 0, done.stderr
@@ -277,14 +233,18 @@ def test_a_tokenizer_travels_with_the_package_and_text_prompts_work(built, tmp_p
     assert report["generated_text"] == [tokenizer.decode(report["generated_ids"][0])]
 
 
-def test_text_prompts_without_a_tokenizer_are_refused_in_one_line(built):
-    result = invoke("generate", built["gpt2"][0], "--prompt", "hello")
+def test_text_prompts_without_a_tokenizer_are_refused_in_one_line(generation_packages):
+    result = invoke("generate", generation_packages["gpt2"][0], "--prompt", "hello")
     assert result.exit_code == 2 and "carries no tokenizer" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_a_cache_longer_than_the_models_positions_is_refused_at_export(built, tmp_path):
-    source = Path(built["gpt2"][0]).parent / "gpt2_lm.py"  # the zoo's GPT-2: 64 positions
+def test_a_cache_longer_than_the_models_positions_is_refused_at_export(
+    generation_packages, tmp_path
+):
+    source = (
+        Path(generation_packages["gpt2"][0]).parent / "gpt2_lm.py"
+    )  # the zoo's GPT-2: 64 positions
     result = invoke(
         "export", source, "--task", "text-generation", "--max-seq-len", 96, "-o", tmp_path / "a.pt2"
     )

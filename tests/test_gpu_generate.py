@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 import torch
-from conftest import invoke
-from test_generate import MODEL_FILE, ZOO, load_model_file, prompts, reference
+from conftest import GENERATION_MODEL_FILE, ZOO, invoke, load_model_file
+from test_generate import prompts, reference
 
 import aotc_runtime
 
@@ -32,7 +32,9 @@ def built(tmp_path_factory):
     result = {}
     for family in FAMILIES:
         source = work / f"{family}_lm.py"
-        source.write_text(textwrap.dedent(MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py"))))
+        source.write_text(
+            textwrap.dedent(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
+        )
         artifact = work / f"{family}.pt2"
         done = invoke(
             "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,

@@ -34,6 +34,21 @@ def _catalog():
 
 ZOO = _catalog().ZOO
 BY_NAME = {model.name: model for model in ZOO}
+# Left out of the CI suite: architectures another entry already covers there, so that the suite
+# stays well under its 30 minutes on the 2-core VM (each entry is an export and a build, 15-35 s).
+# scripts/zoo.py still runs every model for docs/models.md. roberta and bert_seqcls are BERT with
+# another embedding or head; qwen2 and mistral are Llama's decoder with grouped-query attention and
+# a sliding window, which tests/test_generate.py exports and generates with; whisper_encoder is
+# whisper's encoder; bart is t5's shape of encoder-decoder; resnet is convnext's static CNN path.
+COVERED_ELSEWHERE = {
+    "roberta",
+    "bert_seqcls",
+    "qwen2",
+    "mistral",
+    "whisper_encoder",
+    "bart",
+    "resnet",
+}
 
 
 class ZooBuilds:
@@ -101,7 +116,9 @@ def other_sizes(signature, pick: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [model.name for model in ZOO])
+@pytest.mark.parametrize(
+    "name", [model.name for model in ZOO if model.name not in COVERED_ELSEWHERE]
+)
 def test_zoo_model_matches_eager(zoo, name):
     import aotc_runtime
 

@@ -4,7 +4,9 @@ All contenders run in one process on the same inputs, interleaved: each round ru
 every contender's timed calls in turn (the order rotates), so machine drift (clock boost, a noisy
 neighbour, thermal throttling) hits all of them alike. Timing is runtime/aotc_runtime/timing.py:
 CUDA events on GPU, perf_counter on CPU. Cold starts run in fresh processes (aotc/bench/cold.py);
-the table and JSON are aotc/bench/report.py, the plot aotc/bench/plot.py.
+the table and JSON are aotc/bench/report.py, the plot aotc/bench/plot.py; what is asked,
+aotc/bench/options.py. A text-generation package is timed per token instead
+(aotc/bench/generation_bench.py).
 """
 
 from __future__ import annotations
@@ -16,106 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aotc.bench.options import BenchConfig, CallCounts, parse_against
 from aotc.build.precision import tf32_matmuls
-from aotc.config import Mode
 from aotc.errors import AotcError, AotcRuntimeError, BuildError, ModelError, UserInputError
 from aotc.export.user_frames import first_line
 from aotc.quiet import quiet_torch
 
 if TYPE_CHECKING:
+    import torch
+
     from aotc_runtime import Manifest, Signature
 
-COMPILE_MODES = tuple(mode.value for mode in Mode)
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 REPORT_VERSION = 1
 COMPILE_WEIGHT = 20  # a torch.compile first call weighs ~20 timed slices on the progress bar
-
-
-def parse_against(text: str) -> tuple:
-    """'eager,compile:max-autotune' -> ('eager', 'compile:max-autotune'); 'none' -> (); ValueError if unknown."""
-    names = []
-    for raw in text.split(","):
-        item = raw.strip()
-        if item in ("", "none"):
-            continue
-        if item == "compile":
-            item = "compile:default"
-        if item not in ("eager", "cpp", "onnxruntime") and not (
-            item.startswith("compile:") and item.split(":", 1)[1] in COMPILE_MODES
-        ):
-            known = ", ".join(
-                ("eager", "cpp", "onnxruntime", "none")
-                + tuple(f"compile:{m}" for m in COMPILE_MODES)
-            )
-            raise ValueError(f"'{item}' is not a contender; use a comma-separated list of {known}")
-        if item not in names:
-            names.append(item)
-    return tuple(names)
-
-
-def parse_batch_sizes(text: str) -> tuple:
-    """'1,8,16' -> (1, 8, 16); ValueError on anything but positive integers."""
-    sizes = []
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item.isdigit() or int(item) < 1:
-            raise ValueError(f"'{item}' is not a positive integer; give batch sizes like 1,8,16")
-        if int(item) not in sizes:
-            sizes.append(int(item))
-    return tuple(sizes)
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    package: Path
-    # None: eager, compile:default and compile at the package's mode
-    against: tuple | str | None = None
-    artifact: Path | None = None  # None: the artifact the manifest names
-    iters: int = 100  # timed calls per contender and batch size
-    warmup: int = 10  # untimed calls per contender and batch size, after the first call
-    rounds: int = 10  # interleaved rounds the timed calls are split into
-    batch_sizes: tuple = ()  # () -> the exported example size
-    cold_start: bool = True
-    cold_runs: int = 3
-    json_path: Path | None = None
-    plot_path: Path | None = None
-    seed: int = 0
-
-    def against_text(self) -> str:
-        """--against as text; Python callers may give a tuple of names or one comma-separated string."""
-        return self.against if isinstance(self.against, str) else ",".join(self.against or ())
-
-    def validate(self) -> None:
-        problems = []
-        if self.iters < 1:
-            problems.append(f"--iters must be >= 1, got {self.iters}")
-        if self.warmup < 0:
-            problems.append(f"--warmup must be >= 0, got {self.warmup}")
-        if self.rounds < 1:
-            problems.append(f"--rounds must be >= 1, got {self.rounds}")
-        if self.cold_runs < 1:
-            problems.append(f"--cold-runs must be >= 1, got {self.cold_runs}")
-        try:
-            parse_against(self.against_text())
-        except ValueError as exc:
-            problems.append(f"--against: {exc}")
-        if any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
-            problems.append(
-                f"--batch-sizes must be positive integers, got {list(self.batch_sizes)}"
-            )
-        if self.artifact is not None and not Path(self.artifact).is_file():
-            problems.append(
-                f"--artifact {self.artifact} does not exist; pass the .pt2 the package was built from"
-            )
-        for flag, path in (("--json", self.json_path), ("--plot", self.plot_path)):
-            if path is not None and str(path) != "-" and not Path(path).resolve().parent.is_dir():
-                problems.append(
-                    f"{flag} {path}: folder {Path(path).parent} does not exist; create it or choose another path"
-                )
-        if self.plot_path is not None and Path(self.plot_path).suffix.lower() not in PLOT_SUFFIXES:
-            problems.append(f"--plot {self.plot_path} must end in {', '.join(PLOT_SUFFIXES)}")
-        if problems:
-            raise UserInputError("; ".join(problems))
 
 
 @dataclass
@@ -139,7 +54,8 @@ def contender_names(cfg: BenchConfig, manifest: Manifest) -> tuple:
 
 
 def bench_package(cfg: BenchConfig, bar=None) -> dict:
-    """Measure the package and its baselines; return the report (JSON-ready dict)."""
+    """Measure the package and its baselines; return the report (JSON-ready dict). A
+    text-generation package goes to aotc/bench/generation_bench.py."""
     cfg.validate()
     import torch
 
@@ -149,6 +65,11 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     from aotc_runtime import read_manifest
 
     manifest = read_manifest(Path(cfg.package))
+    if manifest.generation is not None:
+        from aotc.bench.generation_bench import bench_generation
+
+        return bench_generation(cfg, manifest, bar)
+    counts = cfg.for_one_call()
     names = contender_names(cfg, manifest)
     signature = manifest.signature
     batch_sizes = resolve_batch_sizes(signature, cfg.batch_sizes)
@@ -156,17 +77,13 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
         n for n in names if n in ("eager", "onnxruntime") or n.startswith("compile:")
     ]  # what needs the artifact
     artifact = resolve_artifact(cfg, manifest) if baselines else None
-    device = torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserInputError(
-            f"package {cfg.package} is a CUDA package but this machine has no usable GPU; bench it on a GPU machine"
-        )
+    device = bench_device(cfg, manifest)
     if "onnxruntime" in names and device.type != "cpu":
         raise UserInputError(
             "--against onnxruntime is a CPU baseline (this onnxruntime has no CUDA); bench a CPU package"
         )
-    rounds = min(cfg.rounds, cfg.iters)
-    cold_plan = cold_start_plan(names, cfg.cold_runs) if cfg.cold_start else []
+    rounds = min(cfg.rounds, counts.iters)
+    cold_plan = cold_start_plan(names, counts.cold_runs) if counts.cold_start else []
     bar = bar or ProgressBar(enabled=False)
     compiles = sum(name.startswith("compile:") for name in names)
     bar.begin(
@@ -199,7 +116,7 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
                 rows = [
                     row
                     for batch in batch_sizes
-                    for row in measure_batch(contenders, signature, batch, cfg, device, bar)
+                    for row in measure_batch(contenders, signature, batch, cfg, counts, device, bar)
                 ]
             finally:
                 for contender in contenders:
@@ -214,30 +131,20 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     return {
         "report_version": REPORT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "package": {
-            "path": str(cfg.package),
-            "model": manifest.model,
-            "device": manifest.device.to_json(),
-            "mode": manifest.mode,
-            "precision": manifest.precision,
-            "build_seconds": manifest.build_seconds,
-            "size_bytes": manifest.size_bytes,
-            "backend": manifest.backend,
-            "tuning": tuning_summary(manifest),
-        },
+        "package": package_summary(cfg.package, manifest),
         "artifact": str(artifact) if artifact else None,
         "machine": machine_description(device),
         "settings": {
-            "iters": cfg.iters,
-            "warmup": cfg.warmup,
+            "iters": counts.iters,
+            "warmup": counts.warmup,
             "rounds": rounds,
             "batch_sizes": list(batch_sizes),
             "example_batch_size": batch_axis(signature)[1],
             "seed": cfg.seed,
             "timer": "cuda-events" if device.type == "cuda" else "perf_counter",
             "memory": "cuda-allocator-peak" if device.type == "cuda" else "rss-growth",
-            "cold_start": cfg.cold_start,
-            "cold_runs": cfg.cold_runs if cfg.cold_start else 0,
+            "cold_start": counts.cold_start,
+            "cold_runs": counts.cold_runs if counts.cold_start else 0,
         },
         "contenders": [
             {"name": c.name, "kind": c.kind, "mode": c.mode, "setup_ms": c.setup_ms}
@@ -245,6 +152,33 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
         ],
         "results": rows,
         "cold_start": cold,
+    }
+
+
+def bench_device(cfg: BenchConfig, manifest: Manifest) -> torch.device:
+    """The torch.device the package runs on here; a UserInputError if this machine has none."""
+    import torch
+
+    device = torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserInputError(
+            f"package {cfg.package} is a CUDA package but this machine has no usable GPU; bench it on a GPU machine"
+        )
+    return device
+
+
+def package_summary(package: Path, manifest: Manifest) -> dict:
+    """The report's "package": what was benched, as its manifest says."""
+    return {
+        "path": str(package),
+        "model": manifest.model,
+        "device": manifest.device.to_json(),
+        "mode": manifest.mode,
+        "precision": manifest.precision,
+        "build_seconds": manifest.build_seconds,
+        "size_bytes": manifest.size_bytes,
+        "backend": manifest.backend,
+        "tuning": tuning_summary(manifest),
     }
 
 
@@ -259,7 +193,13 @@ def tuning_summary(manifest: Manifest) -> str | None:
 
 
 def measure_batch(
-    contenders: list, signature: Signature, batch: int, cfg: BenchConfig, device, bar
+    contenders: list,
+    signature: Signature,
+    batch: int,
+    cfg: BenchConfig,
+    counts: CallCounts,
+    device,
+    bar,
 ) -> list:
     """First call, warm-up and interleaved timed calls of every contender at one batch size."""
     from aotc_runtime import summarize
@@ -274,8 +214,10 @@ def measure_batch(
             f"batch {batch}: first call and warm-up of {contender.name}{compiles}",
             1 + COMPILE_WEIGHT * bool(compiles),
         )
-        firsts[contender.name] = first_call_and_warmup(contender, inputs, cfg.warmup, device)
-    samples = interleaved(contenders, inputs, cfg.iters, cfg.rounds, device, bar, f"batch {batch}")
+        firsts[contender.name] = first_call_and_warmup(contender, inputs, counts.warmup, device)
+    samples = interleaved(
+        contenders, inputs, counts.iters, cfg.rounds, device, bar, f"batch {batch}"
+    )
     latency = {name: summarize(times) for name, times in samples.items()}
     package_median = latency["package"]["median_ms"]
     return [

@@ -39,23 +39,34 @@ def describe_machine(report: dict) -> str:
     )
 
 
-def format_table(report: dict) -> str:
-    pkg, s = report["package"], report["settings"]
+def _heading(report: dict, timing: str) -> list:
+    """The lines above the tables: what was benched, on what machine, how, and its build."""
+    pkg = report["package"]
     size = f", {pkg['size_bytes'] / 1e6:.1f} MB" if pkg.get("size_bytes") else ""
     tuned = (
         [f"tuned    {pkg['tuning']}"] if pkg.get("tuning") else []
     )  # which candidate each model of the package is
-    lines = [
+    return [
         f"aotc bench {pkg['path']} ({pkg['model']}; {pkg['device']['type']}, mode {pkg['mode']}, "
         f"{pkg['precision']}) {report['created']}",
         f"machine  {describe_machine(report)}",
-        f"timing   {s['timer']}; per contender and batch size: first call, {s['warmup']} warm-up, "
-        f"{s['iters']} timed calls in {s['rounds']} interleaved rounds",
+        f"timing   {timing}",
         f"build    {pkg['build_seconds']:.1f} s once, ahead of time ({pkg.get('backend', 'aotinductor')}){size}"
         if pkg.get("build_seconds") is not None
         else "build    -",
         *tuned,
     ]
+
+
+def format_table(report: dict) -> str:
+    if report.get("task") == "text-generation":
+        return format_generation_table(report)
+    s = report["settings"]
+    lines = _heading(
+        report,
+        f"{s['timer']}; per contender and batch size: first call, {s['warmup']} warm-up, "
+        f"{s['iters']} timed calls in {s['rounds']} interleaved rounds",
+    )
     memory = (
         "CUDA allocator peak above the start" if s["memory"].startswith("cuda") else "RSS growth"
     )
@@ -129,6 +140,52 @@ def format_table(report: dict) -> str:
             f"cold start: process start -> first output, median of {s['cold_runs']} run(s)",
         ] + _grid(header, rows)
         lines += [f"{c['label']}: {c['error']}" for c in report["cold_start"] if "error" in c]
+    return "\n".join(lines)
+
+
+def format_generation_table(report: dict) -> str:
+    """A text-generation package's report (aotc/bench/generation_bench.py): a row per contender."""
+    s = report["settings"]
+    versus = f"; transformers {s['transformers']}" if s.get("transformers") else ""
+    lines = _heading(
+        report,
+        f"greedy generation of {s['new_tokens']} new tokens after a {s['prompt_tokens']}-token "
+        f"prompt (batch 1); per contender {s['warmup']} warm-up, {s['rounds']} interleaved rounds; "
+        f"{s['timer']}{versus}",
+    )
+    header = [
+        "",
+        "first token ms",
+        "decode tokens/s",
+        "p50 ms/token",
+        "p99 ms/token",
+        "tokens equal",
+        "decode vs eager",
+    ]
+    rows = []
+    for r in report["results"]:
+        if "error" in r:
+            rows.append([r["contender"], "failed", "-", "-", "-", "-", "-"])
+            continue
+        equal = {None: "-", True: "yes", False: f"no (from {r.get('first_different_token')})"}
+        speedup = r["decode_speedup_vs_eager"]
+        rows.append(
+            [
+                r["contender"],
+                format_ms(r["first_token_ms"]),
+                f"{r['decode_tokens_per_s']:,.1f}",
+                format_ms(r["inter_token_ms"]["p50"]),
+                format_ms(r["inter_token_ms"]["p99"]),
+                equal[r["tokens_equal"]],
+                "-" if speedup is None else f"{speedup:.2f}x",
+            ]
+        )
+    lines += [""] + _grid(header, rows)
+    lines += [f"{r['contender']}: {r['error']}" for r in report["results"] if "error" in r]
+    lines.append(
+        "(first token: call to the first new token on the host; decode: tokens 2..N per second, "
+        "median of rounds; p50/p99: gaps between tokens, every round; tokens equal: to the package's)"
+    )
     return "\n".join(lines)
 
 

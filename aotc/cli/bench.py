@@ -2,6 +2,12 @@
 
 Registered on the `aotc` group in aotc/cli/main.py; torch and matplotlib are imported inside the command.
 matplotlib is optional (`aotc[bench]`): --plot checks for it first, before minutes of measuring.
+
+The flags of one kind of package only are None when not given, so the library, which reads the
+package, can tell what was asked for: a text-generation package refuses --iters, --batch-sizes,
+--cold-start, --cold-runs, --plot and the one-call baselines in one line when given (exit 2),
+and takes --no-cold-start as it is (it has no cold start to skip); a one-call package refuses
+--prompt-tokens, --new-tokens and --against static-compile. --warmup's default differs by kind.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from aotc.bench.harness import parse_against, parse_batch_sizes
+from aotc.bench.options import parse_against, parse_batch_sizes
 from aotc.cli.types import ParsedType, exit_codes_epilog
 
 
@@ -21,8 +27,9 @@ from aotc.cli.types import ParsedType, exit_codes_epilog
     "--against",
     type=ParsedType("LIST", parse_against),
     default=None,
-    help="Baselines, comma-separated: eager, compile:default, compile:reduce-overhead, compile:max-autotune, or none "
-    "[default: eager, compile:default and compile at the package's mode].",
+    help="Baselines, comma-separated: eager, compile:default, compile:reduce-overhead, compile:max-autotune, "
+    "onnxruntime, cpp, or none [default: eager, compile:default and compile at the package's mode]; "
+    "a text-generation package: eager, static-compile, or none [default: both].",
 )
 @click.option(
     "--artifact",
@@ -32,23 +39,37 @@ from aotc.cli.types import ParsedType, exit_codes_epilog
 @click.option(
     "--iters",
     type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Timed calls per contender and batch size.",
+    default=None,
+    help="Timed calls per contender and batch size [default: 100].",
 )
 @click.option(
     "--warmup",
     type=click.IntRange(min=0),
-    default=10,
-    show_default=True,
-    help="Untimed calls after the first, per contender and batch size.",
+    default=None,
+    help="Untimed calls after the first, per contender and batch size [default: 10]; "
+    "a text-generation package: untimed generations per contender [default: 1].",
 )
 @click.option(
     "--rounds",
     type=click.IntRange(min=1),
     default=10,
     show_default=True,
-    help="Interleaved rounds the timed calls are split into.",
+    help="Interleaved rounds the timed calls are split into (text generation: one generation "
+    "per contender a round).",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Text generation: the prompt's length in tokens [default: 32, at most half the "
+    "package's cache].",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Text generation: tokens generated per run [default: 64, at most what the cache holds "
+    "after the prompt].",
 )
 @click.option(
     "--batch-sizes",
@@ -58,16 +79,14 @@ from aotc.cli.types import ParsedType, exit_codes_epilog
 )
 @click.option(
     "--cold-start/--no-cold-start",
-    default=True,
-    show_default=True,
-    help="Also time fresh processes from start to first output.",
+    default=None,
+    help="Also time fresh processes from start to first output [default: on].",
 )
 @click.option(
     "--cold-runs",
     type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Fresh processes per cold-start case.",
+    default=None,
+    help="Fresh processes per cold-start case [default: 3].",
 )
 @click.option(
     "--json",
@@ -90,6 +109,8 @@ def bench(
     iters,
     warmup,
     rounds,
+    prompt_tokens,
+    new_tokens,
     batch_sizes,
     cold_start,
     cold_runs,
@@ -104,13 +125,17 @@ def bench(
     Steady-state latency (median, p90, p99, min, stdev), throughput, memory and the first call,
     measured interleaved in one process; cold start (process start -> first output) in fresh processes.
       aotc bench pkg/ --against eager,compile:max-autotune --batch-sizes 1,8,16 --json bench.json --plot bench.png
+    \b
+    A text-generation package: time to first token, decode tokens/s and p50/p99 per token against
+    transformers' generate (eager; static cache + torch.compile) on the model it was exported from.
+      aotc bench lm_pkg/ --prompt-tokens 32 --new-tokens 64 --json bench.json
     """
     from aotc.optional import require
 
     if plot_path is not None:
         require("matplotlib", "bench", "--plot")
     from aotc.api import bench as bench_api
-    from aotc.bench.harness import BenchConfig
+    from aotc.bench.options import BenchConfig
     from aotc.bench.report import format_table
     from aotc.progress import ProgressBar
 
@@ -121,6 +146,8 @@ def bench(
         iters=iters,
         warmup=warmup,
         rounds=rounds,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
         batch_sizes=batch_sizes or (),
         cold_start=cold_start,
         cold_runs=cold_runs,

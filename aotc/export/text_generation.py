@@ -53,12 +53,30 @@ def check_supports_static_cache(model: Any) -> None:
         )
 
 
-def cache_shape(config: Any) -> tuple[int, int]:
-    """(key/value heads, head dim) of each layer's cache."""
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return heads, head_dim
+def cache_shape(model: Any) -> tuple[int, int]:
+    """(key/value heads, head dim) of each layer's cache, as the model itself makes them: one
+    eager step on one token with transformers' dynamic cache. Configs name these in many ways
+    (num_key_value_heads, Falcon's num_kv_heads and multi_query, head_dim or none), and the keys'
+    shape is what the attention writes, whatever the config calls it."""
+    import torch
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(
+            input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+    # keys [batch, heads, tokens, head dim], per layer
+    shapes = {(layer.keys.shape[1], layer.keys.shape[-1]) for layer in cache.layers}
+    if len(shapes) != 1:
+        raise UserInputError(
+            f"{type(model).__name__}'s layers cache keys of different shapes ({sorted(shapes)}); "
+            "transformers' static cache, which generation packages use, holds one shape"
+        )
+    return shapes.pop()
 
 
 def cache_step(model: Any, batch_size: int, max_len: int):
@@ -80,7 +98,7 @@ def cache_step(model: Any, batch_size: int, max_len: int):
             for i, layer in enumerate(self.cache.layers):
                 if isinstance(layer, StaticSlidingWindowLayer):
                     self.cache.layers[i] = StaticLayer(max_len)
-            heads, head_dim = cache_shape(model.config)
+            heads, head_dim = cache_shape(model)
             device = next(model.parameters()).device
             # allocated now: lazily, on the first call, it would happen inside the trace
             self.cache.early_initialization(batch_size, heads, head_dim, model.dtype, device)

@@ -1,0 +1,115 @@
+"""`aotc bench` on a text-generation package: the package against transformers' `generate` on the
+model it was exported from (aotc/bench/generation.py, generation_bench.py). A handful of tokens,
+two rounds, on the CPU; no timing is asserted beyond its shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from conftest import invoke
+from test_bench import assert_one_line_error
+
+pytestmark = pytest.mark.slow
+ZOO = Path(__file__).parent / "zoo"
+QUICK = ("--prompt-tokens", 6, "--new-tokens", 5, "--rounds", 2, "--warmup", 1)
+
+
+def test_bench_a_generation_package_against_eager(generation_packages, tmp_path):
+    package, _model = generation_packages["gpt2"]
+    out = tmp_path / "bench.json"
+    result = invoke("bench", package, "--against", "eager", *QUICK, "--json", out)
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(out.read_text())
+
+    assert report["task"] == "text-generation" and report["contenders"] == ["package", "eager"]
+    assert report["package"]["path"] == str(package) and report["artifact"]
+    assert {"cpu", "cpu_count", "torch", "python", "aotc", "torch_threads"} <= set(
+        report["machine"]
+    )
+    settings = report["settings"]
+    assert (settings["prompt_tokens"], settings["new_tokens"], settings["rounds"]) == (6, 5, 2)
+    rows = {row["contender"]: row for row in report["results"]}
+    assert set(rows) == {"package", "eager"}
+    assert rows["eager"]["tokens_equal"] is True  # the package's greedy tokens are transformers'
+    for row in rows.values():
+        assert row["first_token_ms"] > 0 and row["decode_tokens_per_s"] > 0
+        assert 0 < row["inter_token_ms"]["p50"] <= row["inter_token_ms"]["p99"]
+        assert row["decode_speedup_vs_eager"] > 0
+    assert rows["eager"]["decode_speedup_vs_eager"] == 1.0
+
+    for text in ("first token ms", "decode tokens/s", "p99 ms/token", "tokens equal", "yes"):
+        assert text in result.stdout, result.stdout
+    assert f"wrote json {out}" in result.stdout
+
+
+def test_a_static_compile_that_fails_costs_only_its_row(generation_packages, monkeypatch):
+    import aotc.bench.generation as generation
+    from aotc.api import BenchConfig, bench
+    from aotc.bench.report import format_table
+
+    real = generation.transformers_model
+
+    def failing_compile(source, device, dtype, compiled=False):
+        model = real(source, device, dtype)
+        if compiled:
+
+            def broken(*args, **kwargs):
+                raise RuntimeError(
+                    "accessing tensor output of CUDAGraphs that has been overwritten"
+                )
+
+            model.forward = broken
+        return model
+
+    monkeypatch.setattr(generation, "transformers_model", failing_compile)
+    package, _model = generation_packages["gpt2"]
+    report = bench(BenchConfig(package=package, prompt_tokens=6, new_tokens=5, rounds=2))
+    rows = {row["contender"]: row for row in report["results"]}
+    assert "CUDAGraphs that has been overwritten" in rows["static-compile"]["error"]
+    assert rows["eager"]["tokens_equal"] is True and rows["package"]["decode_tokens_per_s"] > 0
+    table = format_table(report)
+    assert "static-compile: RuntimeError: accessing tensor output" in table
+
+
+def model_file_gone(monkeypatch, tmp_path):
+    import aotc.export.artifact as artifact
+
+    real = artifact.read_artifact_meta
+    gone = tmp_path / "lm.py"
+    monkeypatch.setattr(
+        artifact,
+        "read_artifact_meta",
+        lambda path: dataclasses.replace(real(path), model=f"{gone}:get_model()"),
+    )
+    return []
+
+
+@pytest.mark.parametrize(
+    "case, fragments",
+    [
+        ("model file gone", ["lm.py, the model file", "is gone", "--against none"]),
+        ("artifact gone", ["--artifact", "does not exist"]),
+        ("one-call flags", ["--iters, --batch-sizes", "not for a text-generation package"]),
+        ("too many tokens", ["--prompt-tokens 30 and --new-tokens 5", "--max-seq-len"]),
+    ],
+)
+def test_bad_generation_bench_requests_are_one_line(
+    generation_packages, monkeypatch, tmp_path, case, fragments
+):
+    package, _model = generation_packages["gpt2"]
+    flags = {
+        "model file gone": lambda: model_file_gone(monkeypatch, tmp_path),
+        "artifact gone": lambda: ["--artifact", tmp_path / "moved.pt2"],
+        "one-call flags": lambda: ["--iters", 5, "--batch-sizes", "1"],
+        "too many tokens": lambda: ["--prompt-tokens", 30, "--new-tokens", 5],
+    }[case]()
+    result = invoke("bench", package, "--against", "eager", *flags)
+    assert_one_line_error(result, 2, *fragments)
+
+
+def test_a_one_call_package_refuses_generation_flags(packages):
+    result = invoke("bench", packages.get("mlp").package, "--new-tokens", 8, "--no-cold-start")
+    assert_one_line_error(result, 2, "--new-tokens", "one-call package")

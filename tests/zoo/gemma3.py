@@ -1,0 +1,39 @@
+"""Gemma 3 text language model (Gemma3ForCausalLM), tiny random config (GQA 4/2 heads, head_dim 16, RMS-normed
+queries and keys; a sliding-window layer (window 8, shorter than prompt + new tokens, so it limits attention)
+then a global one, each with its own rotary base), use_cache=False. Embeddings untied, as in gemma2.py.
+
+Inputs: input_ids, attention_mask (row 1 right-padded).
+Returns CausalLMOutputWithPast: logits (B, S, 512).
+"""
+
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+VOCAB = 512
+
+
+def get_model():
+    return Gemma3ForCausalLM(
+        Gemma3TextConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            tie_word_embeddings=False,
+            max_position_embeddings=64,
+            use_cache=False,
+        )
+    )
+
+
+def example_inputs():
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, VOCAB, (2, 16), generator=g)
+    attention_mask = torch.ones(2, 16, dtype=torch.int64)
+    attention_mask[1, 12:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
