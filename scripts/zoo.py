@@ -688,7 +688,9 @@ def render_onnx(rows: list) -> list:
     return lines
 
 
-HAND_WRITTEN = "<!-- Written by hand: scripts/zoo.py keeps what follows when it rewrites this page. -->"
+HAND_WRITTEN = (
+    "<!-- Written by hand: scripts/zoo.py keeps what follows when it rewrites this page. -->"
+)
 
 
 def hand_written(page: Path) -> str:
