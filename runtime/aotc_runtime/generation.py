@@ -232,10 +232,10 @@ def stream(
     """Yields each step's new tokens [prompts] (on the CPU) as they come. At most the
     package's batch of prompts; fewer are answered as if the others were not there.
 
-    The host waits for one thing per token, the copy of its tokens, and by then the device already
-    has the next step: a step is queued (its input is the sampled tokens, still on the device)
-    before the previous one's tokens are read. A generation that ends at an end-of-sequence token
-    has queued one step it does not use."""
+    The host waits for one thing per token, the copy of its tokens, and on CUDA by then the device
+    already has the next step: a step is queued (its input is the sampled tokens, still on the
+    device) before the previous one's tokens are read. A generation on CUDA that ends at an
+    end-of-sequence token has queued one step it does not use."""
     generation = generation_of(package)
     check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
     prompts, length = input_ids.shape
@@ -276,6 +276,9 @@ def stream(
             )
             decode = decoder(package, first)
         host = HostCopy(unfinished.long())
+        # On CUDA the next step is queued before the tokens are read, so the device works while
+        # the host waits; on the CPU a "queued" step runs there and then, so it comes after.
+        overlap = device.type == "cuda"
         for step in range(max_new_tokens):
             tokens = next_tokens(logits, sampling, generator)
             tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad))
@@ -283,7 +286,7 @@ def stream(
                 unfinished &= ~torch.isin(tokens, eos)
             host.start(tokens)
             last = step + 1 == max_new_tokens
-            if not last:
+            if overlap and not last:
                 logits = decode(tokens)
             new = host.result()
             yield new[:prompts]
@@ -291,6 +294,8 @@ def stream(
                 finished_host |= torch.isin(new, eos_host)
             if last or bool(finished_host[:prompts].all()):
                 return
+            if not overlap:
+                logits = decode(tokens)
 
 
 def with_prompts(input_ids: torch.Tensor, steps: Iterator[torch.Tensor]) -> torch.Tensor:
