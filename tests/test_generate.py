@@ -249,3 +249,19 @@ def test_a_cache_longer_than_the_models_positions_is_refused_at_export(
         "export", source, "--task", "text-generation", "--max-seq-len", 96, "-o", tmp_path / "a.pt2"
     )
     assert result.exit_code == 2 and "use at most 64" in result.stderr, result.stderr
+
+
+def test_the_empty_kv_cache_takes_no_room_in_the_package(generation_packages):
+    """The cache's initial zeros are one value expanded to the cache's shape in state.pt (GPT-2
+    124M's 1,024 positions would be 75 MB of zeros), and the package still starts from zeros."""
+    package, _model = generation_packages["gpt2"]
+    state = aotc_runtime.read_manifest(package).signature.state
+    cache_bytes = sum(
+        torch.Size(spec.shape).numel()
+        * torch.empty(0, dtype=getattr(torch, spec.dtype)).element_size()
+        for spec in state
+    )
+    assert cache_bytes > 60_000
+    assert (Path(package) / "state.pt").stat().st_size < cache_bytes / 10
+    loaded = aotc_runtime.load(package)
+    assert all(bool((t == 0).all()) and t.is_contiguous() for t in loaded._state)

@@ -95,10 +95,23 @@ def stage_phases(progress) -> dict:
 
 
 def write_state(ep, signature: dict, folder: Path) -> None:
-    """The initial state the runtime carries between calls, as plain tensors (loaded with weights_only)."""
+    """The initial state the runtime carries between calls, as plain tensors (loaded with weights_only).
+
+    A tensor of one value throughout (a KV cache starts all zeros) is saved as that value expanded
+    to its shape: one element on disk, read back by both runtimes as a stride-0 view that their
+    first clone makes whole. GPT-2 124M's cache for 1,024 positions would otherwise be 75 MB of
+    zeros in a 500 MB package."""
     import torch
 
-    torch.save([t.cpu() for t in initial_state(ep, signature, "cpu")], folder / STATE_FILE)
+    torch.save([compact(t.cpu()) for t in initial_state(ep, signature, "cpu")], folder / STATE_FILE)
+
+
+def compact(tensor):
+    """`tensor`, or its one value expanded to its shape when it holds one value throughout."""
+    flat = tensor.reshape(-1)
+    if flat.numel() < 2 or not bool((flat == flat[0]).all()):
+        return tensor
+    return flat[:1].clone().expand(tensor.shape)
 
 
 __all__ = ["build_package", "BuildResult", "Mode"]
