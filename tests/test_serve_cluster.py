@@ -74,3 +74,34 @@ def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, packages):
     assert result.returncode == 0, result.stderr[-2000:] + "\nhead: " + log.read_text()[-1000:]
     assert "POST /v1/predict -> 200" in result.stdout
     assert f"serving {mlp} at http://{NODE}:" in result.stderr
+
+
+class FlakyRay:
+    """ray's init/shutdown as a head whose client server fails to start `failures` times."""
+
+    def __init__(self, failures: int, message: str = "Starting Ray client server failed."):
+        self.failures, self.message, self.calls = failures, message, []
+
+    def init(self, **settings):
+        self.calls.append("init")
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionAbortedError(f"Initialization failure from server:\n{self.message}")
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+
+def test_a_client_server_that_fails_to_start_is_connected_to_again(monkeypatch):
+    from aotc.serve import app
+
+    monkeypatch.setattr(app.time, "sleep", lambda _s: None)
+    ray = FlakyRay(failures=2)
+    app._ray_init(ray, remote=True, address="ray://head:10001")
+    assert ray.calls == ["init", "shutdown", "init", "shutdown", "init"]
+    with pytest.raises(ConnectionAbortedError):  # three failures: the last one is the answer
+        app._ray_init(FlakyRay(failures=3), remote=True, address="ray://head:10001")
+    other = FlakyRay(failures=1, message="wrong password")
+    with pytest.raises(ConnectionAbortedError):  # any other failure: at once
+        app._ray_init(other, remote=True, address="ray://head:10001")
+    assert other.calls == ["init"]

@@ -13,12 +13,14 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aotc.errors import ServeError, UserInputError
 from aotc.serve.protocol import DEFAULT_MAX_BODY_BYTES
@@ -174,7 +176,9 @@ def start(options: ServeOptions) -> Server:
     try:
         if not ray.is_initialized():
             with caller_sigterm_handler(), ray_on_loopback(local):
-                ray.init(
+                _ray_init(
+                    ray,
+                    remote=not local,
                     address="local" if local else options.address,
                     # a local Ray gets at least the CPUs the replicas ask for, so none waits forever
                     num_cpus=max(os.cpu_count() or 1, threads * options.replicas)
@@ -231,6 +235,34 @@ def start(options: ServeOptions) -> Server:
         stop(server)
         raise
     return server
+
+
+# A Ray Client connection makes the head start a server process for it; that start can fail
+# once (CI saw "Starting Ray client server failed" with the process gone at once and its logs
+# empty) while the next connection's works. Such a failure is retried; any other is not.
+CLIENT_SERVER_ATTEMPTS = 3
+CLIENT_SERVER_FAILED = "Ray client server failed"
+
+
+def _ray_init(ray: Any, remote: bool, **settings: Any) -> None:
+    for attempt in range(1, CLIENT_SERVER_ATTEMPTS + 1):
+        try:
+            ray.init(**settings)
+            return
+        except (RuntimeError, ConnectionError) as exc:  # Ray Client: ConnectionAbortedError
+            if (
+                not remote
+                or CLIENT_SERVER_FAILED not in str(exc)
+                or attempt == CLIENT_SERVER_ATTEMPTS
+            ):
+                raise
+            print(
+                f"aotc serve: the Ray head could not start a client server for this connection "
+                f"(attempt {attempt} of {CLIENT_SERVER_ATTEMPTS}); connecting again",
+                file=sys.stderr,
+            )
+            ray.shutdown()  # what the failed connection left behind, before the next one
+            time.sleep(2)
 
 
 @contextlib.contextmanager
