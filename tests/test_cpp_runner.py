@@ -376,3 +376,27 @@ def test_bench_against_cpp_interleaves_the_runner(runner, packages, tmp_path, mo
     assert rows["cpp"]["latency"]["median_ms"] > 0 and rows["cpp"]["first_call_ms"] > 0
     cold = {c["label"]: c for c in report["cold_start"]}
     assert cold["cpp"]["import_ms"] == 0 and cold["cpp"]["median_ms"] > 0
+
+
+def test_a_state_file_claiming_a_huge_expanded_shape_is_refused_by_both_runtimes(
+    runner, packages, tmp_path
+):
+    """An empty KV cache is saved as one value expanded: a crafted state.pt could claim any shape
+    from one element, and the first clone would allocate it. Both runtimes compare each state
+    tensor's shape and dtype with the manifest first (the manifest rehashed, as an attacker of an
+    unsigned package would)."""
+    from aotc.build.package_writer import write_manifest
+
+    package = tmp_path / "counter_pkg"
+    shutil.copytree(packages.get("counter").package, package)
+    torch.save([torch.zeros(1).expand(1 << 20, 1 << 20)], package / "state.pt")  # 4 TiB claimed
+    write_manifest(package, aotc_runtime.read_manifest(package))
+    with pytest.raises(aotc_runtime.PackageError, match="manifest says float32") as refused:
+        aotc_runtime.load(package)
+    assert "\n" not in str(refused.value)
+    result = subprocess.run(
+        [str(runner), str(package)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 7, result.stderr
+    assert "another shape or dtype than the manifest says" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

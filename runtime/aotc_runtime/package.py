@@ -432,4 +432,13 @@ def _read_state(path: Path, manifest: Manifest) -> list:
         raise PackageError(
             f"package {path}: its {STATE_FILE} does not hold the {len(specs)} tensor(s) the manifest lists; rebuild it"
         )
+    # before anything is cloned: a tensor saved as one value expanded (an empty KV cache) is one
+    # element on disk whatever shape it claims, so the shape must be the manifest's
+    for spec, tensor in zip(specs, state):
+        if list(tensor.shape) != list(spec.shape) or str(tensor.dtype) != f"torch.{spec.dtype}":
+            raise PackageError(
+                f"package {path}: its {STATE_FILE} holds {spec.name} as "
+                f"{str(tensor.dtype).split('.')[-1]}{list(tensor.shape)}, but the manifest says "
+                f"{spec.dtype}{list(spec.shape)}; rebuild it with `aotc build --force`"
+            )
     return state

@@ -59,6 +59,16 @@ std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& ma
     throw package_error("package " + folder + ": its " + kStateFile + " does not hold the " + std::to_string(specs.size()) +
                         " tensor(s) the manifest lists; rebuild it");
   }
+  // before anything is cloned: a tensor saved as one value expanded (an empty KV cache) is one
+  // element on disk whatever shape it claims, so the shape must be the manifest's
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<int64_t> expected;
+    for (const auto& entry : specs[i].shape) expected.push_back(entry.size);
+    if (state[i].sizes().vec() != expected || state[i].scalar_type() != scalar_type(specs[i].dtype)) {
+      throw package_error("package " + folder + ": its " + kStateFile + " holds " + specs[i].name +
+                          " in another shape or dtype than the manifest says; rebuild it with `aotc build --force`");
+    }
+  }
   return state;
 }
 
