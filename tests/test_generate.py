@@ -27,6 +27,12 @@ FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "phi3", "gemma2", "gemma3", "qw
             "cohere", "phi", "gpt_neox", "falcon")  # fmt: skip
 
 
+# The check's absolute tolerance for bf16 builds of these sharpened LMs: their logits reach 12, and
+# transformers itself in bf16 is 0.12 away from fp32 at prefill (the default 0.05 is for logits
+# near 1, as a real LM's are)
+BF16_LOGITS_ATOL = 0.5
+
+
 def prompts(vocab: int = 512) -> tuple:
     """Two prompts, the second 4 tokens long and left-padded to the first's 7."""
     g = torch.Generator().manual_seed(1)
@@ -265,3 +271,30 @@ def test_the_empty_kv_cache_takes_no_room_in_the_package(generation_packages):
     assert (Path(package) / "state.pt").stat().st_size < cache_bytes / 10
     loaded = aotc_runtime.load(package)
     assert all(bool((t == 0).all()) and t.is_contiguous() for t in loaded._state)
+
+
+def test_a_bf16_package_keeps_its_kv_cache_in_bf16_and_follows_transformers(
+    generation_packages, tmp_path
+):
+    """A bf16 build computes in bf16 and stores its state (the KV cache) in bf16 too: the state
+    does not cross the cast at the package's boundary, which would convert the whole cache on
+    every decode step and hold it in fp32."""
+    package, model = generation_packages["gpt2"]
+    artifact = Path(package).parent / "gpt2.pt2"
+    bf16 = tmp_path / "gpt2_bf16"
+    done = invoke(
+        "build", artifact, "--device", "cpu", "--precision", "bf16", "--atol", BF16_LOGITS_ATOL,
+        "-o", bf16, "--quiet",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    floating = {s.dtype for s in aotc_runtime.read_manifest(bf16).signature.state} - {"int64"}
+    assert floating == {"bfloat16"}
+    loaded = aotc_runtime.load(bf16)
+    assert {t.dtype for t in loaded._state if t.is_floating_point()} == {torch.bfloat16}
+    ids, mask = prompts()
+    expected = reference(model.to(torch.bfloat16), ids, mask, 8, min_new_tokens=8, pad_token_id=0)
+    got = loaded.generate(ids, mask, max_new_tokens=8, eos_token_ids=[])
+    # two roundings of the same bf16 computation: the first new tokens agree (a random LM's top
+    # two logits are sometimes close enough for bf16 to swap them later)
+    assert got[:, :10].tolist() == expected[:, :10].tolist()
+    assert {t.dtype for t in loaded._state if t.is_floating_point()} == {torch.bfloat16}

@@ -94,16 +94,21 @@ def stage_phases(progress) -> dict:
     return {f"{STAGE_PREFIX}{k}": {"seconds": round(v, 2), "calls": 1} for k, v in seconds.items()}
 
 
-def write_state(ep, signature: dict, folder: Path) -> None:
+def write_state(ep, signature: dict, folder: Path, precision=None) -> None:
     """The initial state the runtime carries between calls, as plain tensors (loaded with weights_only).
 
     A tensor of one value throughout (a KV cache starts all zeros) is saved as that value expanded
     to its shape: one element on disk, read back by both runtimes as a stride-0 view that their
     first clone makes whole. GPT-2 124M's cache for 1,024 positions would otherwise be 75 MB of
-    zeros in a 500 MB package."""
+    zeros in a 500 MB package. A bf16/fp16 package keeps its floating state in that dtype
+    (aotc/build/precision.py: state_in_precision)."""
     import torch
 
-    torch.save([compact(t.cpu()) for t in initial_state(ep, signature, "cpu")], folder / STATE_FILE)
+    from aotc.build.precision import state_in_precision
+    from aotc.config import Precision
+
+    state = state_in_precision(initial_state(ep, signature, "cpu"), precision or Precision.FP32)
+    torch.save([compact(t) for t in state], folder / STATE_FILE)
 
 
 def compact(tensor):

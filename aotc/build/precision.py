@@ -35,22 +35,30 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
     drop_dtype_assertions(inner)
     cast_weight_matmul_operands(inner, low)
 
+    n_inputs = len(signature["inputs"])
+    n_outputs = len(signature["outputs"])
+
     class CastWrapper(torch.nn.Module):
-        """Computes in reduced precision, keeps the exported float dtypes at the boundary."""
+        """Computes in reduced precision, keeps the exported float dtypes at the boundary.
+
+        State (a KV cache) is the exception: it comes in and goes out in the reduced dtype, as the
+        package stores it (state_in_precision), so a decode step neither converts the whole cache
+        nor keeps it at twice the memory."""
 
         def __init__(self, module):
             super().__init__()
             self.module = module
 
         def forward(self, *args):
-            cast = [a.to(low) if a.is_floating_point() else a for a in args]
-            out = self.module(*cast)
-            return torch.utils._pytree.tree_map(
-                lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
-                out,
-            )
+            cast = [a.to(low) if a.is_floating_point() else a for a in args[:n_inputs]]
+            flat = self.module(*cast, *args[n_inputs:])
+            if not isinstance(flat, (tuple, list)):
+                return flat.float() if flat.is_floating_point() else flat
+            outputs = [t.float() if t.is_floating_point() else t for t in flat[:n_outputs]]
+            return (*outputs, *flat[n_outputs:])
 
     example = [t.to(target) for t in ep.example_inputs[0]]
+    example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
     try:
         return torch.export.export(
             CastWrapper(inner),
@@ -66,6 +74,47 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
             f"the program cannot run in {precision.value} ({type(exc).__name__}: {first_line(exc)[:200]}); "
             "build it in fp32 (or tf32 on CUDA)"
         ) from exc
+
+
+def weights_rounded_to(ep, precision: Precision):
+    """A copy of the fp32 program `ep` whose weights hold what a `precision` package holds (each
+    rounded to it and back): the numeric check's reference for a bf16/fp16 build, so that what it
+    measures is the package's arithmetic, not that its weights were stored in fewer bits (eager
+    in bf16 has those same weights)."""
+    if precision not in REDUCED:
+        return ep
+    import torch
+
+    low = getattr(torch, REDUCED[precision])
+    ep = copy.deepcopy(ep)
+    with torch.no_grad():
+        for tensor in [*ep.state_dict.values(), *ep.constants.values()]:
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                tensor.copy_(tensor.to(low).to(tensor.dtype))
+    return ep
+
+
+def state_in_precision(state: list, precision: Precision) -> list:
+    """The state tensors a package of `precision` carries: floating ones in the reduced dtype."""
+    if precision not in REDUCED:
+        return list(state)
+    import torch
+
+    low = getattr(torch, REDUCED[precision])
+    return [t.to(low) if t.is_floating_point() else t for t in state]
+
+
+def signature_in_precision(signature: dict, precision: Precision) -> dict:
+    """`signature` as a package of `precision` declares it: inputs and outputs keep the exported
+    dtypes (CastWrapper), floating state is stored in the reduced dtype."""
+    if precision not in REDUCED or not signature.get("state"):
+        return signature
+    floating = {"float32", "float64", "float16", "bfloat16"}
+    state = [
+        {**spec, "dtype": REDUCED[precision]} if spec["dtype"] in floating else spec
+        for spec in signature["state"]
+    ]
+    return {**signature, "state": state}
 
 
 def drop_dtype_assertions(module) -> None:

@@ -75,7 +75,11 @@ def input_cases(
 
 def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
     """The program run eagerly as the package is run: each case `calls` times, in order, the state
-    (if the model has any) carried from call to call, as the runtime carries it."""
+    (if the model has any) carried from call to call, as the runtime carries it.
+
+    The state is rounded to the dtypes `signature` gives it after each call: a bf16 package keeps
+    its KV cache in bf16, and an fp32 reference whose cache kept every bit would drift from it
+    step after step by more than the computation's own rounding."""
     import torch
 
     from aotc_runtime import flatten_outputs
@@ -97,6 +101,10 @@ def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
                     ) from exc
                 if state:
                     out, state = out[:n_outputs], out[n_outputs:]
+                    state = [
+                        t.to(getattr(torch, spec["dtype"])).to(t.dtype)
+                        for t, spec in zip(state, signature["state"])
+                    ]
                 results.append([t.cpu() for t in out])
     return results
 

@@ -17,7 +17,12 @@ from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import output_lock, staging_folder, write_manifest
 from aotc.build.pipeline import STAGE_PREFIX, BuildResult, finish, write_state
-from aotc.build.precision import place_program, tf32_matmuls
+from aotc.build.precision import (
+    place_program,
+    signature_in_precision,
+    tf32_matmuls,
+    weights_rounded_to,
+)
 from aotc.build.profile import TuningProgress, inductor_phase_times
 from aotc.build.ptxas import same_ptxas_as_workers
 from aotc.build.reproducible import normalize_archive
@@ -74,7 +79,11 @@ def _build(
         # Inductor's vector-ISA probe runs in here: each of its answers once per machine
         with remembered_vec_isa_probes(cxx) as probes:
             features = compiled_features(cfg.cpu_isa, cxx)
-            manifest = new_manifest(cfg, meta, options, compiler_record, features)
+            # the package stores a bf16/fp16 build's state in that dtype, and says so
+            packaged = dataclasses.replace(
+                meta, signature=signature_in_precision(signature, cfg.precision)
+            )
+            manifest = new_manifest(cfg, packaged, options, compiler_record, features)
             # The compiled model carries what it was built as, so a runtime can tell an edited manifest
             # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
             described = {
@@ -120,7 +129,7 @@ def _build(
                 )
             (staging / manifest.generation.tokenizer).write_text(tokenizer, encoding="utf-8")
         if signature.get("state"):
-            write_state(ep, signature, staging)
+            write_state(ep, signature, staging, cfg.precision)
         compile_seconds = time.perf_counter() - started
         manifest = dataclasses.replace(
             manifest, build_seconds=round(compile_seconds, 2), build_phases=phases
@@ -132,11 +141,13 @@ def _build(
             progress.stage("checking the package against eager in a child process", key="check"),
             quiet_torch(),
         ):
-            reference = place_program(ep, cfg.device, Precision.FP32, signature)
+            reference = weights_rounded_to(
+                place_program(ep, cfg.device, Precision.FP32, signature), cfg.precision
+            )
             strict = cfg.device == "cuda" and cfg.precision == Precision.FP32
             check = check_numerics(
                 reference,
-                signature,
+                packaged.signature,
                 staging,
                 cfg.device,
                 atol,
