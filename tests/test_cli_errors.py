@@ -293,3 +293,39 @@ def test_a_full_disk_is_a_one_line_error_and_leaves_nothing(packages, tmp_path, 
         and "Traceback" not in result.stderr
     )
     assert list(out.iterdir()) == []
+
+
+FOREIGN_OP_MODEL = """
+import torch
+
+
+@torch.library.custom_op("aotc_test::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return twice(x) + 1
+
+
+def get_model():
+    return Model()
+"""
+
+
+def test_an_op_defined_outside_pytorch_is_refused_at_export(tmp_path):
+    """An op the model's own code (or a library: transformers' MoE experts) defines in Python
+    exports, but no build or runtime process has it: the build failed with a message about
+    "Python types" (issue 26's Qwen2-MoE). Export now names the op in one line."""
+    model = tmp_path / "foreign.py"
+    model.write_text(FOREIGN_OP_MODEL)
+    artifact = tmp_path / "m.pt2"
+    result = invoke("export", model, "--input-shape", "2x3", "-o", artifact)
+    assert_error(result, 4, "torch.ops.aotc_test.twice", "defined outside PyTorch")
+    assert not artifact.exists()

@@ -261,7 +261,7 @@ def test_bad_command_line_is_exit_2(runner):
         assert result.returncode == 2 and result.stderr.startswith("error: "), (args, result.stderr)
 
 
-def test_embedding_example_builds_and_runs(runner, packages, tmp_path):
+def test_embedding_example_builds_and_runs(runner, packages, generation_packages, tmp_path):
     """examples/cpp: a user's program linking aotc::runtime (load, call, read outputs)."""
     from aotc.deploy.cpp_runner import cmake_arguments
 
@@ -282,6 +282,17 @@ def test_embedding_example_builds_and_runs(runner, packages, tmp_path):
     expected = python_outputs(package, inputs)["output_0"]
     assert name == "output_0" and shape == "[32, 10]"
     assert abs(float(total) - float(expected.sum())) <= 1e-4
+    # a text-generation package: Package::generate with its per-token callback
+    lm = generation_packages["gpt2"][0]
+    result = subprocess.run(
+        [str(build / "embed"), str(lm), "5,17,42"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    expected = aotc_runtime.load(lm).generate(torch.tensor([[5, 17, 42]]), max_new_tokens=8)
+    new = expected[0, 3:].tolist()
+    assert lines[:-1] == [f"token {t}" for t in new]
+    assert lines[-1] == "generated " + " ".join(map(str, new))
 
 
 def test_bundle_runs_with_no_python_and_an_empty_environment(runner, packages, tmp_path):
@@ -400,3 +411,108 @@ def test_a_state_file_claiming_a_huge_expanded_shape_is_refused_by_both_runtimes
     assert result.returncode == 7, result.stderr
     assert "another shape or dtype than the manifest says" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+GENERATE_PROMPTS = (
+    ["--prompt-ids", "5,17,42,9", "--prompt-ids", "7,8"],
+    [[5, 17, 42, 9], [0, 0, 7, 8]],
+)
+
+
+def python_generate(package: Path, new_tokens: int, **sampling) -> list:
+    ids = torch.tensor(GENERATE_PROMPTS[1])
+    mask = (torch.arange(4) >= torch.tensor([[0], [2]])).long()
+    got = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=new_tokens, **sampling)
+    return got[:, 4:].tolist()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_runner_generates_the_python_runtimes_tokens(runner, generation_packages, family):
+    """Issue 27: `aotc-runner --generate`, greedy and seeded sampling, token for token against the
+    Python runtime on a left-padded batch of two prompts."""
+    package = generation_packages[family][0]
+    done = run_cpp(
+        runner, package, "--generate", *GENERATE_PROMPTS[0], "--max-new-tokens", 12, "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["generated_ids"] == python_generate(package, 12)
+    assert report["timings"]["decode_steps"] == 11 and report["timings"]["decode_tokens_per_s"] > 0
+    sampled = ["--temperature", 0.9, "--top-k", 50, "--top-p", 0.95, "--seed", 7]
+    done = run_cpp(
+        runner,
+        package,
+        "--generate",
+        *GENERATE_PROMPTS[0],
+        "--max-new-tokens",
+        12,
+        "--json",
+        *sampled,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = python_generate(package, 12, temperature=0.9, top_k=50, top_p=0.95, seed=7)
+    assert json.loads(done.stdout)["generated_ids"] == expected
+
+
+def test_runner_streams_one_line_per_step(runner, generation_packages):
+    package = generation_packages["gpt2"][0]
+    done = run_cpp(
+        runner, package, "--generate", *GENERATE_PROMPTS[0], "--max-new-tokens", 5, "--stream"
+    )
+    assert done.returncode == 0, done.stderr
+    steps = [list(map(int, line.split())) for line in done.stdout.strip().splitlines()]
+    assert [list(row) for row in zip(*steps)] == python_generate(package, 5)
+    assert "tokens/s" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--prompt-ids", "5,17,999"], "token id 999 is outside the vocabulary (0..511)"),
+        (["--prompt-ids", "5", "--max-new-tokens", "40"], "ask for at most 31 new tokens"),
+        (["--prompt-ids", "5,x"], "is not a comma-separated list of token ids"),
+        (["--prompt-ids", "5", "--prompt-ids", "6", "--prompt-ids", "7"], "at most 2 at once"),
+        (["--prompt-ids", ","], "a prompt is empty"),
+        (["--prompt-ids", "5", "--top-p", "0"], "--top-p must be a number in (0"),
+    ],
+)
+def test_runner_refuses_bad_generation_requests_in_one_line(
+    runner, generation_packages, args, words
+):
+    done = run_cpp(runner, generation_packages["gpt2"][0], "--generate", *args)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_runner_refuses_generate_on_a_one_call_package(runner, packages):
+    done = run_cpp(runner, packages.get("mlp").package, "--generate", "--prompt-ids", "1,2")
+    assert done.returncode == 7 and "not a text-generation package" in done.stderr, done.stderr
+
+
+def test_a_bundle_generates_with_no_python_and_an_empty_environment(
+    runner, generation_packages, tmp_path
+):
+    """Issue 27: `aotc bundle` of a text-generation package generates under an empty environment."""
+    from conftest import invoke
+
+    package = generation_packages["gpt2"][0]
+    bundle = tmp_path / "lm_bundle"
+    result = invoke("bundle", package, "-o", bundle)
+    assert result.exit_code == 0, result.stderr
+    run = subprocess.run(
+        [
+            str(bundle / "run"),
+            "--generate",
+            *GENERATE_PROMPTS[0],
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": str(tmp_path / "empty")},
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["generated_ids"] == python_generate(package, 8)

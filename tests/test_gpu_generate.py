@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 from conftest import GENERATION_MODEL_FILE, ZOO, invoke, load_model_file
-from test_generate import BF16_LOGITS_ATOL, prompts, reference
+from test_generate import prompts, reference
 
 import aotc_runtime
 
@@ -25,32 +25,53 @@ MAX_LEN, BATCH, NEW = 32, 2, 16
 BF16_AGREED_STEPS = 4
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """(family, precision) -> (package folder, model file)."""
-    work = tmp_path_factory.mktemp("gpu_generate")
-    result = {}
-    for family in FAMILIES:
-        source = work / f"{family}_lm.py"
-        source.write_text(
-            textwrap.dedent(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
-        )
-        artifact = work / f"{family}.pt2"
-        done = invoke(
-            "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,
-            "--batch-size", BATCH, "-o", artifact,
-        )  # fmt: skip
-        assert done.exit_code == 0, done.stderr
-        for precision in ("fp32", "bf16"):
-            package = work / f"{family}_{precision}_pkg"
-            loose = ["--atol", BF16_LOGITS_ATOL] if precision == "bf16" else []
+# The bf16 check's absolute tolerance on the GPU: these sharpened LMs' logits reach 12, and the
+# first run on the H100 (2026-11-25) measured 0.61 at prefill against the fp32 reference with
+# bf16-rounded weights, near the default bound (0.05 + 0.05 x 12); the tokens themselves are
+# compared with transformers in bf16 below, which is the test that matters
+GPU_BF16_LOGITS_ATOL = 1.0
+
+
+class Builds:
+    """(family, precision) -> (package folder, model file), each exported and built on first use,
+    so that one build's failure fails its own tests only."""
+
+    def __init__(self, work):
+        self.work, self.done, self.artifacts = work, {}, {}
+
+    def artifact(self, family: str):
+        if family not in self.artifacts:
+            source = self.work / f"{family}_lm.py"
+            source.write_text(
+                textwrap.dedent(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
+            )
+            artifact = self.work / f"{family}.pt2"
+            done = invoke(
+                "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,
+                "--batch-size", BATCH, "-o", artifact,
+            )  # fmt: skip
+            assert done.exit_code == 0, done.stderr
+            self.artifacts[family] = (artifact, source)
+        return self.artifacts[family]
+
+    def __getitem__(self, key: tuple):
+        if key not in self.done:
+            family, precision = key
+            artifact, source = self.artifact(family)
+            package = self.work / f"{family}_{precision}_pkg"
+            loose = ["--atol", GPU_BF16_LOGITS_ATOL] if precision == "bf16" else []
             done = invoke(
                 "build", artifact, "--device", "cuda", "--mode", "reduce-overhead",
                 "--precision", precision, *loose, "-o", package, "--quiet",
             )  # fmt: skip
             assert done.exit_code == 0, done.stderr
-            result[family, precision] = (package, source)
-    return result
+            self.done[key] = (package, source)
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return Builds(tmp_path_factory.mktemp("gpu_generate"))
 
 
 @pytest.fixture

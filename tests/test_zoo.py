@@ -38,12 +38,14 @@ BY_NAME = {model.name: model for model in ZOO}
 # stays well under its 30 minutes on the 2-core VM (each entry is an export and a build, 15-35 s).
 # scripts/zoo.py still runs every model for docs/models.md. roberta and bert_seqcls are BERT with
 # another embedding or head; qwen2 and mistral are Llama's decoder with grouped-query attention and
-# a sliding window, which tests/test_generate.py exports and generates with; whisper_encoder is
-# whisper's encoder; bart is t5's shape of encoder-decoder; resnet is convnext's static CNN path.
+# a sliding window, and qwen2_moe their mixture of experts, which tests/test_generate.py exports
+# and generates with; whisper_encoder is whisper's encoder; bart is t5's shape of encoder-decoder;
+# resnet is convnext's static CNN path.
 COVERED_ELSEWHERE = {
     "roberta",
     "bert_seqcls",
     "qwen2",
+    "qwen2_moe",
     "mistral",
     "whisper_encoder",
     "bart",

@@ -34,6 +34,7 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
     inner = copy.deepcopy(ep.module()).to(device=target, dtype=low)
     drop_dtype_assertions(inner)
     cast_weight_matmul_operands(inner, low)
+    clamp_float_extremes(inner, low)
 
     n_inputs = len(signature["inputs"])
     n_outputs = len(signature["outputs"])
@@ -204,11 +205,64 @@ def cast_weight_matmul_operands(module, low) -> None:
 
 
 def _cast_input(graph, node, arg, low) -> None:
+    """`node` reads `arg` cast to `low`, clamped to `low`'s finite range first: an attention mask
+    traced in fp32 holds torch.finfo(float32).min, which rounds to -inf in bf16, and a query
+    whose keys are all masked (a left-padded prompt's padding) then softmaxes -inf against -inf
+    into NaN, which spreads through the values into the real tokens' attention. Eager bf16
+    builds its mask with torch.finfo(bfloat16).min, which this clamp gives."""
     import torch
 
+    finfo = torch.finfo(low)
     with graph.inserting_before(node):
-        cast = graph.call_function(torch.ops.aten.to.dtype, (arg, low))
+        inside = arg
+        if _is_float32_or_wider(arg):
+            inside = graph.call_function(torch.ops.aten.clamp.default, (arg, finfo.min, finfo.max))
+        cast = graph.call_function(torch.ops.aten.to.dtype, (inside, low))
     node.replace_input_with(arg, cast)
+
+
+def _is_float32_or_wider(node) -> bool:
+    import torch
+
+    value = node.meta.get("val")
+    return value is None or getattr(value, "dtype", None) in (torch.float32, torch.float64)
+
+
+def clamp_float_extremes(module, low) -> None:
+    """Clamp the float constants of a graph about to compute in `low` to `low`'s finite range.
+
+    A model traced in fp32 writes torch.finfo(float32).min into its graph as a number (T5's
+    masks: `masked_fill(mask, finfo.min)`, `full(..., finfo.min)`); in a bf16 graph that number
+    is a bf16 value, and Inductor refuses it ("value cannot be converted to type c10::BFloat16
+    without overflow", issue 25's t5-small). Eager bf16 uses torch.finfo(bfloat16).min there:
+    the nearest finite value, which is what the clamp writes. Infinities are left as they are.
+    """
+    import math
+
+    import torch
+
+    top = torch.finfo(low).max
+
+    def clamped(value):
+        if isinstance(value, float) and math.isfinite(value) and abs(value) > top:
+            return math.copysign(top, value)
+        return value
+
+    for graph_module in module.modules():
+        graph = getattr(graph_module, "graph", None)
+        if graph is None or not hasattr(graph_module, "recompile"):
+            continue
+        changed = False
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            args = tuple(clamped(a) for a in node.args)
+            kwargs = {k: clamped(v) for k, v in node.kwargs.items()}
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs = args, kwargs
+                changed = True
+        if changed:
+            graph_module.recompile()
 
 
 def _is_floating(node) -> bool:

@@ -232,9 +232,8 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
     A --specialize package is also run at each member's sizes, where it routes the call to the
     member, against the same program: every model in the folder answers to the user's artifact,
     never to a static artifact that was kept in the cache."""
-    from aotc.build.precision import place_program
     from aotc.build.tolerances import tolerance
-    from aotc.build.verify import check_numerics
+    from aotc.build.verify import check_numerics, reference_program
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
     from aotc.quiet import quiet_torch
@@ -264,11 +263,13 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
     ep, meta = load_artifact(artifact)
     atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
     with quiet_torch():
-        reference = place_program(ep, device, Precision.FP32, meta.signature)
+        reference, checked = reference_program(
+            ep, meta.signature, device, Precision(manifest.precision)
+        )
         strict = device == "cuda" and manifest.precision == Precision.FP32.value
         return check_numerics(
             reference,
-            meta.signature,
+            checked,
             package,
             device,
             atol,
@@ -277,6 +278,7 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
             strict=strict,
             extra_sizes=member_sizes,
             task=meta.task,
+            precision=manifest.precision,
         )
 
 

@@ -62,6 +62,12 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     with torch.no_grad():
         layout = output_layout(check_eager(loaded, call))
     ep, state = export_with_state(loaded, call, layout, cfg.strict)
+    if foreign := foreign_ops(ep):
+        raise ExportError(
+            f"{loaded.description} exports to {', '.join(foreign)}, an op defined outside "
+            "PyTorch that `aotc build` and the runtimes cannot load; write that part with "
+            "torch operations (or a model option that avoids the op)"
+        )
     signature = make_signature(ep, call, layout, state)
     if call.dims and task is None:  # a generation step's S is checked by its build's loop
         check_dim_ranges(ep, signature, call)
@@ -92,12 +98,47 @@ def prepare_model(cfg: ExportConfig) -> tuple[LoadedModel, ExampleCall, dict | N
     loaded = load_model(cfg.model, cfg.entry)
     if cfg.weights:
         load_weights(loaded.module, cfg.weights)
+    portable_experts(loaded.module)
     if cfg.task is None:
         return loaded, example_call(cfg, loaded), None
     from aotc.export.text_generation import generation_export
 
     loaded, dims, task = generation_export(loaded, cfg)
     return loaded, example_call(dataclasses.replace(cfg, dims=dims), loaded), task
+
+
+# The experts implementation of transformers' mixture-of-experts models that exports to aten ops
+# only: "grouped_mm" (their default) calls transformers' own Python-defined op
+# (torch.ops.transformers.grouped_mm_fallback), which no build or runtime process has, and
+# "eager" indexes by routing values (data-dependent shapes). transformers' ExecuTorch exporter
+# makes the same choice (transformers/exporters/exporter_executorch.py).
+PORTABLE_EXPERTS = "batched_mm"
+
+
+def portable_experts(module) -> None:
+    """Switch a transformers mixture-of-experts model to experts that export to aten ops."""
+    can_set = getattr(type(module), "_can_set_experts_implementation", None)
+    if can_set is None or not can_set():
+        return
+    config = getattr(module, "config", None)
+    if getattr(config, "_experts_implementation", None) != PORTABLE_EXPERTS:
+        module.set_experts_implementation(PORTABLE_EXPERTS)
+
+
+def foreign_ops(ep) -> list[str]:
+    """The ops the program calls that are neither PyTorch's own (aten, prims) nor higher-order
+    control flow: ops defined by a library or the model's code, which `aotc build` and the
+    runtimes cannot load (they import neither)."""
+    import torch
+
+    found = set()
+    for node in ep.graph_module.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if target.namespace not in ("aten", "prims"):
+            found.add(f"torch.ops.{target.namespace}.{target._schema.name.split('::')[-1]}")
+    return sorted(found)
 
 
 def load_weights(module, path: Path) -> None:

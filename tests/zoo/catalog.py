@@ -49,6 +49,8 @@ ZOO = (
     # min(16*S, 32*S) == 16*S that repeat_kv's expand+reshape produces (torch 2.13 can); llama (MHA) has one.
     ZooModel("qwen2", "qwen2.py", "decoder-lm", ("B=1:8@input_ids:0,attention_mask:0",)),
     ZooModel("mistral", "mistral.py", "decoder-lm"),
+    # mixture of experts: exported with transformers' "batched_mm" experts (aotc/export/trace.py)
+    ZooModel("qwen2_moe", "qwen2_moe.py", "decoder-lm"),
     # encoder-decoders: encoder length S and decoder length T are separate dims
     ZooModel(
         "t5",

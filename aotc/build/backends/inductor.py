@@ -17,18 +17,13 @@ from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import output_lock, staging_folder, write_manifest
 from aotc.build.pipeline import STAGE_PREFIX, BuildResult, finish, write_state
-from aotc.build.precision import (
-    place_program,
-    signature_in_precision,
-    tf32_matmuls,
-    weights_rounded_to,
-)
+from aotc.build.precision import place_program, signature_in_precision, tf32_matmuls
 from aotc.build.profile import TuningProgress, inductor_phase_times
 from aotc.build.ptxas import same_ptxas_as_workers
 from aotc.build.reproducible import normalize_archive
 from aotc.build.tolerances import tolerance
 from aotc.build.toolchain import compiler_options, use_compiler
-from aotc.build.verify import check_numerics
+from aotc.build.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
 from aotc.export.artifact import load_artifact, read_artifact_tokenizer
@@ -141,13 +136,11 @@ def _build(
             progress.stage("checking the package against eager in a child process", key="check"),
             quiet_torch(),
         ):
-            reference = weights_rounded_to(
-                place_program(ep, cfg.device, Precision.FP32, signature), cfg.precision
-            )
+            reference, checked = reference_program(ep, signature, cfg.device, cfg.precision)
             strict = cfg.device == "cuda" and cfg.precision == Precision.FP32
             check = check_numerics(
                 reference,
-                packaged.signature,
+                checked,
                 staging,
                 cfg.device,
                 atol,
@@ -155,6 +148,7 @@ def _build(
                 cfg.allow_mismatch,
                 strict=strict,
                 task=meta.task,
+                precision=cfg.precision.value,
             )
         return finish(staging, manifest, check, cfg.output, started, progress)
 

@@ -262,6 +262,26 @@ Signature read_signature(const Fields& f) {
   return sig;
 }
 
+// `generation` (optional): as aotc_runtime/manifest.py's Generation.read.
+Generation read_generation(const Fields& f) {
+  Generation g;
+  for (const char* key : {"batch_size", "max_seq_len", "vocab_size"}) {
+    if (f.integer(key) < 1) f.fail(key, "is not a positive integer");
+  }
+  g.batch_size = f.integer("batch_size");
+  g.max_seq_len = f.integer("max_seq_len");
+  g.vocab_size = f.integer("vocab_size");
+  if (f.has("eos_token_ids")) {
+    for (const auto& id : f.list("eos_token_ids")) {
+      if (!id.is_number_integer()) f.fail("eos_token_ids", "is not a list of integers");
+      g.eos_token_ids.push_back(id.get<int64_t>());
+    }
+  }
+  if (f.has("pad_token_id") && !f.value("pad_token_id").is_null()) g.pad_token_id = f.integer("pad_token_id");
+  g.tokenizer = f.optional_text("tokenizer");
+  return g;
+}
+
 // `specializations` (optional): [{"dims": {NAME: SIZE}, "package": "specialized/B-8"}, ...].
 std::vector<Specialization> read_specializations(const Fields& f, const Signature& sig) {
   std::vector<Specialization> entries;
@@ -321,6 +341,7 @@ Manifest read_fields(const json& data) {
   }
   m.signature = read_signature(f.object("signature"));
   m.specializations = read_specializations(f, m.signature);
+  if (f.has("generation") && !f.value("generation").is_null()) m.generation = read_generation(f.object("generation"));
   m.cpu_isa = device.optional_text("cpu_isa");
   if (device.has("cpu_features")) {
     const json& features = device.list("cpu_features");

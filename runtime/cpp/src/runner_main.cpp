@@ -2,10 +2,14 @@
 //
 //   aotc-runner PKG/ [--input a.npy ...] [--output out.npz] [--iters N] [--warmup N] [--seed N] [--json]
 //                    [--require-signature --public-key KEY.pub.pem] [--serve]
+//   aotc-runner PKG/ --generate --prompt-ids 5,17,42 [--prompt-ids ...] [--max-new-tokens N]
+//                    [--temperature T --top-k K --top-p P --seed S] [--stream] [--json]
 //
 // Errors are one line on stderr (`error: ...`) with the exit codes of the Python runtime.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,6 +36,10 @@ struct Args {
   bool as_json = false;
   bool serve = false;
   bool require_signature = false;
+  // --generate (a text-generation package): as `aotc generate`, token ids in and out
+  bool generate = false, stream = false;
+  std::vector<std::vector<int64_t>> prompts;
+  aotc::GenerateOptions generation;
 };
 
 const char* kUsage =
@@ -41,7 +49,10 @@ const char* kUsage =
     "arr_0, arr_1... in order); default: seeded random inputs. --output writes the outputs to .npz under their\n"
     "names. --iters/--warmup: 0 to 1000000. --public-key: refuse the package unless its private key signed it\n"
     "(`aotc sign`); --require-signature makes the key mandatory.\n"
-    "--serve: keep the package loaded and answer `inputs FILE.npz`, `time N WARMUP`, `quit` on stdin (aotc bench).\n";
+    "--serve: keep the package loaded and answer `inputs FILE.npz`, `time N WARMUP`, `quit` on stdin (aotc bench).\n"
+    "--generate: new tokens from a text-generation package, as `aotc generate`: --prompt-ids 5,17,42 (repeat for a\n"
+    "batch; left-padded), --max-new-tokens N (32), --temperature T (0: greedy), --top-k K, --top-p P, --seed S,\n"
+    "--stream (each step's tokens as they come), --json ({\"generated_ids\": [[...]], \"timings\": {...}}).\n";
 
 int parse_count(const std::string& flag, const std::string& text) {
   std::optional<int> value = parse_calls(text);
@@ -60,6 +71,50 @@ uint64_t parse_seed(const std::string& text) {
   }
   if (used != text.size() || value < 0) throw aotc::usage_error("--seed must be a whole number >= 0, got '" + text + "'");
   return static_cast<uint64_t>(value);
+}
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string part = text.substr(start, end - start);
+    part.erase(0, part.find_first_not_of(' '));
+    part.erase(part.find_last_not_of(' ') + 1);
+    if (!part.empty()) {
+      size_t used = 0;
+      long long id = 0;
+      try {
+        id = std::stoll(part, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != part.size()) {
+        throw aotc::usage_error("--prompt-ids '" + text + "' is not a comma-separated list of token ids (5,17,42)");
+      }
+      ids.push_back(id);
+    }
+    start = end + 1;
+  }
+  if (ids.empty()) throw aotc::usage_error("a prompt is empty (no tokens); give at least one token");
+  return ids;
+}
+
+double parse_number(const std::string& flag, const std::string& text, double low, double high, bool low_open) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  bool inside = (low_open ? value > low : value >= low) && value <= high;
+  if (used != text.size() || !inside) {
+    throw aotc::usage_error(flag + " must be a number in " + (low_open ? "(" : "[") + std::to_string(low) + ", " +
+                            std::to_string(high) + "], got '" + text + "'");
+  }
+  return value;
 }
 
 Args parse_args(int argc, char** argv) {
@@ -85,6 +140,20 @@ Args parse_args(int argc, char** argv) {
       args.seed = parse_seed(value(arg));
     } else if (arg == "--json") {
       args.as_json = true;
+    } else if (arg == "--generate") {
+      args.generate = true;
+    } else if (arg == "--stream") {
+      args.stream = true;
+    } else if (arg == "--prompt-ids") {
+      args.prompts.push_back(parse_ids(value(arg)));
+    } else if (arg == "--max-new-tokens") {
+      args.generation.max_new_tokens = static_cast<int64_t>(parse_number(arg, value(arg), 1, 1e9, false));
+    } else if (arg == "--temperature") {
+      args.generation.sampling.temperature = parse_number(arg, value(arg), 0, 1e9, false);
+    } else if (arg == "--top-k") {
+      args.generation.sampling.top_k = static_cast<int64_t>(parse_number(arg, value(arg), 1, 1e9, false));
+    } else if (arg == "--top-p") {
+      args.generation.sampling.top_p = parse_number(arg, value(arg), 0, 1, true);
     } else if (arg == "--serve") {
       args.serve = true;
     } else if (arg == "--require-signature") {
@@ -103,6 +172,10 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (args.package.empty()) throw aotc::usage_error("missing the package folder; usage: aotc-runner PKG/ [...]");
+  if (args.generate && args.prompts.empty()) throw aotc::usage_error("--generate needs the prompts: --prompt-ids 5,17,42");
+  if (!args.generate && (!args.prompts.empty() || args.stream)) {
+    throw aotc::usage_error("--prompt-ids and --stream go with --generate (a text-generation package)");
+  }
   if (args.require_signature && args.public_key.empty()) {
     throw aotc::usage_error("--require-signature needs --public-key PEM: the key the package must be signed with");
   }
@@ -139,6 +212,67 @@ std::string format_report(const json& r) {
   return out;
 }
 
+// --generate: the prompts left-padded into one batch, as `aotc generate` (aotc/cli/generate.py)
+// pads them, then Package::generate, with the same report.
+int generate(aotc::Package& package, const Args& args) {
+  size_t longest = 0;
+  for (const auto& prompt : args.prompts) longest = std::max(longest, prompt.size());
+  const auto rows = static_cast<int64_t>(args.prompts.size()), width = static_cast<int64_t>(longest);
+  at::Tensor ids = at::zeros({rows, width}, at::kLong), mask = at::zeros({rows, width}, at::kLong);
+  for (int64_t row = 0; row < rows; ++row) {
+    const auto& prompt = args.prompts[row];
+    int64_t start = width - static_cast<int64_t>(prompt.size());
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      ids[row][start + static_cast<int64_t>(i)] = prompt[i];
+      mask[row][start + static_cast<int64_t>(i)] = 1;
+    }
+  }
+  aotc::GenerateOptions options = args.generation;
+  options.sampling.seed = args.seed;
+  std::vector<Clock::time_point> stamps;
+  auto started = Clock::now();
+  auto generated = package.generate(ids, mask, options, [&](const std::vector<int64_t>& tokens) {
+    stamps.push_back(Clock::now());
+    if (args.stream && !args.as_json) {
+      for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];
+      std::cout << std::endl;
+    }
+  });
+  // the timings of `aotc generate`: the first token (prefill), then the gaps between steps
+  std::vector<double> steps;
+  for (size_t i = 1; i < stamps.size(); ++i) steps.push_back(std::chrono::duration<double, std::milli>(stamps[i] - stamps[i - 1]).count());
+  double total = 0;
+  for (double step : steps) total += step;
+  json decode = steps.empty() ? json::object() : summarize(steps);
+  json timings = {
+      {"first_token_ms", stamps.empty() ? json(nullptr) : json(std::chrono::duration<double, std::milli>(stamps[0] - started).count())},
+      {"decode_steps", steps.size()},
+      {"decode_tokens_per_s", total > 0 ? 1e3 * static_cast<double>(steps.size()) / total : 0.0},
+      {"decode_p50_ms", decode.value("median_ms", 0.0)},
+      {"decode_p99_ms", decode.value("p99_ms", 0.0)},
+      // from process start (static initialisation) to the first token: the runner's cold start
+      {"process_to_first_token_ms", stamps.empty() ? json(nullptr) : json(std::chrono::duration<double, std::milli>(stamps[0] - kProcessStart).count())},
+  };
+  if (args.as_json) {
+    std::cout << json({{"generated_ids", generated}, {"timings", timings}}).dump() << std::endl;
+    return 0;
+  }
+  if (!args.stream) {
+    for (const auto& row : generated) {
+      for (size_t i = 0; i < row.size(); ++i) std::cout << (i ? "," : "") << row[i];
+      std::cout << "\n";
+    }
+    std::cout << std::flush;
+  }
+  char line[200];
+  std::snprintf(line, sizeof line, "first token %.1f ms; %.1f tokens/s per sequence after it (p50 %.2f ms, p99 %.2f ms)",
+                timings["first_token_ms"].is_null() ? 0.0 : timings["first_token_ms"].get<double>(),
+                timings["decode_tokens_per_s"].get<double>(), timings["decode_p50_ms"].get<double>(),
+                timings["decode_p99_ms"].get<double>());
+  std::cerr << line << std::endl;
+  return 0;
+}
+
 int run(const Args& args) {
   auto started = Clock::now();
   aotc::LoadTimes times;
@@ -147,6 +281,7 @@ int run(const Args& args) {
   options.public_key = args.public_key;  // --public-key alone asks for the check too, as aotc-run
   aotc::Package package = aotc::Package::load(args.package, options);
   if (args.serve) return serve(package);
+  if (args.generate) return generate(package, args);
   double load_ms = ms_since(started);
   const auto& signature = package.manifest().signature;
   std::vector<at::Tensor> inputs =

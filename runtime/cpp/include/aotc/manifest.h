@@ -51,6 +51,15 @@ struct Specialization {
   std::string package;                   // member folder, relative to the package (checked like `files`)
 };
 
+// `generation` (a package from `aotc export --task text-generation`): its program is one step of
+// generation over a static KV cache (the state) of batch_size x max_seq_len (docs/package-format.md).
+struct Generation {
+  int64_t batch_size = 0, max_seq_len = 0, vocab_size = 0;
+  std::vector<int64_t> eos_token_ids;  // generation stops at any of them
+  std::optional<int64_t> pad_token_id;
+  std::string tokenizer;  // "" when the package carries none
+};
+
 struct Manifest {
   int format_version = 0;
   std::string aotc_version, created, mode, precision;
@@ -66,6 +75,7 @@ struct Manifest {
   std::string cpu_isa;                    // as asked with `aotc build --cpu-isa`
   std::vector<std::string> cpu_features;  // extensions the compiled C++ may use (/proc/cpuinfo names)
   std::vector<Specialization> specializations;
+  std::optional<Generation> generation;
 };
 
 // Read and check FOLDER/manifest.json; throws aotc::Error (exit 7) with the Python runtime's messages.

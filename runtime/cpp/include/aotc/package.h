@@ -13,8 +13,10 @@
 
 #include <ATen/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,25 @@ struct LoadOptions {
 
 class CudaGraphs;
 
+// How the next token is picked, as aotc_runtime's Sampling: greedy (temperature 0, or top_k 1), or
+// sampled after temperature, then top-k, then top-p, from a generator seeded with `seed`.
+struct Sampling {
+  double temperature = 0.0;
+  int64_t top_k = 0;   // 0: no top-k
+  double top_p = 1.0;  // 1: no top-p
+  uint64_t seed = 0;
+  bool greedy() const { return temperature == 0.0 || top_k == 1; }
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 16;
+  Sampling sampling;
+  std::optional<std::vector<int64_t>> eos_token_ids;  // unset: the package's own
+};
+
+// Each step's new tokens, one per prompt, as they come (aotc-runner --stream).
+using TokenCallback = std::function<void(const std::vector<int64_t>&)>;
+
 class Package {
  public:
   static Package load(const std::string& folder, const LoadOptions& options = {});
@@ -65,6 +86,14 @@ class Package {
 
   // Seeded random inputs that fit the signature (dynamic dims at their example size).
   std::vector<at::Tensor> random_inputs(uint64_t seed = 0) const;
+
+  // Text generation with a package from `aotc export --task text-generation`, as the Python
+  // runtime's Package.generate: prompts [P, S] of token ids (P at most the package's batch), left
+  // padded where `attention_mask` [P, S] is 0 (undefined: no padding); returns each prompt's new
+  // tokens (after an end-of-sequence token, the pad token, as transformers pads). The KV cache is
+  // the package's state, reset first. Bad requests throw aotc::Error with exit 2, one line.
+  std::vector<std::vector<int64_t>> generate(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                             const GenerateOptions& options, const TokenCallback& on_tokens = {});
 
   void reset_state();  // state that forward updates, back to its value at export
   const Manifest& manifest() const { return manifest_; }

@@ -1,0 +1,148 @@
+// aotc::Package::generate: the Python runtime's generation loop (aotc_runtime/generation.py) in C++:
+// the prompts' prefill, then one decode step per new token over the KV cache the package keeps as
+// its state. The program is one step (aotc/export/text_generation.py):
+//
+//   step(input_ids [B, S], position_ids [B, S], cache_position [S], attention_mask [B, max_len])
+//       -> logits of the last position [B, vocab]
+//
+// Messages and checks are the Python runtime's (check_request), so both refuse the same requests
+// with the same line.
+#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "aotc/package.h"
+
+namespace aotc {
+namespace {
+
+std::string shape_list(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+void check_request(const Generation& g, const at::Tensor& ids, const at::Tensor& mask, const GenerateOptions& options) {
+  if (ids.dim() != 2 || (ids.scalar_type() != at::kLong && ids.scalar_type() != at::kInt)) {
+    throw usage_error("input_ids must be a 2-D tensor of token ids [prompts, tokens], got " + dtype_name(ids.scalar_type()) +
+                      shape_list(ids.sizes()));
+  }
+  int64_t prompts = ids.size(0), length = ids.size(1);
+  if (prompts == 0 || length == 0) throw usage_error("the prompt is empty; give at least one token");
+  if (prompts > g.batch_size) {
+    throw usage_error(std::to_string(prompts) + " prompts, but the package generates for at most " + std::to_string(g.batch_size) +
+                      " at once; split them, or export with a larger --batch-size");
+  }
+  if (mask.defined() && mask.sizes() != ids.sizes()) {
+    throw usage_error("attention_mask is " + shape_list(mask.sizes()) + ", input_ids " + shape_list(ids.sizes()) +
+                      "; give one mask entry per token");
+  }
+  if (mask.defined() && mask.sum(-1).eq(0).any().item<bool>()) throw usage_error("a prompt is empty (its attention mask is all 0)");
+  int64_t low = ids.min().item<int64_t>(), high = ids.max().item<int64_t>();
+  if (low < 0 || high >= g.vocab_size) {
+    throw usage_error("token id " + std::to_string(low < 0 ? low : high) + " is outside the vocabulary (0.." +
+                      std::to_string(g.vocab_size - 1) + ")");
+  }
+  int64_t wanted = options.max_new_tokens;
+  if (wanted < 1) throw usage_error("max_new_tokens is " + std::to_string(wanted) + "; ask for at least 1");
+  if (length + wanted > g.max_seq_len) {
+    int64_t room = g.max_seq_len - wanted;
+    std::string fix = room >= 1 ? "shorten the prompt to at most " + std::to_string(room) + " tokens, ask for fewer new tokens,"
+                                : "ask for at most " + std::to_string(g.max_seq_len - length) + " new tokens";
+    throw usage_error("a prompt of " + std::to_string(length) + " tokens and " + std::to_string(wanted) + " new tokens need " +
+                      std::to_string(length + wanted) + " positions, but the package's KV cache holds " +
+                      std::to_string(g.max_seq_len) + "; " + fix + " or export with a larger --max-seq-len");
+  }
+  const Sampling& s = options.sampling;
+  if (s.temperature < 0) {
+    throw usage_error("temperature " + std::to_string(s.temperature) + " is negative; use 0 for greedy or a positive value");
+  }
+  if (s.top_k < 0) throw usage_error("top-k " + std::to_string(s.top_k) + " is below 1");
+  if (!(s.top_p > 0.0 && s.top_p <= 1.0)) throw usage_error("top-p " + std::to_string(s.top_p) + " is outside (0, 1]");
+}
+
+// The next token of each sequence from [B, vocab] logits: aotc_runtime/sampling.py's next_tokens.
+at::Tensor next_tokens(const at::Tensor& logits, const Sampling& s, at::Generator& generator) {
+  if (s.greedy()) return logits.argmax(-1);
+  at::Tensor scores = logits.to(at::kFloat) / s.temperature;
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  if (s.top_k > 0 && s.top_k < scores.size(-1)) {
+    at::Tensor kth = std::get<0>(at::topk(scores, s.top_k, -1)).narrow(-1, s.top_k - 1, 1);
+    scores = scores.masked_fill(scores < kth, minus_inf);
+  }
+  if (s.top_p < 1.0) {
+    auto [ordered, order] = at::sort(scores, -1, /*descending=*/true);
+    at::Tensor probabilities = ordered.softmax(-1);
+    // drop a token once the ones before it already hold top_p; the first always stays
+    at::Tensor drop = (probabilities.cumsum(-1) - probabilities) >= s.top_p;
+    scores = scores.scatter(-1, order, ordered.masked_fill(drop, minus_inf));
+  }
+  return at::multinomial(scores.softmax(-1), 1, false, generator).squeeze(-1);
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                    const GenerateOptions& options, const TokenCallback& on_tokens) {
+  if (!manifest_.generation) {
+    throw package_error("package " + folder_ +
+                        " is not a text-generation package; export the model with `aotc export --task text-generation "
+                        "--max-seq-len N` and build that");
+  }
+  const Generation& g = *manifest_.generation;
+  check_request(g, input_ids, attention_mask, options);
+  c10::InferenceMode inference;
+  const int64_t prompts = input_ids.size(0), length = input_ids.size(1), batch = g.batch_size, max_len = g.max_seq_len;
+  const auto on = at::TensorOptions().dtype(at::kLong).device(device_);
+  at::Tensor ids = input_ids.to(on);
+  at::Tensor mask = attention_mask.defined() ? attention_mask.to(on) : at::ones_like(ids);
+  if (prompts < batch) {  // the package's batch is fixed: fill it with rows of their own
+    at::Tensor filler = at::zeros({batch - prompts, length}, on);
+    ids = at::cat({ids, filler});
+    mask = at::cat({mask, at::ones_like(filler)});
+  }
+  std::vector<int64_t> eos_list = options.eos_token_ids ? *options.eos_token_ids : g.eos_token_ids;
+  at::Tensor eos = at::tensor(eos_list, at::kLong).to(device_);
+  int64_t pad = g.pad_token_id ? *g.pad_token_id : (eos_list.empty() ? 0 : eos_list[0]);  // transformers pads with eos then
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.sampling.seed);
+  if (device_.is_cuda()) generator = at::globalContext().defaultGenerator(device_).clone();
+  if (device_.is_cuda()) generator.set_current_seed(options.sampling.seed);
+
+  reset_state();
+  // prefill: each token's position in its own sequence, cache positions 0..S-1, the mask over the cache
+  at::Tensor positions = (mask.cumsum(-1) - 1).clamp_min(0);
+  at::Tensor full_mask = at::zeros({batch, max_len}, on);
+  full_mask.narrow(1, 0, length).copy_(mask);
+  at::Tensor cache_position = at::arange(length, on);
+  at::Tensor logits = run({ids, positions, cache_position, full_mask})[0];
+  // the first decode step's inputs: the next position is each sequence's count of real tokens
+  at::Tensor step_positions = mask.sum(-1, /*keepdim=*/true);
+  at::Tensor step_cache_position = at::full({1}, length, on);
+  full_mask.select(1, length).fill_(1);
+
+  at::Tensor unfinished = at::ones({batch}, on.dtype(at::kBool));
+  std::vector<std::vector<int64_t>> generated(prompts);
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    at::Tensor tokens = next_tokens(logits, options.sampling, generator);
+    tokens = at::where(unfinished, tokens, at::full_like(tokens, pad));
+    if (eos.numel()) unfinished &= at::isin(tokens, eos).logical_not();
+    at::Tensor host = tokens.to(at::kCPU).contiguous();
+    std::vector<int64_t> row(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + prompts);
+    for (int64_t i = 0; i < prompts; ++i) generated[i].push_back(row[i]);
+    if (on_tokens) on_tokens(row);
+    bool last = step + 1 == options.max_new_tokens;
+    if (last || (eos.numel() && !unfinished.narrow(0, 0, prompts).any().item<bool>())) break;
+    logits = run({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask})[0];
+    step_positions += 1;
+    step_cache_position += 1;
+    int64_t next = std::min(length + step + 1, max_len - 1);  // after the last position there is no next step
+    full_mask.select(1, next).fill_(1);
+  }
+  return generated;
+}
+
+}  // namespace aotc
