@@ -124,6 +124,7 @@ def measure_precision(
         rounds=args.rounds,
         warmup=1,
         bandwidth_bytes_per_s=args.bandwidth_bytes_per_s,
+        artifact=artifact,
     )
     return {
         "model": model_file.name,

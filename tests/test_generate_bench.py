@@ -52,8 +52,8 @@ def test_a_static_compile_that_fails_costs_only_its_row(generation_packages, mon
 
     real = generation.transformers_model
 
-    def failing_compile(source, device, dtype, compiled=False):
-        model = real(source, device, dtype)
+    def failing_compile(source, device, dtype, compiled=False, weights=None):
+        model = real(source, device, dtype, weights=weights)
         if compiled:
 
             def broken(*args, **kwargs):
@@ -72,6 +72,31 @@ def test_a_static_compile_that_fails_costs_only_its_row(generation_packages, mon
     assert rows["eager"]["tokens_equal"] is True and rows["package"]["decode_tokens_per_s"] > 0
     table = format_table(report)
     assert "static-compile: RuntimeError: accessing tensor output" in table
+
+
+def test_the_baselines_take_the_weights_the_package_was_exported_with(
+    generation_packages, tmp_path
+):
+    """An export with --weights traced weights the model file alone does not make: the baselines
+    must run those, or "tokens equal" compares two different models (it used to)."""
+    import torch
+
+    _package, model = generation_packages["gpt2"]  # the zoo GPT-2 with its weights scaled x4
+    weights = tmp_path / "trained.pt"
+    torch.save(model.state_dict(), weights)
+    artifact, package = tmp_path / "lm.pt2", tmp_path / "lm_pkg"
+    done = invoke(
+        "export", ZOO / "gpt2.py", "--task", "text-generation", "--max-seq-len", 32,
+        "--weights", weights, "-o", artifact,
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
+    assert done.exit_code == 0, done.stderr
+    out = tmp_path / "bench.json"
+    done = invoke("bench", package, "--against", "eager", *QUICK, "--json", out)
+    assert done.exit_code == 0, done.stderr
+    rows = {row["contender"]: row for row in json.loads(out.read_text())["results"]}
+    assert rows["eager"]["tokens_equal"] is True
 
 
 def model_file_gone(monkeypatch, tmp_path):

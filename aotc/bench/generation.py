@@ -60,6 +60,9 @@ class GenerationBench:
     warmup: int  # untimed generations of each contender before the rounds
     seed: int = 0  # of the prompt's ids
     bandwidth_bytes_per_s: float | None = None  # CUDA: the copy bandwidth, for the floor
+    # the artifact the package was built from: the baselines take its weights (an export with
+    # --weights traced trained weights that the model file alone would not give them)
+    artifact: Path | None = None
 
 
 @dataclass
@@ -116,7 +119,36 @@ def torch_dtype(precision: str) -> Any:
     return getattr(torch, REDUCED.get(Precision(precision), "float32"))
 
 
-def transformers_model(source: tuple, device: str, dtype: Any, compiled: bool = False) -> Any:
+def artifact_weights(artifact: Path) -> dict:
+    """The weights the artifact's program holds, by their names in the program (which wraps the
+    model: "model.transformer.h.0..." for the model's "transformer.h.0...")."""
+    from aotc.export.artifact import load_artifact
+
+    ep, _meta = load_artifact(artifact)
+    return {name: t.detach() for name, t in ep.state_dict.items()}
+
+
+def with_weights(module: Any, weights: dict) -> None:
+    """Load the program's `weights` into the transformers `module` it was traced from, matching a
+    program name to the model's name it ends with; refuse one that matches nothing."""
+    own = set(module.state_dict())
+    mapped = {}
+    for name, tensor in weights.items():
+        parts = name.split(".")
+        match = next(
+            (".".join(parts[i:]) for i in range(len(parts)) if ".".join(parts[i:]) in own), None
+        )
+        if match is None:
+            raise ValueError(
+                f"the artifact's weight {name} is not a weight of the model file's model"
+            )
+        mapped[match] = tensor
+    module.load_state_dict(mapped, strict=False)
+
+
+def transformers_model(
+    source: tuple, device: str, dtype: Any, compiled: bool = False, weights: dict | None = None
+) -> Any:
     """The model `aotc export` traced, constructed as it constructs it (load_model seeds 0 before
     get_model(): a randomly initialised model gets the package's weights), on the device in the
     dtype, set to generate as the package does. `compiled`: transformers' recipe for a fast
@@ -126,6 +158,8 @@ def transformers_model(source: tuple, device: str, dtype: Any, compiled: bool = 
     from aotc.export.loading import load_model
 
     module: Any = load_model(*source).module
+    if weights is not None:
+        with_weights(module, weights)
     model = module.to(device, dtype)
     config = model.generation_config
     # the package is asked for no end-of-sequence token (eos_token_ids=[]): transformers must not
@@ -391,10 +425,15 @@ def measure(spec: GenerationBench, bar: Any = None) -> dict:
     models = {}
     if spec.against and spec.model is None:
         raise ValueError("GenerationBench: baselines need `model`, the model file to load")
+    weights = artifact_weights(spec.artifact) if spec.against and spec.artifact else None
     for name in spec.against:
         step(f"loading {name}")
         models[name] = transformers_model(
-            spec.model or (), spec.device, torch_dtype(spec.precision), name == "static-compile"
+            spec.model or (),
+            spec.device,
+            torch_dtype(spec.precision),
+            name == "static-compile",
+            weights,
         )
     runs = contender_runs(package, models, ids, spec.device)
     measured = measure_rounds(runs, spec.new_tokens, spec.rounds, spec.warmup, bar)

@@ -52,6 +52,7 @@ def bench_generation(cfg: BenchConfig, manifest: Manifest, bar: Any = None) -> d
     spec = GenerationBench(
         package=Path(cfg.package),
         model=model,
+        artifact=artifact,
         against=against,
         device=device.type,
         precision=manifest.precision,

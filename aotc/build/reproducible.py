@@ -36,10 +36,15 @@ def last_commands_only(source: str) -> str:
     return source[:first] + source[last:]
 
 
-def normalize_archive(path: Path) -> None:
-    """Rewrite the AOTInductor archive at `path` in place (atomically) as described above."""
+def normalize_archive(path: Path, without_suffixes: tuple = ()) -> None:
+    """Rewrite the AOTInductor archive at `path` in place (atomically) as described above, leaving
+    out the entries whose names end with one of `without_suffixes`."""
     with zipfile.ZipFile(path) as archive:
-        entries = [(info, archive.read(info)) for info in archive.infolist()]
+        entries = [
+            (info, archive.read(info))
+            for info in archive.infolist()
+            if not info.filename.endswith(tuple(without_suffixes))
+        ]
     cleaned = []
     for info, data in entries:
         if info.filename.endswith(".cpp"):

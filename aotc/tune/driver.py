@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
 from aotc.build.pipeline import BuildResult
+from aotc.build.shared_weights import share_weights
 from aotc.build.specialize import check_specialize, derivation_problem, specialized_artifact
 from aotc.cache_dir import private_cache_root
 from aotc.config import BuildConfig
@@ -199,11 +200,19 @@ def assemble(
             specializations.append(Specialization(dict(variant.sizes), folder))
             used.append(winner)
         record["dropped"] = dropped
+        # the weights once for all of them, and each program's archive without its own copy
+        programs = [(".", cfg.artifact)] + [
+            (_member_folder(variant.sizes), variant.artifact)
+            for variant, winner in members
+            if winner is not None
+        ]
+        shared = share_weights(cfg, staging, programs) if specializations else None
         record["search_seconds"] = round(time.monotonic() - started, 2)
         record["package_bytes"] = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
         manifest = dataclasses.replace(
             manifest,
             specializations=tuple(specializations),
+            shared_weights=shared,
             tuning=record,
             build_seconds=record["search_seconds"],
             varies_per_build={

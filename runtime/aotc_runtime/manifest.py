@@ -286,6 +286,34 @@ class Specialization:
         return {"dims": dict(self.dims), "package": self.package}
 
 
+@dataclass(frozen=True)
+class SharedWeights:
+    """One copy of the weights for a package and its specialized members (`aotc build
+    --specialize`): `file` (torch.save of name -> tensor, read with weights_only) holds the
+    constants of every program in `programs` ("." the package's own model, else a member's
+    folder), whose model.pt2 then carries none; a program's constant NAME is the entry
+    "FOLDER::NAME" where it differs from the others, else "NAME". The runtimes point each program
+    at these tensors without copying them (AOTInductor's user-managed constants)."""
+
+    file: str
+    programs: tuple
+
+    @classmethod
+    def read(cls, fields: Fields) -> SharedWeights:
+        file = fields.text("file")
+        if not _inside_package(file):
+            fields.fail("file", f"is {file!r}, not a plain path inside the package")
+        programs = fields.value("programs")
+        if not isinstance(programs, list) or not all(
+            isinstance(p, str) and (p == "." or _inside_package(p)) for p in programs
+        ):
+            fields.fail("programs", "is not a list of '.' and member folders")
+        return cls(file, tuple(programs))
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "programs": list(self.programs)}
+
+
 MODES = ("default", "reduce-overhead", "max-autotune")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -324,6 +352,8 @@ class Manifest:
     tuning: dict = field(default_factory=dict)
     # a text-generation package: what its loop needs (Generation above); None for one-call models
     generation: Generation | None = None
+    # one copy of the weights for the package and its members (SharedWeights above)
+    shared_weights: SharedWeights | None = None
 
     @property
     def model_file(self) -> str:
@@ -354,6 +384,16 @@ class Manifest:
         specializations = fields.items("specializations", Specialization.read, [])
         generation = fields.value("generation", None)
         _check_specializations(fields, specializations, signature, files)
+        shared = fields.value("shared_weights", None)
+        shared_weights = SharedWeights.read(fields.object("shared_weights")) if shared else None
+        if shared_weights is not None:
+            members = {s.package for s in specializations}
+            if shared_weights.file not in files:
+                fields.fail(
+                    "shared_weights", f"names {shared_weights.file}, which files does not list"
+                )
+            if not set(shared_weights.programs) <= members | {"."}:
+                fields.fail("shared_weights", "names a program that is neither '.' nor a member")
         return cls(
             aotc_version=fields.text("aotc_version"),
             created=fields.text("created"),
@@ -380,6 +420,7 @@ class Manifest:
             generation=Generation.read(fields.object("generation"))
             if generation is not None
             else None,
+            shared_weights=shared_weights,
         )
 
     def to_json(self) -> dict:
@@ -413,6 +454,8 @@ class Manifest:
             data["tuning"] = dict(self.tuning)
         if self.generation is not None:
             data["generation"] = self.generation.to_json()
+        if self.shared_weights is not None:
+            data["shared_weights"] = self.shared_weights.to_json()
         return {k: v for k, v in data.items() if v is not None or k == "model"}
 
 

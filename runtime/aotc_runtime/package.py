@@ -302,6 +302,7 @@ def load(
     threads: int = 1,
     public_key: str | os.PathLike | None = None,
     unfinished: bool = False,
+    _shared: tuple | None = None,  # a member's (weights, its folder): from its package's load
 ) -> Package:
     """Open a package folder written by `aotc build`.
 
@@ -335,6 +336,12 @@ def load(
     loader = _open_model(path, manifest, threads)
     try:
         check_contract(path, manifest, loader.get_metadata())
+        weights = None
+        if manifest.shared_weights is not None:
+            from .shared_weights import read_shared_weights
+
+            weights = read_shared_weights(path, manifest, _device_of(manifest))
+        _shared_weights_for(loader, path, ".", weights, manifest, _shared)
     except PackageError:
         loader = None  # its destructor removes what it unpacked, before the error travels up
         raise
@@ -348,16 +355,37 @@ def load(
     for spec in manifest.specializations:
         # The package's hashes (checked above) cover the member's files: its own manifest hash,
         # contract and compatibility are still checked as it loads.
+        shares = manifest.shared_weights is not None and spec.package in (
+            manifest.shared_weights.programs
+        )
         member = load(
             path / spec.package,
             verify=False,
             reuse_outputs=reuse_outputs,
             threads=threads,
             unfinished=unfinished,
+            _shared=(weights, spec.package) if shares else None,
         )
         check_member(path, manifest, spec, member.manifest)
         package.add_specialization(spec.label, spec.dims, member)
     return package
+
+
+def _device_of(manifest: Manifest) -> torch.device:
+    return torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
+
+
+def _shared_weights_for(
+    loader: Any, path: Path, program: str, weights, manifest: Manifest, given: tuple | None
+) -> None:
+    """Point a program whose weights live in its package's shared file at them: the package's own
+    model when its manifest lists ".", a member when its package passed them down."""
+    from .shared_weights import point_at_weights
+
+    if given is not None:
+        point_at_weights(loader, given[0], given[1], path.parent.parent)
+    elif weights is not None and "." in manifest.shared_weights.programs:
+        point_at_weights(loader, weights, program, path)
 
 
 def check_member(path: Path, manifest: Manifest, spec: Any, member: Manifest) -> None:

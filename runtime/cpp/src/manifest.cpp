@@ -342,6 +342,20 @@ Manifest read_fields(const json& data) {
   m.signature = read_signature(f.object("signature"));
   m.specializations = read_specializations(f, m.signature);
   if (f.has("generation") && !f.value("generation").is_null()) m.generation = read_generation(f.object("generation"));
+  if (f.has("shared_weights") && !f.value("shared_weights").is_null()) {
+    Fields shared = f.object("shared_weights");
+    SharedWeights sw;
+    sw.file = shared.text("file");
+    for (const auto& program : shared.list("programs")) {
+      if (!program.is_string()) shared.fail("programs", "is not a list of '.' and member folders");
+      std::string name = program.get<std::string>();
+      bool member = std::any_of(m.specializations.begin(), m.specializations.end(),
+                                [&](const Specialization& s) { return s.package == name; });
+      if (name != "." && !member) f.fail("shared_weights", "names a program that is neither '.' nor a member");
+      sw.programs.push_back(name);
+    }
+    m.shared_weights = sw;
+  }
   m.cpu_isa = device.optional_text("cpu_isa");
   if (device.has("cpu_features")) {
     const json& features = device.list("cpu_features");
@@ -368,6 +382,9 @@ Manifest read_fields(const json& data) {
     m.files.emplace_back(rel, digest.get<std::string>());
   }
   if (!files.data().contains(kModelFile)) f.fail("files", std::string("does not list ") + kModelFile);
+  if (m.shared_weights && !files.data().contains(m.shared_weights->file)) {
+    f.fail("shared_weights", "names " + m.shared_weights->file + ", which files does not list");
+  }
   f.number("build_seconds");
   Fields check = f.object("numeric_check");
   m.finished = !(check.data().size() == 1 && check.data().contains("status") && check.data().at("status") == "pending");

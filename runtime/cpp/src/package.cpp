@@ -72,6 +72,57 @@ std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& ma
   return state;
 }
 
+using WeightMap = std::unordered_map<std::string, at::Tensor>;
+
+// The shared weights file's tensors on `device` (aotc_runtime/shared_weights.py): names to whole
+// tensors, read with TorchScript's unpickler (no Python objects run).
+std::shared_ptr<const WeightMap> read_shared_weights(const std::string& folder, const Manifest& manifest, at::Device device) {
+  const std::string& file = manifest.shared_weights->file;
+  std::ifstream in(fs::path(folder) / file, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(bytes);
+  } catch (const std::exception&) {
+    throw package_error("package " + folder + ": its " + file + " could not be read; rebuild it with `aotc build --force`");
+  }
+  if (!value.isGenericDict()) throw package_error("package " + folder + ": its " + file + " is not a map of names to tensors; rebuild it");
+  auto weights = std::make_shared<WeightMap>();
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor()) {
+      throw package_error("package " + folder + ": its " + file + " is not a map of names to tensors; rebuild it");
+    }
+    at::Tensor t = entry.value().toTensor();
+    // a compiled program reads its constants as dense arrays: never a view past its storage's end
+    auto needed = static_cast<size_t>(t.storage_offset() + t.numel()) * t.element_size();
+    if (!t.is_contiguous() || t.storage().nbytes() < needed) {
+      throw package_error("package " + folder + ": " + file + " holds " + entry.key().toStringRef() + " as a view, not a whole tensor; rebuild it");
+    }
+    (*weights)[entry.key().toStringRef()] = t.to(device);
+  }
+  return weights;
+}
+
+// Give the compiled program `program` ("." or a member folder) its constants from `weights`, in place.
+void point_at_weights(torch::inductor::AOTIModelPackageLoader& loader, const WeightMap& weights, const std::string& program,
+                      const std::string& folder) {
+  std::unordered_map<std::string, at::Tensor> constants;
+  for (const auto& name : loader.get_constant_fqns()) {
+    auto own = weights.find(program + "::" + name);
+    auto shared = own != weights.end() ? own : weights.find(name);
+    if (shared == weights.end()) {
+      throw package_error("package " + folder + ": its shared weights hold no '" + name + "' for " + program +
+                          "; rebuild it with `aotc build --force`");
+    }
+    constants[name] = shared->second;
+  }
+  try {
+    loader.load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);
+  } catch (const std::exception& exc) {
+    throw package_error("package " + folder + ": " + program + " refused its shared weights (" + first_line(exc.what()) + "); rebuild it");
+  }
+}
+
 // cuDNN's algorithm benchmarking on for the duration of the call of a package built with
 // --cudnn-benchmark (only that flag: TF32 stays as the precision says).
 class CudnnBenchmarkScope {
@@ -223,6 +274,14 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
                         "; rebuild it with `aotc build --force`");
   }
   check_contract(folder, package.manifest_, package.loader_->get_metadata());
+  const auto& shared = package.manifest_.shared_weights;
+  if (shared) package.shared_weights_ = read_shared_weights(folder, package.manifest_, package.device_);
+  if (shared && std::find(shared->programs.begin(), shared->programs.end(), ".") != shared->programs.end()) {
+    point_at_weights(*package.loader_, *package.shared_weights_, ".", folder);
+  } else if (options.shared_weights) {
+    package.shared_weights_ = options.shared_weights;
+    point_at_weights(*package.loader_, *options.shared_weights, options.shared_program, folder);
+  }
   for (const auto& spec : package.manifest_.specializations) {
     std::string member_folder = (fs::path(folder) / spec.package).string();
     if (!fs::is_directory(member_folder)) {
@@ -242,6 +301,11 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
     member_options.verify = false;
     member_options.times = nullptr;
     member_options.public_key.clear();  // its manifest is one of the files the signed manifest hashes
+    member_options.shared_weights = nullptr;
+    if (shared && std::find(shared->programs.begin(), shared->programs.end(), spec.package) != shared->programs.end()) {
+      member_options.shared_weights = package.shared_weights_;
+      member_options.shared_program = spec.package;
+    }
     package.members_.push_back(
         {spec.dims, spec.package, std::make_unique<Package>(Package::load(member_folder, member_options))});
   }

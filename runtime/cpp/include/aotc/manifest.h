@@ -60,6 +60,14 @@ struct Generation {
   std::string tokenizer;  // "" when the package carries none
 };
 
+// `shared_weights` (aotc build --specialize): one file of the constants of every program in
+// `programs` ("." the package's model, else a member folder), whose model.pt2 carries none; an
+// entry "FOLDER::NAME" is that program's own NAME (docs/package-format.md).
+struct SharedWeights {
+  std::string file;
+  std::vector<std::string> programs;
+};
+
 struct Manifest {
   int format_version = 0;
   std::string aotc_version, created, mode, precision;
@@ -76,6 +84,7 @@ struct Manifest {
   std::vector<std::string> cpu_features;  // extensions the compiled C++ may use (/proc/cpuinfo names)
   std::vector<Specialization> specializations;
   std::optional<Generation> generation;
+  std::optional<SharedWeights> shared_weights;
 };
 
 // Read and check FOLDER/manifest.json; throws aotc::Error (exit 7) with the Python runtime's messages.

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ struct LoadOptions {
   // An ed25519 public key (PEM, `aotc keygen`): when set, the package must be signed by its private
   // key (`aotc sign`) and unchanged since, or load throws (exit 7); file hashes are then always checked.
   std::string public_key;
+  // Set by a package for its members whose constants live in its shared weights file
+  // (manifest `shared_weights`): the package's tensors, and the member's folder in it.
+  std::shared_ptr<const std::unordered_map<std::string, at::Tensor>> shared_weights;
+  std::string shared_program;
 };
 
 class CudaGraphs;
@@ -120,6 +125,8 @@ class Package {
   std::vector<at::Tensor> initial_state_, state_;
   std::unique_ptr<CudaGraphs> graphs_;
   std::vector<Member> members_;
+  // the constants its programs read in place (user-managed): alive as long as they run
+  std::shared_ptr<const std::unordered_map<std::string, at::Tensor>> shared_weights_;
 };
 
 // at::ScalarType of a signature dtype name ("float32" -> at::kFloat); throws for unknown names.
