@@ -7,8 +7,8 @@ usage: python -m aotc.build.constant_names_child PACKAGE  ->  a JSON list on std
 """
 
 import json
-from pathlib import Path
 import sys
+from pathlib import Path
 
 
 def main(package_path: str) -> int:
