@@ -376,7 +376,12 @@ def _device_of(manifest: Manifest) -> torch.device:
 
 
 def _shared_weights_for(
-    loader: Any, path: Path, program: str, weights, manifest: Manifest, given: tuple | None
+    loader: Any,
+    path: Path,
+    program: str,
+    weights: dict | None,
+    manifest: Manifest,
+    given: tuple | None,
 ) -> None:
     """Point a program whose weights live in its package's shared file at them: the package's own
     model when its manifest lists ".", a member when its package passed them down."""
@@ -384,7 +389,11 @@ def _shared_weights_for(
 
     if given is not None:
         point_at_weights(loader, given[0], given[1], path.parent.parent)
-    elif weights is not None and "." in manifest.shared_weights.programs:
+    elif (
+        weights is not None
+        and manifest.shared_weights is not None
+        and "." in manifest.shared_weights.programs
+    ):
         point_at_weights(loader, weights, program, path)
 
 
