@@ -28,7 +28,7 @@ demo: install
 	@echo "demo done: artifact $(DEMO)/mlp.pt2, package $(DEMO)/mlp_pkg/ (see its manifest.json), outputs $(DEMO)/y.npz"
 
 test: install runner
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
