@@ -22,10 +22,10 @@ from aotc.build.package_writer import write_manifest
 from aotc.build.reproducible import normalize_archive
 from aotc.config import BuildConfig
 from aotc_runtime import MODEL_FILE, read_manifest
+from aotc_runtime.shared_weights import OVERRIDE
 
 WEIGHTS_FILE = "weights.pt"
 BLOB_SUFFIX = "_weights.blob"  # AOTInductor's on-disk constants inside model.pt2
-OVERRIDE = "::"  # aotc_runtime/shared_weights.py: "FOLDER::NAME" for a program's own value
 
 
 def share_weights(cfg: BuildConfig, staging: Path, programs: list[tuple[str, Path]]):

@@ -61,9 +61,7 @@ class Package:
         self.path = Path(path)
         self.manifest = manifest
         self.signature: Signature = manifest.signature
-        self.device = (
-            torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
-        )
+        self.device = _device_of(manifest)
         self._loader = loader
         self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
         self._initial_state = [t.to(self.device) for t in initial_state]
@@ -337,11 +335,16 @@ def load(
     try:
         check_contract(path, manifest, loader.get_metadata())
         weights = None
-        if manifest.shared_weights is not None:
-            from .shared_weights import read_shared_weights
+        if _shared is not None:  # a member: its constants are in its package's weights file
+            from .shared_weights import point_at_weights
+
+            point_at_weights(loader, *_shared, path)
+        elif manifest.shared_weights is not None:
+            from .shared_weights import point_at_weights, read_shared_weights
 
             weights = read_shared_weights(path, manifest, _device_of(manifest))
-        _shared_weights_for(loader, path, ".", weights, manifest, _shared)
+            if "." in manifest.shared_weights.programs:
+                point_at_weights(loader, weights, ".", path)
     except PackageError:
         loader = None  # its destructor removes what it unpacked, before the error travels up
         raise
@@ -373,28 +376,6 @@ def load(
 
 def _device_of(manifest: Manifest) -> torch.device:
     return torch.device("cuda", 0) if manifest.device.type == "cuda" else torch.device("cpu")
-
-
-def _shared_weights_for(
-    loader: Any,
-    path: Path,
-    program: str,
-    weights: dict | None,
-    manifest: Manifest,
-    given: tuple | None,
-) -> None:
-    """Point a program whose weights live in its package's shared file at them: the package's own
-    model when its manifest lists ".", a member when its package passed them down."""
-    from .shared_weights import point_at_weights
-
-    if given is not None:
-        point_at_weights(loader, given[0], given[1], path.parent.parent)
-    elif (
-        weights is not None
-        and manifest.shared_weights is not None
-        and "." in manifest.shared_weights.programs
-    ):
-        point_at_weights(loader, weights, program, path)
 
 
 def check_member(path: Path, manifest: Manifest, spec: Any, member: Manifest) -> None:
