@@ -142,29 +142,22 @@ def _prompt_ids(prompt: Any, generation: Any, tokenizer: Any) -> list:
         )
     if not ids:
         raise RequestError(400, "the prompt is empty; give at least one token")
-    bad = next((i for i in ids if not 0 <= i < generation.vocab_size), None)
-    if bad is not None:
-        raise RequestError(
-            400, f"token id {bad} is outside the vocabulary (0..{generation.vocab_size - 1})"
-        )
     return ids
 
 
 def _fits(request: CompletionRequest, generation: Any) -> None:
-    """The runtime's own check of the prompt and max_tokens against the cache, as a 400."""
-    length, wanted, cache = len(request.prompt_ids), request.max_tokens, generation.max_seq_len
-    if length + wanted > cache:
-        room = cache - wanted
-        fix = (
-            f"shorten the prompt to at most {room} tokens or ask for fewer max_tokens"
-            if room >= 1
-            else f"ask for at most {cache - length} max_tokens"
-        )
-        raise RequestError(
-            400,
-            f"a prompt of {length} tokens and max_tokens {wanted} need {length + wanted} "
-            f"positions, but the package's KV cache holds {cache}; {fix}",
-        )
+    """The runtime's own check of the prompt (its vocabulary) and max_tokens (the cache), as a 400
+    in the runtime's words."""
+    import torch
+
+    from aotc_runtime.errors import GenerationInputError
+    from aotc_runtime.generation import GREEDY, check_request
+
+    ids = torch.tensor([request.prompt_ids], dtype=torch.int64)
+    try:
+        check_request(generation, ids, None, request.max_tokens, GREEDY)
+    except GenerationInputError as exc:
+        raise RequestError(400, str(exc)) from None
 
 
 def _stop(value: Any, tokenizer: Any) -> tuple:
@@ -241,27 +234,14 @@ def completion_body(
     finish_reason: str,
     prompt_tokens: int,
 ) -> dict:
-    """The whole answer of a request that did not stream."""
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text if text is not None else "",
-                "token_ids": list(token_ids),
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(token_ids),
-            "total_tokens": prompt_tokens + len(token_ids),
-        },
+    """The whole answer of a request that did not stream: one chunk with all of it, and usage."""
+    body = chunk_body(request_id, model, created, text or "", token_ids, finish_reason)
+    body["usage"] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(token_ids),
+        "total_tokens": prompt_tokens + len(token_ids),
     }
+    return body
 
 
 def chunk_body(
