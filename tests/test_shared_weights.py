@@ -99,3 +99,28 @@ def test_the_cpp_runner_reads_the_shared_weights(specialized, tmp_path, batch, r
         expected = eager_model("dynamic_mlp")(x)
     got = torch.from_numpy(numpy.load(tmp_path / "y.npz")["output_0"])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_weights_file_whose_tensor_claims_more_than_it_holds_is_refused(specialized, tmp_path):
+    """A crafted weights.pt (manifest rehashed, as an attacker who knows the format would): a
+    tensor saved as one value expanded to a huge shape is a few bytes on disk; a program handed it
+    would read past its end. Both runtimes refuse it before any program sees it (exit 7)."""
+    import shutil
+
+    from test_cpp_runner import built_runner, run_cpp
+
+    from aotc.build.package_writer import write_manifest
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(specialized, copy)
+    weights = torch.load(copy / "weights.pt", weights_only=True)
+    first = next(iter(weights))
+    weights[first] = torch.zeros(1).expand(1 << 20, 1 << 20)  # claims 4 TiB
+    torch.save(weights, copy / "weights.pt")
+    write_manifest(copy, aotc_runtime.read_manifest(copy))
+    assert (copy / "weights.pt").stat().st_size < 1 << 20
+    with pytest.raises(aotc_runtime.PackageError, match="as a view, not a whole tensor"):
+        aotc_runtime.load(copy)
+    done = run_cpp(built_runner(), copy)
+    assert done.returncode == 7 and "as a view, not a whole tensor" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
