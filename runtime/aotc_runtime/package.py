@@ -300,7 +300,7 @@ def load(
     threads: int = 1,
     public_key: str | os.PathLike | None = None,
     unfinished: bool = False,
-    _shared: tuple | None = None,  # a member's (weights, its folder): from its package's load
+    _shared: tuple[dict, str] | None = None,  # a member's (weights, its folder), from its package
 ) -> Package:
     """Open a package folder written by `aotc build`.
 
@@ -338,7 +338,8 @@ def load(
         if _shared is not None:  # a member: its constants are in its package's weights file
             from .shared_weights import point_at_weights
 
-            point_at_weights(loader, *_shared, path)
+            shared_weights, program = _shared
+            point_at_weights(loader, shared_weights, program, path)
         elif manifest.shared_weights is not None:
             from .shared_weights import point_at_weights, read_shared_weights
 
@@ -367,7 +368,7 @@ def load(
             reuse_outputs=reuse_outputs,
             threads=threads,
             unfinished=unfinished,
-            _shared=(weights, spec.package) if shares else None,
+            _shared=(weights, spec.package) if shares and weights is not None else None,
         )
         check_member(path, manifest, spec, member.manifest)
         package.add_specialization(spec.label, spec.dims, member)
