@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -213,6 +214,8 @@ def main() -> None:
             artifact, export_s = export(model_file, work, args)
             for precision in args.precision:
                 record = measure_precision(model_file, artifact, export_s, precision, args)
+                # other work on the host slows eager most; a figure says what it was taken beside
+                record["load_average_1m"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(record), flush=True)
                 records.append(record)
                 if args.out:  # after every record: a run cut short keeps what it measured

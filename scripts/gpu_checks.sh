@@ -17,12 +17,17 @@
 #   generate_tests  the GPU generation tests (tests/test_gpu_generate.py: fp32 and bf16, decode as a CUDA graph)
 #   generate_bench  scripts/generate_bench.py: GPT-2 124M bf16 and fp32 (32-token prompt, 128 new), and the
 #                   Llama-3.2-1B shape in bf16 (512-token prompt); JSON records in RESULTS_DIR
-#   zoo_bf16        scripts/zoo.py --precision bf16 on issue 25's five models, with the torch.compile column
+#   zoo_bf16[=M,..] scripts/zoo.py --precision bf16 on issue 25's five models (or those given), with the
+#                   torch.compile column
+#   zoo_probe[=M,..] the GPU list (or the models given) built (fp32, no torch.compile column) only to show
+#                   its builds run no CPU-ISA probe; the table goes to RESULTS_DIR, docs/ untouched (then `probes`)
+#   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
+#   tests=EXPR      the GPU tests selected by pytest -k EXPR
 # Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled
 # (build_time gives each build a fresh one); aotc's cache folder is WORKDIR/aotc_cache.
 set -u
 if [ $# -lt 3 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
-  sed -n '2,13p' "$0" | cut -c3-
+  sed -n '2,26p' "$0" | cut -c3-
   exit 2
 fi
 RESULTS=$1
@@ -91,10 +96,22 @@ PY
       python3 scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc,eager \
         --prompt-tokens 512 --new 128 --max-seq-len 1024 --rounds 3 --bandwidth \
         --out "$RESULTS/generate_llama1b.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
-    zoo_bf16) python3 scripts/zoo.py --device cuda --only roberta_base_seqcls llama_120m vit_base_hf t5_small distilbert_qa \
-                --mode reduce-overhead --precision bf16 --jobs 5 --iters 100 --work "$WORK/zoo_bf16" --merge \
-                > "$RESULTS/zoo_bf16.log" 2>&1 || rc=$?
-              cp docs/models.md docs/models.json "$RESULTS/docs/" ;;
+    zoo_bf16|zoo_bf16=*)
+      names=(roberta_base_seqcls llama_120m vit_base_hf t5_small distilbert_qa)
+      [ "$step" != zoo_bf16 ] && IFS=, read -r -a names <<< "${step#zoo_bf16=}"
+      python3 scripts/zoo.py --device cuda --only "${names[@]}" --mode reduce-overhead --precision bf16 \
+        --jobs 5 --iters 100 --work "$WORK/zoo_bf16" --merge > "$RESULTS/zoo_bf16.log" 2>&1 || rc=$?
+      cp docs/models.md docs/models.json "$RESULTS/docs/" ;;
+    zoo_probe|zoo_probe=*)
+      chosen=(--set gpu)
+      names=${step#zoo_probe=}
+      [ "$step" != zoo_probe ] && chosen=(--only ${names//,/ })
+      python3 scripts/zoo.py --device cuda "${chosen[@]}" --mode reduce-overhead --jobs 4 --iters 20 --no-compile \
+        --work "$WORK/zoo_probe" --out "$RESULTS/zoo_probe.md" > "$RESULTS/zoo_probe.log" 2>&1 || rc=$? ;;
+    generate_gpt2)
+      python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --prompt-tokens 32 \
+        --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
+    tests=*) python3 -m pytest -q -m gpu tests -k "${step#tests=}" -p no:cacheprovider > "$RESULTS/tests_k.log" 2>&1 || rc=$? ;;
     *) log "unknown step $step"; rc=2 ;;
   esac
   log "end $step rc=$rc"

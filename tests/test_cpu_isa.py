@@ -112,31 +112,44 @@ from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
 probes = []
 real = cpu_vec_isa.VecISA.check_build
 cpu_vec_isa.VecISA.check_build = lambda self, code: probes.append(str(self)) or real(self, code)
-with remembered_vec_isa_probes("g++") as count:
+with remembered_vec_isa_probes("g++", sys.argv[1]) as count:
     features = compiled_features("native", "g++")
     flags = cpu_vec_isa.pick_vec_isa().build_arch_flags()
 print(json.dumps({"probes": probes, "runs": count.runs, "features": list(features), "flags": flags}))
 """
 
 
-def test_the_vector_isa_probe_runs_once_per_machine(tmp_path):
+def probe_process(env: dict, device: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE_COUNT, device],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def probe_result(process: subprocess.Popen) -> dict:
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_vector_isa_probe_runs_once_per_machine_and_never_for_cuda(tmp_path):
     """Issue 25: Inductor compiles and runs a test program per vector ISA (12 s here, 40 s on the
-    H100 host) in every build process. Each answer is kept in aotc's cache: a second process asks
-    no compiler, picks the same flags, and records the same features."""
+    H100 host) in every build process. Each answer is kept in aotc's cache: two builds starting
+    together run each probe once between them, a later one asks no compiler, and all pick the same
+    flags and record the same features. A CUDA build compiles no test program at all and picks
+    the same flags."""
     env = {**os.environ, "AOTC_CACHE_DIR": str(tmp_path / "cache")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")  # no probe binaries kept there
-    runs = []
-    for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, "-c", PROBE_COUNT],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    first, second = runs
-    assert first["probes"], "the first build process should run Inductor's probe"
-    assert first["runs"] == len(first["probes"])
-    assert second["probes"] == [] and second["runs"] == 0
-    assert second["features"] == first["features"] and second["flags"] == first["flags"]
+    together = [probe_result(p) for p in [probe_process(env, "cpu") for _ in range(2)]]
     remembered = list((tmp_path / "cache" / "cpu-isa").glob("*.json"))
-    assert len(remembered) == first["runs"]  # one answer kept per probe
+    assert remembered, "the first build processes should run Inductor's probe"
+    # one answer kept per probe, and no probe ran in both processes
+    assert sum(run["runs"] for run in together) == len(remembered)
+    later = probe_result(probe_process(env, "cpu"))
+    assert later["probes"] == [] and later["runs"] == 0
+    cuda_env = {**env, "AOTC_CACHE_DIR": str(tmp_path / "cuda_cache")}
+    cuda_env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "cuda_inductor")
+    cuda = probe_result(probe_process(cuda_env, "cuda"))
+    assert cuda["runs"] == 0 and not list((tmp_path / "cuda_inductor").rglob("*.so"))
+    for run in [*together[1:], later, cuda]:
+        assert run["features"] == together[0]["features"] and run["flags"] == together[0]["flags"]

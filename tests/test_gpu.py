@@ -288,7 +288,7 @@ def test_tuned_specialized_cuda_package(gpu_workdir, monkeypatch):
     for variant in tuning["variants"]:
         assert [c["name"] for c in variant["candidates"]] == ["inductor", "freezing"]
         # a model with convolutions is timed both ways; the manifest says which was kept
-        assert all("cudnn_benchmark" in c for c in variant["candidates"])
+        assert all("cudnn_benchmark" in c for c in variant["candidates"]), variant["candidates"]
         chosen = next(c for c in variant["candidates"] if c["status"] == "chosen")
         member = json.loads((folder / variant["package"] / "manifest.json").read_text())
         assert member["runtime"].get("cudnn_benchmark", False) == chosen["cudnn_benchmark"]

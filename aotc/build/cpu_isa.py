@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -98,48 +99,115 @@ def isa_options(name: str) -> dict:
 
 
 @contextlib.contextmanager
-def remembered_vec_isa_probes(cxx: str) -> Iterator[ProbeCount]:
+def remembered_vec_isa_probes(cxx: str, device: str = "cpu") -> Iterator[ProbeCount]:
     """Inside: each of Inductor's vector-ISA probes (VecISA.check_build: compile a test program
     with one ISA's flags, load it in a child) answers from aotc's cache folder when this compiler,
     torch and CPU already answered it, and is remembered when not. Every probe goes through that
     one method, the subclasses' extra ones too (AVX-512 BF16 and VNNI, AMX, AMX-FP16: 4 of the
-    H100 host's 14), so the flags Inductor picks are exactly what the probe would have given. A
-    cache others can write is not used (the probe runs, as without aotc). Yields the count and
-    time of the probes that really ran, for the build's stage times."""
+    H100 host's 14), so the flags Inductor picks are exactly what the probe would have given.
+    Builds running at once take turns on each answer (a lock per probe), so a machine runs each
+    probe once however many builds start together. A cache others can write is not used (the
+    probe runs, as without aotc). Yields the count and time of the probes that really ran, for
+    the build's stage times.
+
+    A CUDA package's CPU code is its host-side wrapper, not vector kernels, so a CUDA build does
+    not pay for test programs at all: an ISA is taken when the compiler accepts its flags and
+    every extension they enable is one the CPU reports (`compiler_and_cpu_have`), a check of a
+    few milliseconds that the probe's compile-and-run would confirm on any sane machine."""
     from torch._inductor import cpu_vec_isa
 
-    from aotc.cache_dir import private_cache_root
-
     count = ProbeCount()
-    try:
-        folder = private_cache_root() / "cpu-isa"
-    except UserInputError:
-        folder = None
     real = cpu_vec_isa.VecISA.check_build
-    base = _probe_context(cxx)
+    if device == "cuda":
 
-    @functools.wraps(real)
-    def remembered(self, code, *args, **kwargs):
-        key = _probe_key(base, self.build_arch_flags(), code)
-        path = folder / f"{key}.json" if folder is not None else None
-        if path is not None:
-            try:
-                return bool(json.loads(path.read_text())["ok"])
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        began = time.perf_counter()
-        ok = real(self, code, *args, **kwargs)
-        count.runs += 1
-        count.seconds += time.perf_counter() - began
-        if path is not None:
-            _remember(path, ok)
-        return ok
+        def light(self, code, *args, **kwargs):
+            return compiler_and_cpu_have(cxx, self.build_arch_flags())
 
-    cpu_vec_isa.VecISA.check_build = remembered
+        cpu_vec_isa.VecISA.check_build = light
+    else:
+        cpu_vec_isa.VecISA.check_build = _remembering(real, cxx, count)
     try:
         yield count
     finally:
         cpu_vec_isa.VecISA.check_build = real
+
+
+def _remembering(real, cxx: str, count: ProbeCount):
+    """`real` (VecISA.check_build) answering from, and writing to, aotc's cache folder."""
+    from aotc.cache_dir import private_cache_root
+
+    try:
+        folder = private_cache_root() / "cpu-isa"
+    except UserInputError:
+        folder = None
+    base = _probe_context(cxx)
+
+    @functools.wraps(real)
+    def remembered(self, code, *args, **kwargs):
+        def probe() -> bool:
+            began = time.perf_counter()
+            ok = real(self, code, *args, **kwargs)
+            count.runs += 1
+            count.seconds += time.perf_counter() - began
+            return ok
+
+        if folder is None:
+            return probe()
+        path = folder / f"{_probe_key(base, self.build_arch_flags(), code)}.json"
+        folder.mkdir(parents=True, exist_ok=True)
+        with _locked(path.with_suffix(".lock")):
+            try:
+                return bool(json.loads(path.read_text())["ok"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            ok = probe()
+            _remember(path, ok)
+            return ok
+
+    return remembered
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`, held inside (a later build waits for the first's answer)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def compiler_and_cpu_have(cxx: str, arch_flags: str) -> bool:
+    """Whether `cxx` accepts `arch_flags` and this CPU reports every extension they enable."""
+    defined = _macros(cxx, arch_flags.split())
+    if defined is None:
+        return False
+    reported = set(" ".join(_cpu_identity()).split())
+    return all(feature in reported for macro, feature in MACRO_FEATURES.items() if macro in defined)
+
+
+def _macros(cxx: str, flags: list) -> set | None:
+    """The macros `cxx` defines under `flags`; None when it refuses them."""
+    try:
+        result = _preprocess(cxx, flags)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return _defined(result.stdout) if result.returncode == 0 else None
+
+
+def _preprocess(cxx: str, flags: list) -> subprocess.CompletedProcess:
+    """`cxx` listing the macros it defines under `flags` (no program is compiled)."""
+    return subprocess.run(
+        [cxx, *flags, "-dM", "-E", "-x", "c++", "/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _defined(listing: str) -> set:
+    return {line.split()[1] for line in listing.splitlines() if line.startswith("#define ")}
 
 
 @dataclasses.dataclass
@@ -201,12 +269,7 @@ def compiled_features(name: str, cxx: str) -> tuple[str, ...]:
         )
     flags = [f"-march={march or 'native'}", *vec_isa.build_arch_flags().split()]
     try:
-        result = subprocess.run(
-            [cxx, *flags, "-dM", "-E", "-x", "c++", "/dev/null"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = _preprocess(cxx, flags)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserInputError(
             f"could not ask {cxx} which CPU features it compiles for: {exc}"
@@ -214,7 +277,5 @@ def compiled_features(name: str, cxx: str) -> tuple[str, ...]:
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserInputError(f"{cxx} {' '.join(flags)} failed ({last}); check the compiler")
-    defined = {
-        line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define ")
-    }
+    defined = _defined(result.stdout)
     return tuple(sorted(feature for macro, feature in MACRO_FEATURES.items() if macro in defined))

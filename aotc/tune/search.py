@@ -62,6 +62,8 @@ class Trial:
     # CUDA: timed again with cuDNN's algorithm benchmarking on; kept on when that is faster
     cudnn_benchmark: bool = False
     latency_cudnn_off: dict = field(default_factory=dict)
+    # why a model with convolutions was not timed with cuDNN benchmarking, when it was not
+    cudnn_not_timed: str = ""
 
     def to_json(self) -> dict:
         record = {
@@ -83,6 +85,8 @@ class Trial:
                 cudnn_benchmark=self.cudnn_benchmark,
                 median_ms_cudnn_benchmark_off=round(self.latency_cudnn_off["median_ms"], 4),
             )
+        if self.cudnn_not_timed:
+            record["cudnn_benchmark_not_timed"] = self.cudnn_not_timed
         return record
 
 
@@ -331,6 +335,10 @@ def measure(trials: list[Trial], device_type: str) -> list[dict]:
                 name = f"{trial.candidate.name}+cudnn"
                 contenders.append(Contender(name, "package", None, call=benchmarked))
                 both.append(trial.candidate.name)
+            else:
+                trial.cudnn_not_timed = (
+                    "its outputs differ from the default algorithms' beyond the check's tolerance"
+                )
     with torch.inference_mode():
         estimates = []
         for contender in contenders:

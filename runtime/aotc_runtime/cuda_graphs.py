@@ -138,8 +138,9 @@ class DecodeGraph:
     the ids buffer, one replay.
 
     ExecuTorch's CUDA backend captures its decode method the same way (static inputs, the cache as
-    the model's own buffers); the difference here is that the inputs' advance is captured too, so
-    no host value (a position, a mask column) travels to the device per token.
+    the model's own buffers); the difference here is that the inputs' advance and the greedy choice
+    of the next tokens are captured too, so no host value (a position, a mask column, a token)
+    travels to the device per token, and a greedy step is one replay.
     """
 
     def __init__(
@@ -149,9 +150,10 @@ class DecodeGraph:
         step: Any,  # generation.DecodeStep: its buffers and advance()
         state: list[torch.Tensor],
         n_outputs: int,
+        pick: Any,  # generation.GreedyPick: the next tokens chosen on the device, captured too
     ):
         self.state = [t.clone() for t in state]
-        self._step = step
+        self._step, self.pick = step, pick
         self._graph = torch.cuda.CUDAGraph()
         flat = step.inputs + self.state
         side = _warmup_stream(device)
@@ -165,6 +167,9 @@ class DecodeGraph:
             for old, new in zip(self.state, outputs[n_outputs:]):
                 old.copy_(new)
             step.advance()
+            # a greedy generation reads its tokens here; a sampled one ignores them and writes
+            # its own into the ids buffer before the next replay (the pick's buffers are its own)
+            pick(outputs[0], step.ids)
         self.logits = outputs[0]
 
     def load_state(self, state: list[torch.Tensor]) -> None:

@@ -71,8 +71,9 @@ def _build(
             placed = place_program(ep, cfg.device, cfg.precision, signature)
         phases: dict = {}
         cxx = compiler["cpp.cxx"][1]
-        # Inductor's vector-ISA probe runs in here: each of its answers once per machine
-        with remembered_vec_isa_probes(cxx) as probes:
+        # Inductor's vector-ISA probe runs in here: each of its answers once per machine, and
+        # none for a CUDA package (its host code is a wrapper, not vector kernels)
+        with remembered_vec_isa_probes(cxx, cfg.device) as probes:
             features = compiled_features(cfg.cpu_isa, cxx)
             # the package stores a bf16/fp16 build's state in that dtype, and says so
             packaged = dataclasses.replace(
