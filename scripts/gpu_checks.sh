@@ -22,6 +22,7 @@
 #   zoo_probe[=M,..] the GPU list (or the models given) built (fp32, no torch.compile column) only to show
 #                   its builds run no CPU-ISA probe; the table goes to RESULTS_DIR, docs/ untouched (then `probes`)
 #   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
+#   generate_llama  generate_bench's Llama-3.2-1B part alone
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
 # Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled
 # (build_time gives each build a fresh one); aotc's cache folder is WORKDIR/aotc_cache.
@@ -108,6 +109,10 @@ PY
       [ "$step" != zoo_probe ] && chosen=(--only ${names//,/ })
       python3 scripts/zoo.py --device cuda "${chosen[@]}" --mode reduce-overhead --jobs 4 --iters 20 --no-compile \
         --work "$WORK/zoo_probe" --out "$RESULTS/zoo_probe.md" > "$RESULTS/zoo_probe.log" 2>&1 || rc=$? ;;
+    generate_llama)
+      python3 scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc,eager \
+        --prompt-tokens 512 --new 128 --max-seq-len 1024 --rounds 3 --bandwidth \
+        --out "$RESULTS/generate_llama1b.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
     generate_gpt2)
       python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --prompt-tokens 32 \
         --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
