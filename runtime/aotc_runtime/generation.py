@@ -155,9 +155,10 @@ class GreedyPick:
     """A greedy step's choice and end-of-sequence bookkeeping as device work on buffers it owns:
     the next tokens (the pad token for a finished sequence), the sequences still unfinished, and
     the tokens written into the decode step's ids buffer. A DecodeGraph captures it after the
-    program, so a greedy token costs the host one replay and the copy of its tokens, instead of
-    a dozen small operations launched from Python per token (the GPT-2 step on the H100 was
-    bound by those launches: 0.72 ms a token against 0.09 ms of weights to read)."""
+    program, so a greedy token costs the host one replay and the copy of its tokens instead of a
+    dozen small operations launched from Python: no host round trip but the stream's. (On a
+    quiet H100 host it did not change GPT-2's 0.72 ms a token: that is the graph's own GPU time;
+    docs/benchmarks.md says what it is made of. A loaded host is where it helps.)"""
 
     EOS_SLOTS = 8  # end-of-sequence ids a graph compares with; more fall back to eager picking
 
