@@ -136,18 +136,41 @@ class GenerationBuilds:
 
     def __getitem__(self, family: str) -> tuple:
         if family not in self.built:
-            source = self.root / f"{family}_lm.py"
-            source.write_text(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
-            artifact, package = self.root / f"{family}.pt2", self.root / f"{family}_pkg"
-            done = invoke(
-                "export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
-                "--batch-size", GENERATION_BATCH, "-o", artifact,
-            )  # fmt: skip
-            assert done.exit_code == 0, done.stderr
-            done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
-            assert done.exit_code == 0, done.stderr
-            self.built[family] = (package, load_model_file(source))
+            self.built[family] = self._build(family, family)
         return self.built[family]
+
+    def with_tokenizer(self) -> tuple:
+        """GPT-2's package with tiny_tokenizer's word-level tokenizer in it: (package, model)."""
+        if "tokenizer" not in self.built:
+            folder = tiny_tokenizer(self.root / "tokenizer")
+            self.built["tokenizer"] = self._build("gpt2", "gpt2_tok", "--tokenizer", folder)
+        return self.built["tokenizer"]
+
+    def _build(self, family: str, name: str, *export_flags) -> tuple:
+        source = self.root / f"{family}_lm.py"
+        source.write_text(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
+        artifact, package = self.root / f"{name}.pt2", self.root / f"{name}_pkg"
+        done = invoke(
+            "export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
+            "--batch-size", GENERATION_BATCH, *export_flags, "-o", artifact,
+        )  # fmt: skip
+        assert done.exit_code == 0, done.stderr
+        done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
+        assert done.exit_code == 0, done.stderr
+        return package, load_model_file(source)
+
+
+def tiny_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer of 512 words made with the `tokenizers` library (nothing downloaded),
+    saved as a transformers tokenizer folder holds it (tokenizer.json): word "w7" is id 7."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 512)}}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
 
 
 @pytest.fixture(scope="session")

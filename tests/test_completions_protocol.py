@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_generate import tiny_tokenizer
+from conftest import tiny_tokenizer
 
 from aotc.serve.completions import (
     DONE_EVENT,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GENERATION_MAX_LEN, invoke
+from conftest import invoke
 
 import aotc_runtime
 from aotc_runtime.errors import GenerationInputError, PackageError
@@ -193,34 +193,12 @@ def test_the_generate_command_refuses_a_one_call_package(packages):
     assert result.exit_code == 7 and "not a text-generation package" in result.stderr
 
 
-def tiny_tokenizer(folder: Path) -> Path:
-    """A word-level tokenizer of 512 words made with the `tokenizers` library (nothing downloaded),
-    saved as a transformers tokenizer folder holds it (tokenizer.json)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 512)}}
-    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return folder
-
-
-def test_a_tokenizer_travels_with_the_package_and_text_prompts_work(generation_packages, tmp_path):
+def test_a_tokenizer_travels_with_the_package_and_text_prompts_work(generation_packages):
     import json
 
     from tokenizers import Tokenizer
 
-    source = Path(generation_packages["gpt2"][0]).parent / "gpt2_lm.py"
-    folder = tiny_tokenizer(tmp_path / "tok")
-    artifact, package = tmp_path / "lm.pt2", tmp_path / "lm_pkg"
-    done = invoke(
-        "export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
-        "--tokenizer", folder, "-o", artifact,
-    )  # fmt: skip
-    assert done.exit_code == 0, done.stderr
-    done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
-    assert done.exit_code == 0, done.stderr
+    package, _model = generation_packages.with_tokenizer()
     manifest = aotc_runtime.read_manifest(package)
     assert manifest.generation.tokenizer == "tokenizer.json"
     assert "tokenizer.json" in manifest.files  # hashed (and signed) like the model
@@ -230,7 +208,7 @@ def test_a_tokenizer_travels_with_the_package_and_text_prompts_work(generation_p
     report = json.loads(result.stdout)
     by_ids = aotc_runtime.load(package).generate(torch.tensor([[5, 17, 42]]), max_new_tokens=6)
     assert report["generated_ids"] == [by_ids[0, 3:].tolist()]
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(package / "tokenizer.json"))
     assert report["generated_text"] == [tokenizer.decode(report["generated_ids"][0])]
 
 

@@ -131,16 +131,25 @@ def serve(
 
             raise PackageError(server.health.get("reason", "a replica refused the package"))
         batching = server.metadata["batching"]
-        click.echo(
-            f"serving {package} at {server.url}/v1/predict: {replicas} replica(s), "
-            + (
-                f"batches of up to {batching['max_rows']} rows along {batching['dim']} "
-                f"(wait {batch_wait_ms:g} ms)"
-                if batching["dim"]
-                else "no batching (one request per call)"
-            ),
-            err=True,
-        )
+        generation = server.metadata.get("generation")
+        if generation is not None:
+            click.echo(
+                f"serving {package} at {server.url}/v1/completions as model "
+                f"'{generation['model']}': {replicas} replica(s), up to {generation['batch_size']} "
+                "greedy requests that arrive together generate as one batch",
+                err=True,
+            )
+        else:
+            click.echo(
+                f"serving {package} at {server.url}/v1/predict: {replicas} replica(s), "
+                + (
+                    f"batches of up to {batching['max_rows']} rows along {batching['dim']} "
+                    f"(wait {batch_wait_ms:g} ms)"
+                    if batching["dim"]
+                    else "no batching (one request per call)"
+                ),
+                err=True,
+            )
         if metrics_port and not address:
             click.echo(f"metrics at http://127.0.0.1:{metrics_port}/metrics", err=True)
         if check:
@@ -156,9 +165,26 @@ def serve(
 
 
 def check_once(server) -> int:
-    """One request of seeded random inputs at the example sizes; prints the answer; 0 if it was 200."""
+    """One request of seeded random inputs at the example sizes (a text-generation package: a
+    4-token completion of token 1); prints the answer; 0 if it was 200."""
     from aotc.serve.client import Client
+    from aotc.serve.protocol import JSON_TYPE
     from aotc_runtime import Signature
+
+    if "generation" in server.metadata:
+        client = Client(server.url)
+        body = {"prompt": [1], "max_tokens": 4, "temperature": 0}
+        reply = client.request("POST", "/v1/completions", json.dumps(body).encode(), JSON_TYPE)
+        client.close()
+        if reply.status != 200:
+            click.echo(
+                f"error: POST /v1/completions answered {reply.status}: {reply.body[:300]!r}",
+                err=True,
+            )
+            return 9
+        click.echo(f"POST /v1/completions -> 200 in {reply.seconds * 1000:.1f} ms")
+        click.echo(json.dumps(reply.json())[:2000])
+        return 0
 
     signature = Signature.from_json(server.metadata["signature"])
     inputs = dict(zip(signature.input_names, signature.random_inputs(seed=0)))

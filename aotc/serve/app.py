@@ -82,7 +82,9 @@ def check_package(options: ServeOptions):
     verify_files(path, manifest)
     if options.address is None:
         check_compatible(manifest, path)
-    if manifest.signature.state and options.replicas > 1:
+    # a text-generation package's state (its KV cache) lives for one generation, not across
+    # requests: each replica has its own
+    if manifest.signature.state and options.replicas > 1 and manifest.generation is None:
         raise PackageError(
             f"package {path} carries state between calls (signature.state), which lives in one "
             "replica; serve it with --replicas 1"
@@ -101,7 +103,7 @@ def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
 
     signature = manifest.signature
     dim = batch_dim(signature) if max_batch_size > 1 else None
-    return {
+    info = {
         "package": str(options.package),
         "aotc_version": manifest.aotc_version,
         "format_version": manifest.format_version,
@@ -120,6 +122,20 @@ def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
         "replicas": options.replicas,
         "endpoints": ["POST /v1/predict", "GET /v1/health", "GET /v1/metadata"],
     }
+    generation = manifest.generation
+    if generation is not None:
+        # the name clients give as "model" (and GET /v1/models lists): the package's folder
+        info["generation"] = {
+            "model": Path(options.package).resolve().name,
+            "batch_size": generation.batch_size,
+            "max_seq_len": generation.max_seq_len,
+            "tokenizer": generation.tokenizer is not None,
+        }
+        info["batching"] = {"dim": None, "max_rows": generation.batch_size, "wait_ms": 0}
+        info["endpoints"] = [
+            "POST /v1/completions", "GET /v1/models", "GET /v1/health", "GET /v1/metadata",
+        ]  # fmt: skip
+    return info
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -161,6 +177,7 @@ def start(options: ServeOptions) -> Server:
     import ray
     from ray import serve
 
+    from aotc.serve.completion_replica import CompletionReplica
     from aotc.serve.ingress import ingress_deployment
     from aotc.serve.replica import ModelReplica, ReplicaSettings
     from aotc.serve.shipping import PackageSource, ship
@@ -215,16 +232,24 @@ def start(options: ServeOptions) -> Server:
             # `aotc serve` removes it on exit
             server.store = ship(options.package, store_name, detached=not local)
             source = PackageSource(store_name=store_name)
+        settings = ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads)
+        generating = "generation" in server.metadata
         model = serve.deployment(
-            ModelReplica,
+            CompletionReplica if generating else ModelReplica,
             name="aotc-model",
             num_replicas=options.replicas,
             ray_actor_options={"num_cpus": 0 if gpus else threads, "num_gpus": gpus},
-            # serve.batch collects up to max_batch requests at once: each replica must accept them
-            max_ongoing_requests=max(32, 2 * max_batch),
+            # serve.batch collects up to max_batch requests at once: each replica must accept
+            # them; a completion waits in its replica's own queue for the package (streams
+            # last seconds, so many are open at once)
+            max_ongoing_requests=256 if generating else max(32, 2 * max_batch),
             health_check_period_s=2,
             logging_config=QUIET_LOGS,
-        ).bind(source, ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads))
+        ).bind(
+            source,
+            settings,
+            *([server.metadata["generation"]["model"]] if generating else []),
+        )
         retry = not manifest.signature.state
         app = ingress_deployment(options.replicas).bind(
             model, server.metadata, options.max_body_bytes, retry, options.body_timeout_s

@@ -2,8 +2,8 @@
 request body -> what to generate, checked against the package; the tokens -> a response body or
 server-sent events. No server and no model here, so every check is tested without one.
 
-`POST /v1/completions`, a subset of OpenAI's (the endpoint that will use this module is not written
-yet: see the note of issue 27; this is its protocol, tested on its own):
+`POST /v1/completions`, a subset of OpenAI's (served by aotc/serve/completion_replica.py behind
+aotc/serve/ingress.py; the protocol is tested on its own here):
 - `prompt`: text (with the package's tokenizer) or a list of token ids; `max_tokens` (16);
   `temperature` (1.0, as OpenAI's: 0 is greedy); `top_p` (1.0); `seed`; `stop`: a string or a list of
   up to 4 (text only); `stream`; `model` (any string: a server serves one package).
@@ -13,7 +13,8 @@ yet: see the note of issue 27; this is its protocol, tested on its own):
   as if it had not asked. Any other field is refused, naming it.
 - The answer: {"id", "object": "text_completion", "created", "model", "choices": [{"index": 0,
   "text", "token_ids", "finish_reason": "length" | "stop", "logprobs": null}], "usage":
-  {"prompt_tokens", "completion_tokens", "total_tokens"}}; `token_ids` is aotc's addition. Streamed:
+  {"prompt_tokens", "completion_tokens", "total_tokens"}}; `token_ids` is aotc's addition (with
+  the end-of-sequence token when one ended the text, as `aotc generate` lists it). Streamed:
   `data: {chunk}` events with the new text and token ids, the last with its finish_reason, then
   `data: [DONE]`.
 

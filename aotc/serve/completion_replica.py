@@ -1,0 +1,271 @@
+"""The model replica of `aotc serve` for a text-generation package: OpenAI completions, streamed
+token by token, with requests that arrive together run as one batch.
+
+`complete(body)` is a Ray Serve streaming method. Its first item is the refusal of the request
+(`{"error": status, "message": ...}`: the ingress answers it as JSON) or its acceptance; then one
+item per new token, `{"token_ids": [id], "text": delta, "finish_reason": None | "length" |
+"stop"}`, the last with its finish_reason.
+
+Batching (issue 27's fallback, not continuous batching): the package holds one KV cache of B rows
+(`aotc export --batch-size B`) that `generate` resets at its start, so sequences cannot join a
+generation already running. A worker takes what is waiting when the package is free: up to B greedy
+requests go into one generation (left-padded, as `aotc generate` pads prompts; each row is answered
+as if alone, and leaves at its own max_tokens, end-of-sequence or stop string), a sampled request
+runs alone (a seed draws from one generator per generation: sharing it would change its tokens).
+The generation ends when every row has finished or gone. A client that disconnects marks its row
+gone; a generation whose rows are all gone stops at the next step, so the package is free again.
+Continuous batching would need the cache's rows reset and filled one at a time (a prefill program
+that writes one row of the cache at a given slot) and a decode step that reads each row's own
+position, which the package's programs do not have yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.serve import metrics
+
+from aotc.serve.completions import CompletionRequest, cut_at_stop, parse_completion
+from aotc.serve.protocol import RequestError
+from aotc.serve.replica import ReplicaSettings
+from aotc.serve.shipping import PackageSource
+
+logger = logging.getLogger("ray.serve")
+
+TTFT_BUCKETS_MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
+
+
+@dataclass
+class Job:
+    """One request, from the event loop that answers it to the thread that generates for it."""
+
+    request: CompletionRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    arrived: float = field(default_factory=time.perf_counter)
+    gone: bool = False  # the client left (set on the event loop, read by the generating thread)
+    finished: bool = False
+
+    def send(self, event: dict) -> None:
+        """From the generating thread: the event reaches the request's loop in order."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class TextDelta:
+    """The text a row's new tokens add, as it grows: the whole row decoded each time (a token may
+    complete a character or change how the one before it reads), minus what was sent. With stop
+    strings, the tail that could still become one is held back until it cannot."""
+
+    def __init__(self, tokenizer: Any, stop: tuple):
+        self._tokenizer, self._stop = tokenizer, stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self._ids: list = []
+        self._sent = 0
+
+    def add(self, token: int, last: bool) -> tuple[str, bool]:
+        """(text to send now, whether a stop string ended the row)."""
+        if self._tokenizer is None:
+            return "", False
+        self._ids.append(token)
+        text = self._tokenizer.decode(self._ids)
+        cut, stopped = cut_at_stop(text, self._stop)
+        if stopped or last:
+            end = len(cut)
+        else:  # an unfinished character decodes to U+FFFD until its last byte comes
+            end = len(text.rstrip("\ufffd")) - self._hold
+        if end <= self._sent:
+            return "", stopped
+        delta, self._sent = cut[self._sent : end], end
+        return delta, stopped
+
+
+class CompletionReplica:
+    def __init__(self, source: PackageSource, settings: ReplicaSettings, served_name: str):
+        import torch
+
+        from aotc_runtime import load
+        from aotc_runtime.generation import generation_of
+
+        self._source, self._folder = source, None
+        self.package: Any = None
+        self.refused: str | None = None
+        self._host = socket.gethostname()
+        self._served = served_name
+        try:
+            self._folder = source.materialize()
+            self.package = load(self._folder)
+            self.generation = generation_of(self.package)
+            self.tokenizer = self.package.tokenizer if self.generation.tokenizer else None
+        except Exception as exc:  # every reason a package cannot load here is reported, not raised
+            self.refused = f"the replica on {self._host} refused the package: {exc}"
+            logger.error(self.refused)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, initializer=torch.set_num_threads, initargs=(settings.threads,)
+        )
+        self._pending: collections.deque[Job] = collections.deque()
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self.counts = {"requests": 0, "generations": 0, "tokens": 0}
+        self._ttft = metrics.Histogram(
+            "aotc_time_to_first_token_ms",
+            description="From a completion request's arrival at its replica to its first token.",
+            boundaries=TTFT_BUCKETS_MS,
+        )
+        self._tokens = metrics.Counter(
+            "aotc_generated_tokens", description="Tokens generated (rate: tokens per second)."
+        )
+        self._active = metrics.Gauge(
+            "aotc_active_sequences", description="Sequences generating now."
+        )
+        self._queued = metrics.Gauge(
+            "aotc_queued_requests", description="Completion requests waiting for the package."
+        )
+
+    async def complete(self, body: bytes):
+        if self.refused is not None:
+            yield {"error": 503, "message": self.refused}
+            return
+        try:
+            request = parse_completion(body, self.generation, self.tokenizer)
+            if request.model not in (None, self._served):
+                raise RequestError(
+                    404, f"model '{request.model}' is not served here; use '{self._served}'"
+                )
+        except RequestError as exc:
+            yield {"error": exc.status, "message": str(exc)}
+            return
+        job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        self._start_worker()
+        self._pending.append(job)
+        self._queued.set(len(self._pending))
+        assert self._wake is not None
+        self._wake.set()
+        self.counts["requests"] += 1
+        yield {"accepted": True, "prompt_tokens": len(request.prompt_ids), "stream": request.stream}
+        try:
+            while True:
+                event = await job.events.get()
+                yield event
+                if "error" in event or event["finish_reason"] is not None:
+                    return
+        finally:  # answered, or the client left (the stream was cancelled)
+            job.gone = True
+
+    def _start_worker(self) -> None:
+        if self._worker is None or self._worker.done():
+            self._wake = asyncio.Event()
+            self._worker = asyncio.get_running_loop().create_task(self._work())
+
+    async def _work(self) -> None:
+        """Runs one generation at a time, each over what waited when the package came free."""
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = self._take_batch()
+            self._queued.set(len(self._pending))
+            if not batch:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._active.set(len(batch))
+            try:
+                await loop.run_in_executor(self._executor, self._generate, batch)
+            finally:
+                self._active.set(0)
+
+    def _take_batch(self) -> list[Job]:
+        """The first waiting request, and with a greedy one the other greedy requests that fit."""
+        while self._pending and self._pending[0].gone:
+            self._pending.popleft()
+        if not self._pending:
+            return []
+        batch = [self._pending.popleft()]
+        if batch[0].request.temperature != 0:
+            return batch
+        for job in list(self._pending):
+            if len(batch) == self.generation.batch_size:
+                break
+            if job.request.temperature == 0 and not job.gone:
+                self._pending.remove(job)
+                batch.append(job)
+        return batch
+
+    def _generate(self, batch: list[Job]) -> None:
+        """In the package's thread: one generation for `batch`, each token sent as it comes."""
+        import torch
+
+        prompts = [job.request.prompt_ids for job in batch]
+        longest = max(map(len, prompts))
+        ids = torch.zeros(len(batch), longest, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+            mask[row, longest - len(prompt) :] = 1
+        texts = [TextDelta(self.tokenizer, job.request.stop) for job in batch]
+        made = [0] * len(batch)
+        eos = set(self.generation.eos_token_ids)
+        self.counts["generations"] += 1
+        steps = self.package.stream(
+            ids,
+            mask,
+            max_new_tokens=max(job.request.max_tokens for job in batch),
+            **batch[0].request.sampling(),
+        )
+        try:
+            for tokens in steps:
+                for row, job in enumerate(batch):
+                    if job.finished or job.gone:
+                        continue
+                    token = int(tokens[row])
+                    made[row] += 1
+                    if made[row] == 1:
+                        self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
+                    finish = (
+                        "stop"
+                        if token in eos
+                        else "length"
+                        if made[row] == job.request.max_tokens
+                        else None
+                    )
+                    text, stopped = texts[row].add(token, last=finish is not None)
+                    finish = "stop" if stopped else finish
+                    job.finished = finish is not None
+                    job.send({"token_ids": [token], "text": text, "finish_reason": finish})
+                live = sum(1 for job in batch if not job.gone)
+                if live:
+                    self._tokens.inc(live)
+                    self.counts["tokens"] += live
+                if all(job.finished or job.gone for job in batch):
+                    break
+        except Exception as exc:  # the package failed: every row still waiting hears why
+            message = f"the model failed on this request: {type(exc).__name__}: {exc}"[:300]
+            for job in batch:
+                if not job.finished:
+                    job.send({"error": 500, "message": message})
+        finally:
+            steps.close()  # ends the generation: the package is free for the next
+
+    def health(self) -> dict:
+        state = {
+            "status": "refused" if self.refused else "ok",
+            "host": self._host,
+            "pid": os.getpid(),
+            "package": str(self._folder) if self._folder else self._source.describe(),
+            "waiting": len(self._pending),
+            **self.counts,
+        }
+        if self.refused:
+            state["reason"] = self.refused
+        return state
+
+    def __del__(self) -> None:
+        if self._folder is not None:
+            self._source.release(self._folder)

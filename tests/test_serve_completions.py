@@ -1,0 +1,216 @@
+"""`aotc serve` of a text-generation package: OpenAI completions on a local Ray, over loopback,
+against `aotc generate` and the runtime's own `generate` for the same request (issue 27).
+
+One server for the module: GPT-2 from the zoo (weights scaled) with a word-level tokenizer
+("w7" is token 7), batch 2, a 32-token cache. Request loops are bounded: a fixed number of
+requests from a fixed number of client threads, each with a timeout.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import pytest
+import torch
+from conftest import GENERATION_MAX_LEN, invoke
+
+pytest.importorskip("ray.serve")
+
+import aotc_runtime  # noqa: E402
+from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lm(generation_packages):
+    return generation_packages.with_tokenizer()[0]
+
+
+@pytest.fixture(scope="module")
+def server(lm):
+    running = start(ServeOptions(package=lm, port=free_port(), metrics_port=free_port()))
+    yield running
+    stop(running)
+
+
+@pytest.fixture(scope="module")
+def model_name(lm):
+    return lm.resolve().name
+
+
+def post(url: str, body, path: str = "/v1/completions") -> tuple[int, dict]:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection.request("POST", path, data, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    return response.status, answer
+
+
+def stream(url: str, body: dict) -> list:
+    """The data of each server-sent event, up to and with [DONE]."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode())
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("content-type").startswith(
+        "text/event-stream"
+    )
+    events = [
+        line[len(b"data: ") :].decode()
+        for line in response.read().split(b"\n")
+        if line.startswith(b"data: ")
+    ]
+    connection.close()
+    return events
+
+
+def expected_ids(lm, prompt_ids: list, max_tokens: int) -> list:
+    """The runtime's own greedy answer for one prompt, alone: the new tokens, cut after an
+    end-of-sequence token as a completion is."""
+    package = aotc_runtime.load(lm)
+    new = package.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens)[0]
+    new = new[len(prompt_ids) :].tolist()
+    eos = set(package.manifest.generation.eos_token_ids)
+    ends = [i for i, token in enumerate(new) if token in eos]
+    return new[: ends[0] + 1] if ends else new
+
+
+def test_completions_equal_aotc_generate_whole_and_streamed(server, lm, model_name):
+    generated = invoke("generate", lm, "--prompt", "w5 w17 w42", "--max-new-tokens", 8, "--json")
+    assert generated.exit_code == 0, generated.stderr
+    report = json.loads(generated.stdout)
+    request = {"model": model_name, "prompt": "w5 w17 w42", "max_tokens": 8, "temperature": 0}
+    status, answer = post(server.url, request)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["token_ids"] == report["generated_ids"][0]
+    assert choice["text"] == report["generated_text"][0]
+    assert answer["object"] == "text_completion" and answer["model"] == model_name
+    assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+    assert choice["finish_reason"] == "length"
+    # the same request by ids, and streamed: the chunks add up to the same answer
+    status, by_ids = post(server.url, {**request, "prompt": [5, 17, 42]})
+    assert by_ids["choices"][0]["token_ids"] == choice["token_ids"]
+    events = stream(server.url, request)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event)["choices"][0] for event in events[:-1]]
+    assert [t for c in chunks for t in c["token_ids"]] == choice["token_ids"]
+    assert "".join(c["text"] for c in chunks) == choice["text"]
+    assert [c["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+
+
+def test_a_stop_string_ends_the_text_before_it(server, model_name):
+    request = {"model": model_name, "prompt": "w5 w17 w42", "max_tokens": 8, "temperature": 0}
+    whole = post(server.url, request)[1]["choices"][0]
+    words = whole["text"].split()
+    # the first new word not seen before it (with the space before it) ends the text
+    at = next(i for i in range(1, len(words)) if words[i] not in words[:i])
+    status, answer = post(server.url, {**request, "stop": [" " + words[at]]})
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["text"] == " ".join(words[:at]) and choice["finish_reason"] == "stop"
+    assert choice["token_ids"] == whole["token_ids"][: at + 1]
+
+
+def test_the_openai_client_talks_to_it_unchanged(server, lm, model_name):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=TIMEOUT_S)
+    assert [m.id for m in client.models.list().data] == [model_name]
+    expected = expected_ids(lm, [5, 17, 42], 6)
+    answer = client.completions.create(
+        model=model_name, prompt="w5 w17 w42", max_tokens=6, temperature=0
+    )
+    assert answer.choices[0].text == " ".join(f"w{t}" for t in expected)
+    assert answer.usage.completion_tokens == len(expected)
+    streamed = client.completions.create(
+        model=model_name, prompt="w5 w17 w42", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(chunk.choices[0].text for chunk in streamed).split() == [
+        f"w{t}" for t in expected
+    ]
+
+
+def test_50_concurrent_requests_each_equal_their_own_answer(server, lm, model_name):
+    generator = torch.Generator().manual_seed(3)
+    requests = []
+    for _ in range(50):
+        length = int(torch.randint(1, 9, (1,), generator=generator))
+        prompt = torch.randint(3, 512, (length,), generator=generator).tolist()
+        max_tokens = int(torch.randint(1, 12, (1,), generator=generator))
+        requests.append(
+            {"model": model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        )
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda r: post(server.url, r), requests))
+    health = json.loads(get(server.url, "/v1/health")[1])
+    for request, (status, answer) in zip(requests, answers):
+        assert status == 200, answer
+        expected = expected_ids(lm, request["prompt"], request["max_tokens"])
+        assert answer["choices"][0]["token_ids"] == expected, request
+    replica = health["replicas"][0] if "replicas" in health else health
+    # requests that arrived together shared generations (the package's batch is 2)
+    assert replica["generations"] < replica["requests"], replica
+
+
+def get(url: str, path: str) -> tuple[int, str]:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    return response.status, text
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        (b"{not json", 400, "not JSON"),
+        ({"prompt": "w5", "max_tokens": "many"}, 400, "max_tokens"),
+        ({"prompt": "w5", "max_tokens": GENERATION_MAX_LEN}, 400, "cache"),
+        ({"prompt": [5, 100000], "max_tokens": 2}, 400, "vocabulary"),
+        ({"prompt": [], "max_tokens": 2}, 400, "empty"),
+        ({"prompt": "w5", "n": 2}, 400, "'n'"),
+        ({"prompt": "w5", "model": "another"}, 404, "not served here"),
+    ],
+)
+def test_bad_requests_get_one_line_and_the_server_keeps_answering(
+    server, model_name, body, status, words
+):
+    got, answer = post(server.url, body)
+    assert got == status, answer
+    assert words in answer["error"] and "\n" not in answer["error"], answer
+    ok, _ = post(server.url, {"prompt": [5], "max_tokens": 1, "temperature": 0})
+    assert ok == 200
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name):
+    parts = urlsplit(server.url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    body = {"prompt": [5], "max_tokens": GENERATION_MAX_LEN - 1, "temperature": 0, "stream": True}
+    connection.request("POST", "/v1/completions", json.dumps(body).encode())
+    response = connection.getresponse()
+    assert response.status == 200
+    assert response.read(6) == b"data: "  # the first token came
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    status, answer = post(server.url, {"prompt": [7, 8], "max_tokens": 4, "temperature": 0})
+    assert status == 200 and len(answer["choices"][0]["token_ids"]) == 4, answer
+    health = json.loads(get(server.url, "/v1/health")[1])
+    replica = health["replicas"][0] if "replicas" in health else health
+    assert replica["waiting"] == 0, replica
