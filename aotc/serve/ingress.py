@@ -189,12 +189,13 @@ class Ingress:
             )
         texts, ids, finish = [], [], "length"
         try:
-            async for event in events:
-                if "error" in event:
-                    raise RequestError(event["error"], event["message"])
-                texts.append(event["text"])
-                ids.extend(event["token_ids"])
-                finish = event["finish_reason"] or finish
+            async for item in events:
+                for event in item["events"]:
+                    if "error" in event:
+                        raise RequestError(event["error"], event["message"])
+                    texts.append(event["text"])
+                    ids.extend(event["token_ids"])
+                    finish = event["finish_reason"] or finish
         finally:
             events.cancel()
         return json_response(
@@ -224,22 +225,19 @@ class Ingress:
     async def _server_sent(self, events, answer: Answer):
         """The stream's events, then [DONE]; a client that leaves cancels its generation."""
         try:
-            async for event in events:
-                if "error" in event:
-                    yield sse_event(
-                        {"error": {"message": event["message"], "code": event["error"]}}
-                    )
-                    break
-                yield sse_event(
-                    chunk_body(
-                        answer.id,
-                        answer.model,
-                        answer.created,
-                        event["text"],
-                        event["token_ids"],
-                        event["finish_reason"],
+            async for item in events:
+                sent = []
+                for event in item["events"]:
+                    if "error" in event:
+                        error = {"message": event["message"], "code": event["error"]}
+                        sent.append(sse_event({"error": error}))
+                        break
+                    chunk = chunk_body(
+                        answer.id, answer.model, answer.created, event["text"],
+                        event["token_ids"], event["finish_reason"],
                     )  # fmt: skip
-                )
+                    sent.append(sse_event(chunk))
+                yield b"".join(sent)  # one write for what came together
             yield DONE_EVENT
         finally:
             events.cancel()
