@@ -214,3 +214,12 @@ def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name):
     health = json.loads(get(server.url, "/v1/health")[1])
     replica = health["replicas"][0] if "replicas" in health else health
     assert replica["waiting"] == 0, replica
+
+
+def test_serve_check_sends_a_completion(server, capsys):
+    from aotc.cli.serve import check_once
+
+    assert check_once(server) == 0
+    printed = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert printed["object"] == "text_completion"
+    assert len(printed["choices"][0]["token_ids"]) == 4
