@@ -177,7 +177,7 @@ def start(options: ServeOptions) -> Server:
     import ray
     from ray import serve
 
-    from aotc.serve.completion_replica import CompletionReplica
+    from aotc.serve.completion_server import completion_deployment
     from aotc.serve.ingress import ingress_deployment
     from aotc.serve.replica import ModelReplica, ReplicaSettings
     from aotc.serve.shipping import PackageSource, ship
@@ -233,27 +233,28 @@ def start(options: ServeOptions) -> Server:
             server.store = ship(options.package, store_name, detached=not local)
             source = PackageSource(store_name=store_name)
         settings = ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads)
-        generating = "generation" in server.metadata
-        model = serve.deployment(
-            CompletionReplica if generating else ModelReplica,
-            name="aotc-model",
-            num_replicas=options.replicas,
-            ray_actor_options={"num_cpus": 0 if gpus else threads, "num_gpus": gpus},
-            # serve.batch collects up to max_batch requests at once: each replica must accept
-            # them; a completion waits in its replica's own queue for the package (streams
-            # last seconds, so many are open at once)
-            max_ongoing_requests=256 if generating else max(32, 2 * max_batch),
-            health_check_period_s=2,
-            logging_config=QUIET_LOGS,
-        ).bind(
-            source,
-            settings,
-            *([server.metadata["generation"]["model"]] if generating else []),
-        )
-        retry = not manifest.signature.state
-        app = ingress_deployment(options.replicas).bind(
-            model, server.metadata, options.max_body_bytes, retry, options.body_timeout_s
-        )
+        cpus = 0 if gpus else threads
+        if "generation" in server.metadata:
+            # completions stream a token at a time: the replica answers HTTP itself
+            app = completion_deployment(options.replicas, cpus, gpus, QUIET_LOGS).bind(
+                source, settings, server.metadata, options.max_body_bytes, options.body_timeout_s
+            )
+        else:
+            model = serve.deployment(
+                ModelReplica,
+                name="aotc-model",
+                num_replicas=options.replicas,
+                ray_actor_options={"num_cpus": cpus, "num_gpus": gpus},
+                # serve.batch collects up to max_batch requests at once: each replica must
+                # accept them
+                max_ongoing_requests=max(32, 2 * max_batch),
+                health_check_period_s=2,
+                logging_config=QUIET_LOGS,
+            ).bind(source, settings)
+            retry = not manifest.signature.state
+            app = ingress_deployment(options.replicas).bind(
+                model, server.metadata, options.max_body_bytes, retry, options.body_timeout_s
+            )
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         server.health = wait_until_answering(server)
     except BaseException:  # Ctrl-C or no replica: take down what was started, then report

@@ -2,8 +2,8 @@
 request body -> what to generate, checked against the package; the tokens -> a response body or
 server-sent events. No server and no model here, so every check is tested without one.
 
-`POST /v1/completions`, a subset of OpenAI's (served by aotc/serve/completion_replica.py behind
-aotc/serve/ingress.py; the protocol is tested on its own here):
+`POST /v1/completions`, a subset of OpenAI's (served by aotc/serve/completion_server.py with
+aotc/serve/completion_engine.py; the protocol is tested on its own here):
 - `prompt`: text (with the package's tokenizer) or a list of token ids; `max_tokens` (16);
   `temperature` (1.0, as OpenAI's: 0 is greedy); `top_p` (1.0); `seed`; `stop`: a string or a list of
   up to 4 (text only); `stream`; `model` (any string: a server serves one package).

@@ -21,8 +21,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
-from dataclasses import dataclass, field
 
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
@@ -30,11 +28,9 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from ray.serve.metrics import Counter
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from aotc.serve.codec import Codec
-from aotc.serve.completions import DONE_EVENT, chunk_body, completion_body, sse_event
-from aotc.serve.completions import max_body_bytes as completion_body_limit
 from aotc.serve.protocol import NPZ_TYPE, RequestError, body_too_large, media_type
 from aotc.serve.replica import ReplicaRefusedError
 
@@ -52,19 +48,40 @@ class BodyTimeoutError(RequestError):
     headers = {"Connection": "close"}
 
 
-@dataclass(frozen=True)
-class Answer:
-    """What every chunk of one completion repeats."""
-
-    id: str
-    model: str
-    created: int = field(default_factory=lambda: int(time.time()))
-
-
 def json_response(data: dict, status: int = 200, headers: dict | None = None) -> Response:
     return Response(
         json.dumps(data), status_code=status, media_type="application/json", headers=headers
     )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, never holding more than the limit: a declared length above it is refused
+    before reading, a body that grows past it as soon as it does, and one that has not all
+    arrived within the body timeout when it expires."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise body_too_large(int(declared), limit)
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(f"more than {limit}", limit)
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        got = sum(map(len, chunks))
+        raise BodyTimeoutError(
+            408,
+            f"request body did not arrive within {timeout_s:g} s ({got} bytes "
+            f"{f'of {declared} ' if declared else ''}came); send it faster, or start the "
+            "server with a larger --body-timeout-s",
+        ) from None
+    return b"".join(chunks)
 
 
 class Ingress:
@@ -80,9 +97,6 @@ class Ingress:
         self._metadata = metadata
         self._codec = Codec(metadata["signature"], max_body_bytes)
         self._max_body = max_body_bytes
-        if "generation" in metadata:  # no completion needs more than its longest prompt's bytes
-            limit = completion_body_limit(metadata["generation"]["max_seq_len"])
-            self._max_body = min(max_body_bytes, limit)
         self._body_timeout = body_timeout_s
         self._delays = RETRY_DELAYS_S if retry else ()
         self._refusals = Counter(
@@ -98,15 +112,10 @@ class Ingress:
     async def __call__(self, request: Request) -> Response:
         path = request.url.path.rstrip("/")
         routes = {
+            "/v1/predict": ("POST", self._predict),
             "/v1/health": ("GET", self._health),
             "/v1/metadata": ("GET", self._metadata_response),
         }
-        if "generation" in self._metadata:
-            # a text-generation package's one step is not an API: it answers completions
-            routes["/v1/completions"] = ("POST", self._completions)
-            routes["/v1/models"] = ("GET", self._models)
-        else:
-            routes["/v1/predict"] = ("POST", self._predict)
         try:
             if path not in routes:
                 raise RequestError(404, f"no route {path or '/'}; use {', '.join(routes)}")
@@ -142,114 +151,7 @@ class Ingress:
         return Response(data, media_type=content_type, headers={"Server-Timing": timing})
 
     async def _read_body(self, request: Request) -> bytes:
-        """The body, never holding more than the limit: a declared length above it is refused
-        before reading, a body that grows past it as soon as it does, and one that has not all
-        arrived within the body timeout when it expires."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self._max_body:
-            raise body_too_large(int(declared), self._max_body)
-        chunks: list[bytes] = []
-
-        async def read() -> None:
-            size = 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > self._max_body:
-                    raise body_too_large(f"more than {self._max_body}", self._max_body)
-                chunks.append(chunk)
-
-        try:
-            await asyncio.wait_for(read(), self._body_timeout)
-        except asyncio.TimeoutError:
-            got = sum(map(len, chunks))
-            raise BodyTimeoutError(
-                408,
-                f"request body did not arrive within {self._body_timeout:g} s ({got} bytes "
-                f"{f'of {declared} ' if declared else ''}came); send it faster, or start the "
-                "server with a larger --body-timeout-s",
-            ) from None
-        return b"".join(chunks)
-
-    async def _completions(self, request: Request) -> Response:
-        """OpenAI's completions (aotc/serve/completions.py): checked and generated by a replica,
-        answered whole or as server-sent events."""
-        body = await self._read_body(request)
-        events = self._model.options(stream=True).complete.remote(body)
-        try:
-            first = await self._first_event(events)
-            if "error" in first:
-                raise RequestError(first["error"], first["message"])
-        except BaseException:
-            events.cancel()
-            raise
-        answer = Answer(f"cmpl-{uuid.uuid4().hex}", self._metadata["generation"]["model"])
-        if first["stream"]:
-            return StreamingResponse(
-                self._server_sent(events, answer), media_type="text/event-stream"
-            )
-        texts, ids, finish = [], [], "length"
-        try:
-            async for item in events:
-                for event in item["events"]:
-                    if "error" in event:
-                        raise RequestError(event["error"], event["message"])
-                    texts.append(event["text"])
-                    ids.extend(event["token_ids"])
-                    finish = event["finish_reason"] or finish
-        finally:
-            events.cancel()
-        return json_response(
-            completion_body(
-                answer.id,
-                answer.model,
-                answer.created,
-                "".join(texts),
-                ids,
-                finish,
-                first["prompt_tokens"],
-            )  # fmt: skip
-        )
-
-    async def _first_event(self, events) -> dict:
-        try:
-            return await events.__anext__()
-        except BackPressureError:
-            raise RequestError(
-                503, "the model replicas' queues are full; retry later or add --replicas"
-            ) from None
-        except (RayActorError, ActorUnavailableError) as exc:
-            raise RequestError(
-                503, f"the model replica died while answering ({type(exc).__name__}); retry later"
-            ) from None
-
-    async def _server_sent(self, events, answer: Answer):
-        """The stream's events, then [DONE]; a client that leaves cancels its generation."""
-        try:
-            async for item in events:
-                sent = []
-                for event in item["events"]:
-                    if "error" in event:
-                        error = {"message": event["message"], "code": event["error"]}
-                        sent.append(sse_event({"error": error}))
-                        break
-                    chunk = chunk_body(
-                        answer.id, answer.model, answer.created, event["text"],
-                        event["token_ids"], event["finish_reason"],
-                    )  # fmt: skip
-                    sent.append(sse_event(chunk))
-                yield b"".join(sent)  # one write for what came together
-            yield DONE_EVENT
-        finally:
-            events.cancel()
-
-    async def _models(self, request: Request) -> Response:
-        model = self._metadata["generation"]["model"]
-        return json_response(
-            {
-                "object": "list",
-                "data": [{"id": model, "object": "model", "created": 0, "owned_by": "aotc"}],
-            }
-        )
+        return await read_body(request, self._max_body, self._body_timeout)
 
     async def _call_model(self, tensors: list) -> dict:
         for attempt in range(len(self._delays) + 1):

@@ -1,11 +1,12 @@
-"""The model replica of `aotc serve` for a text-generation package: OpenAI completions, streamed
-token by token, with requests that arrive together run as one batch.
+"""What generates the answers of `aotc serve` for a text-generation package: OpenAI completions,
+streamed token by token, with requests that arrive together run as one batch. The HTTP side is
+aotc/serve/completion_server.py, in the same process (a token crosses no process on its way).
 
-`complete(body)` is a Ray Serve streaming method. Its first item is the refusal of the request
-(`{"error": status, "message": ...}`: the ingress answers it as JSON) or its acceptance; then
-items `{"events": [...]}` holding one event per new token, `{"token_ids": [id], "text": delta,
+`complete(body)` is an async generator. Its first item is the refusal of the request
+(`{"error": status, "message": ...}`: answered as JSON) or its acceptance; then items
+`{"events": [...]}` holding one event per new token, `{"token_ids": [id], "text": delta,
 "finish_reason": None | "length" | "stop"}` (the last with its finish_reason): as many as were made
-since the ingress took the previous item.
+since the previous item was taken.
 
 Batching (issue 27's fallback, not continuous batching): the package holds one KV cache of B rows
 (`aotc export --batch-size B`) that `generate` resets at its start, so sequences cannot join a
@@ -88,7 +89,7 @@ class TextDelta:
         return delta, stopped
 
 
-class CompletionReplica:
+class CompletionEngine:
     def __init__(self, source: PackageSource, settings: ReplicaSettings, served_name: str):
         import torch
 
@@ -153,8 +154,8 @@ class CompletionReplica:
         yield {"accepted": True, "prompt_tokens": len(request.prompt_ids), "stream": request.stream}
         try:
             while True:
-                # every token waiting goes in one item: a stream item costs a Ray round trip
-                # (about 1 ms on the 2-core VM), more than a token of a small model
+                # every token waiting goes in one item: a client slower than the model gets
+                # them in one write
                 events = [await job.events.get()]
                 while not job.events.empty():
                     events.append(job.events.get_nowait())
