@@ -24,6 +24,8 @@
 #   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
 #   generate_llama  generate_bench's Llama-3.2-1B part alone
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
+#   serve_load      GPT-2 124M bf16 (batch 32, 128-token cache) behind `aotc serve`, loaded with 1, 8 and 32
+#                   streams by scripts/completions_load.py beside `aotc generate`'s rate (needs Ray: docs/gpu.md)
 # Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled
 # (build_time gives each build a fresh one); aotc's cache folder is WORKDIR/aotc_cache.
 set -u
@@ -113,6 +115,24 @@ PY
       python3 scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc,eager \
         --prompt-tokens 512 --new 128 --max-seq-len 1024 --rounds 3 --bandwidth \
         --out "$RESULTS/generate_llama1b.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
+    serve_load)
+      cat > "$WORK/gpt2_124m.py" <<'PY'
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def get_model():
+    return GPT2LMHeadModel(GPT2Config())
+PY
+      { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 128 --batch-size 32 \
+          -o "$WORK/gpt2_serve.pt2" &&
+        python3 -m aotc build "$WORK/gpt2_serve.pt2" --device cuda --mode reduce-overhead --precision bf16 \
+          -o "$WORK/gpt2_serve_pkg" --quiet; } > "$RESULTS/serve_load.log" 2>&1 || rc=$?
+      python3 -m aotc serve "$WORK/gpt2_serve_pkg" --port 8123 >> "$RESULTS/serve_load.log" 2>&1 &
+      server=$!
+      for _ in $(seq 120); do curl -sf localhost:8123/v1/health > /dev/null && break; sleep 2; done
+      python3 scripts/completions_load.py http://127.0.0.1:8123 --streams 1,8,32 --requests 4 --max-tokens 96 \
+        --baseline "$WORK/gpt2_serve_pkg" --out "$RESULTS/completions_load_h100.json" >> "$RESULTS/serve_load.log" 2>&1 || rc=$?
+      kill -INT $server; wait $server ;;
     generate_gpt2)
       python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --prompt-tokens 32 \
         --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;

@@ -54,6 +54,30 @@ def json_response(data: dict, status: int = 200, headers: dict | None = None) ->
     )
 
 
+def refusals_counter() -> Counter:
+    return Counter(
+        "aotc_refused_requests",
+        description="Requests answered with an error, by HTTP status.",
+        tag_keys=("status",),
+    )
+
+
+async def route(request: Request, routes: dict, refusals: Counter) -> Response:
+    """The answer of the handler `routes` names for the request's path and method, or the
+    refusal (counted) its RequestError gives: path -> (method, async handler)."""
+    path = request.url.path.rstrip("/")
+    try:
+        if path not in routes:
+            raise RequestError(404, f"no route {path or '/'}; use {', '.join(routes)}")
+        method, handler = routes[path]
+        if request.method != method:
+            raise RequestError(405, f"{path} takes {method}, not {request.method}")
+        return await handler(request)
+    except RequestError as exc:
+        refusals.inc(tags={"status": str(exc.status)})
+        return json_response({"error": str(exc)}, exc.status, getattr(exc, "headers", None))
+
+
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The body, never holding more than the limit: a declared length above it is refused
     before reading, a body that grows past it as soon as it does, and one that has not all
@@ -99,33 +123,19 @@ class Ingress:
         self._max_body = max_body_bytes
         self._body_timeout = body_timeout_s
         self._delays = RETRY_DELAYS_S if retry else ()
-        self._refusals = Counter(
-            "aotc_refused_requests",
-            description="Requests answered with an error, by HTTP status.",
-            tag_keys=("status",),
-        )
+        self._refusals = refusals_counter()
         self._retries = Counter(
             "aotc_retried_requests",
             description="Requests sent again because their model replica died while answering.",
         )
 
     async def __call__(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/")
         routes = {
             "/v1/predict": ("POST", self._predict),
             "/v1/health": ("GET", self._health),
             "/v1/metadata": ("GET", self._metadata_response),
         }
-        try:
-            if path not in routes:
-                raise RequestError(404, f"no route {path or '/'}; use {', '.join(routes)}")
-            method, handler = routes[path]
-            if request.method != method:
-                raise RequestError(405, f"{path} takes {method}, not {request.method}")
-            return await handler(request)
-        except RequestError as exc:
-            self._refusals.inc(tags={"status": str(exc.status)})
-            return json_response({"error": str(exc)}, exc.status, getattr(exc, "headers", None))
+        return await route(request, routes, self._refusals)
 
     async def _predict(self, request: Request) -> Response:
         """The answer, with a Server-Timing header saying where the request's time went: reading
