@@ -223,3 +223,16 @@ def test_serve_check_sends_a_completion(server, capsys):
     printed = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert printed["object"] == "text_completion"
     assert len(printed["choices"][0]["token_ids"]) == 4
+
+
+def test_a_seeded_sampled_request_repeats_and_equals_the_runtimes(server, lm):
+    request = {"prompt": [5, 17, 42], "max_tokens": 10, "temperature": 0.9, "top_p": 0.95}
+    first = post(server.url, {**request, "seed": 11})[1]["choices"][0]["token_ids"]
+    assert post(server.url, {**request, "seed": 11})[1]["choices"][0]["token_ids"] == first
+    package = aotc_runtime.load(lm)
+    expected = package.generate(
+        torch.tensor([[5, 17, 42]]), max_new_tokens=10, temperature=0.9, top_p=0.95, seed=11
+    )[0, 3:].tolist()
+    eos = set(package.manifest.generation.eos_token_ids)
+    ends = [i for i, token in enumerate(expected) if token in eos]
+    assert first == (expected[: ends[0] + 1] if ends else expected)

@@ -27,6 +27,7 @@ import asyncio
 import collections
 import logging
 import os
+import secrets
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -220,11 +221,16 @@ class CompletionEngine:
         made = [0] * len(batch)
         eos = set(self.generation.eos_token_ids)
         self.counts["generations"] += 1
+        sampling = batch[0].request.sampling()
+        if sampling["seed"] is None and batch[0].request.temperature > 0:
+            # as OpenAI's: an unseeded sampled request draws anew (the runtime's default seed
+            # would give every such request the same text)
+            sampling["seed"] = secrets.randbits(63)
         steps = self.package.stream(
             ids,
             mask,
             max_new_tokens=max(job.request.max_tokens for job in batch),
-            **batch[0].request.sampling(),
+            **sampling,
         )
         try:
             for tokens in steps:
