@@ -236,3 +236,29 @@ def test_a_seeded_sampled_request_repeats_and_equals_the_runtimes(server, lm):
     eos = set(package.manifest.generation.eos_token_ids)
     ends = [i for i, token in enumerate(expected) if token in eos]
     assert first == (expected[: ends[0] + 1] if ends else expected)
+
+
+def test_requests_share_a_generation_only_when_their_rows_fit_the_cache():
+    """Rows share one length (the longest prompt, left-padded, plus the most new tokens): a long
+    prompt that asks for little and a short one that asks for much each fit alone, not together."""
+    import asyncio
+    import collections
+    from types import SimpleNamespace
+
+    from aotc.serve.completion_engine import CompletionEngine, Job
+    from aotc.serve.completions import CompletionRequest
+
+    def job(prompt_tokens: int, max_tokens: int, temperature: float = 0.0) -> Job:
+        request = CompletionRequest(
+            [5] * prompt_tokens, max_tokens, temperature, 1.0, None, (), False, None
+        )
+        return Job(request, None, asyncio.Queue())  # type: ignore[arg-type]
+
+    engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
+    engine.generation = SimpleNamespace(batch_size=3, max_seq_len=32)
+    long_prompt, long_answer, small, sampled = job(28, 3), job(2, 28), job(4, 4), job(3, 3, 0.8)
+    engine._pending = collections.deque([long_prompt, long_answer, sampled, small])
+    assert engine._take_batch() == [long_prompt, small]  # 28 + 4 fit; 28 + 28 would not
+    assert engine._take_batch() == [long_answer]  # the sampled one generates alone
+    assert engine._take_batch() == [sampled]
+    assert engine._take_batch() == []

@@ -198,12 +198,20 @@ class CompletionEngine:
         batch = [self._pending.popleft()]
         if batch[0].request.temperature != 0:
             return batch
+        # the rows share one length: the longest prompt (left padding) plus the most new tokens
+        longest, most = len(batch[0].request.prompt_ids), batch[0].request.max_tokens
         for job in list(self._pending):
             if len(batch) == self.generation.batch_size:
                 break
-            if job.request.temperature == 0 and not job.gone:
+            request = job.request
+            fits = (
+                max(longest, len(request.prompt_ids)) + max(most, request.max_tokens)
+                <= self.generation.max_seq_len
+            )
+            if request.temperature == 0 and not job.gone and fits:
                 self._pending.remove(job)
                 batch.append(job)
+                longest, most = max(longest, len(request.prompt_ids)), max(most, request.max_tokens)
         return batch
 
     def _generate(self, batch: list[Job]) -> None:
