@@ -91,6 +91,10 @@ class TextDelta:
 
 
 class CompletionEngine:
+    """One replica's package, its waiting requests, and the worker that generates for them. A
+    package that cannot load here is reported (health, and a 503 per request), not raised: a
+    failing constructor would make Ray retry the replica in a loop."""
+
     def __init__(self, source: PackageSource, settings: ReplicaSettings, served_name: str):
         import torch
 
