@@ -127,6 +127,9 @@ def test_half_tokens_follow_transformers_in_the_same_precision_and_report_where_
             # fp32 model's logits must put the two tokens within the bf16 check's bound
             at = next(i for i in range(BF16_AGREED_STEPS) if ours[i] != them[i])
             gap = fp32_logit_gap(source, ids[row], mask[row], ours[:at], (ours[at], them[at]))
+            print(
+                f"{family} {precision}: prompt {row} parts from transformers at {at}, gap {gap:.3f}"
+            )
             assert gap <= GPU_BF16_LOGITS_ATOL, (
                 f"prompt {row} left transformers {precision} at step {at} on a logit gap of {gap:.3f}"
             )
