@@ -57,9 +57,8 @@ def generate(
 
     Prompts of different lengths are left-padded, as transformers pads a batch.
     """
-    import torch
-
     import aotc_runtime
+    from aotc_runtime.generation import left_padded
 
     if bool(texts) == bool(prompts):
         raise UserInputError(
@@ -70,12 +69,7 @@ def generate(
     ids = [tokenizer.encode(t).ids for t in texts] if tokenizer else [token_ids(p) for p in prompts]
     if any(not prompt for prompt in ids):
         raise UserInputError("a prompt is empty (no tokens); give at least one token")
-    longest = max(len(prompt) for prompt in ids)
-    input_ids = torch.zeros(len(ids), longest, dtype=torch.int64)
-    mask = torch.zeros(len(ids), longest, dtype=torch.int64)
-    for row, prompt in enumerate(ids):
-        input_ids[row, longest - len(prompt) :] = torch.tensor(prompt)
-        mask[row, longest - len(prompt) :] = 1
+    input_ids, mask = left_padded(ids)
     started = time.perf_counter()
     stamps, steps = [], []
     for tokens in loaded.stream(

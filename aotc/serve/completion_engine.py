@@ -220,15 +220,9 @@ class CompletionEngine:
 
     def _generate(self, batch: list[Job]) -> None:
         """In the package's thread: one generation for `batch`, each token sent as it comes."""
-        import torch
+        from aotc_runtime.generation import left_padded
 
-        prompts = [job.request.prompt_ids for job in batch]
-        longest = max(map(len, prompts))
-        ids = torch.zeros(len(batch), longest, dtype=torch.int64)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):
-            ids[row, longest - len(prompt) :] = torch.tensor(prompt)
-            mask[row, longest - len(prompt) :] = 1
+        ids, mask = left_padded([job.request.prompt_ids for job in batch])
         texts = [TextDelta(self.tokenizer, job.request.stop) for job in batch]
         made = [0] * len(batch)
         eos = set(self.generation.eos_token_ids)

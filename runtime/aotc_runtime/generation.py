@@ -365,6 +365,18 @@ def stream(
                 logits = decode.step(tokens)
 
 
+def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [prompts, longest] of token-id lists of different lengths,
+    left-padded with 0 as transformers pads a batch for generation."""
+    longest = max(len(prompt) for prompt in prompts)
+    ids = torch.zeros(len(prompts), longest, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.int64)
+        mask[row, longest - len(prompt) :] = 1
+    return ids, mask
+
+
 def with_prompts(input_ids: torch.Tensor, steps: Iterator[torch.Tensor]) -> torch.Tensor:
     """The prompts [prompts, tokens] followed by the new tokens `stream` yields, [prompts, tokens
     + new] (on the CPU), as transformers' `generate` returns them."""
