@@ -59,6 +59,7 @@ def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
     "data, status, words",
     [
         (b"{not json", 400, "not JSON"),
+        (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nests too deeply"),
         (b"[1, 2]", 400, "not a JSON object"),
         ({"max_tokens": 4}, 400, "'prompt' is missing"),
         ({"prompt": [1], "bogus": 1}, 400, "unknown field 'bogus'"),

@@ -91,6 +91,10 @@ def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> Com
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"request body is not JSON ({exc}); send a JSON object") from None
+    except RecursionError:  # json.loads recurses once per level: a body of "[[[[..." stops it
+        raise RequestError(
+            400, "request body nests too deeply to be a completion; send a flat JSON object"
+        ) from None
     if not isinstance(data, dict):
         raise RequestError(400, 'request body is not a JSON object; send {"prompt": ...}')
     for key, value in data.items():
