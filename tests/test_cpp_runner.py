@@ -178,7 +178,7 @@ def _error_cases(packages, tmp_path) -> dict:
         "no precision": (copy("no_precision"), []),
         "other torch": (copy("other_torch"), []),
         "cuda package": (copy("cuda_package"), []),
-        "format 4": (copy("format_4"), []),
+        "format 5": (copy("format_5"), []),
         "manifest edited": (copy("manifest_edited"), []),
         "manifest lies": (copy("manifest_lies"), []),
         "swapped model": (copy("swapped_model"), []),
@@ -214,7 +214,7 @@ def _error_cases(packages, tmp_path) -> dict:
         cases["cuda package"][0],
         lambda m: m["device"].update(type="cuda", gpu_name="X", compute_capability="9.0"),
     )
-    _edit_manifest(cases["format 4"][0], lambda m: m.update(format_version=4))
+    _edit_manifest(cases["format 5"][0], lambda m: m.update(format_version=5))
     edited = cases["manifest edited"][0] / "manifest.json"  # its own hash left as it was
     edited.write_text(edited.read_text().replace('"precision": "fp32"', '"precision": "tf32"'))
     _edit_manifest(cases["manifest lies"][0], lambda m: m.update(mode="max-autotune"))

@@ -246,6 +246,30 @@ def test_the_empty_kv_cache_takes_no_room_in_the_package(generation_packages):
     assert all(bool((t == 0).all()) and t.is_contiguous() for t in loaded._state)
 
 
+def test_a_step_writes_the_new_cache_positions_into_the_packages_own_cache(generation_packages):
+    """The program updates the KV cache it is given in place (signature.state_in_place), writing
+    the positions it feeds and nothing else: no copy of the whole cache per token. After a
+    3-token prefill the package holds the same cache tensors, filled at positions 0..2 only; a
+    reset empties those same tensors again."""
+    from aotc_runtime.generation import step_inputs
+
+    package, _model = generation_packages["gpt2"]
+    loaded = aotc_runtime.load(package)
+    assert loaded.signature.state_in_place
+    caches = [t for t, spec in zip(loaded._state, loaded.signature.state) if "_cache_" in spec.name]
+    before = [t.data_ptr() for t in loaded._state]
+    ids = torch.tensor([[5, 17, 42], [7, 8, 9]])
+    generation = loaded.manifest.generation
+    logits = loaded(*step_inputs(ids, torch.ones_like(ids), 0, generation.max_seq_len))
+    assert list(logits.shape) == [2, generation.vocab_size]  # the logits alone come back
+    assert [t.data_ptr() for t in loaded._state] == before
+    assert caches and all(bool((t[:, :, :3] != 0).any()) for t in caches)
+    assert all(bool((t[:, :, 3:] == 0).all()) for t in caches)  # [batch, heads, positions, dim]
+    loaded.reset_state()
+    assert [t.data_ptr() for t in loaded._state] == before
+    assert all(bool((t == 0).all()) for t in caches)
+
+
 def test_a_bf16_package_keeps_its_kv_cache_in_bf16_and_follows_transformers(
     generation_packages, tmp_path
 ):

@@ -23,6 +23,7 @@ from aotc_runtime import (
     running_environment,
     sha256_file,
 )
+from aotc_runtime.manifest import format_version_for
 
 
 def new_manifest(
@@ -52,6 +53,7 @@ def new_manifest(
         )
         build_tools["triton"] = triton_version()
     preset = preset_runtime(cfg.mode)
+    signature = Signature.from_json(meta.signature)
     varies = {
         "fields": ["created", "build_seconds", "build_phases", HASH_FIELD],
         "why": "they record the build as an event (when, how long), and the hash covers them; "
@@ -74,7 +76,8 @@ def new_manifest(
             tf32=cfg.precision == Precision.TF32,
             cudnn_benchmark=cfg.cudnn_benchmark and cfg.device == "cuda",
         ),
-        signature=Signature.from_json(meta.signature),
+        signature=signature,
+        format_version=format_version_for(signature),
         files={},
         build_seconds=0.0,
         numeric_check=None,

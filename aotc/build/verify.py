@@ -100,7 +100,8 @@ def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
                         f"({type(exc).__name__}: {first_line(exc)[:160]}); re-export it with a --dim range it supports"
                     ) from exc
                 if state:
-                    out, state = out[:n_outputs], out[n_outputs:]
+                    if not signature.get("state_in_place"):  # returned after the outputs
+                        out, state = out[:n_outputs], out[n_outputs:]
                     state = [
                         t.to(getattr(torch, spec["dtype"])).to(t.dtype)
                         for t, spec in zip(state, signature["state"])

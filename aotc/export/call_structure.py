@@ -146,7 +146,8 @@ def call_model(model, flat, n_positional: int, keywords: tuple, constants: dict)
 
 def initial_state(ep, signature: dict, device="cpu") -> list:
     """The state's values at export: an exported FlatCall's example inputs are the model's inputs,
-    then the state (make_flat_call); copies, so running from them never changes the artifact."""
+    then the state (make_flat_call); copies, so running from them (the program updates them in
+    place) never changes the artifact."""
     n_inputs = len(signature["inputs"])
     return (
         [t.to(device).clone() for t in list(ep.example_inputs[0])[n_inputs:]]
@@ -160,8 +161,11 @@ def make_flat_call(
 ):
     """The module aotc exports: forward(*flat tensors) -> a tensor or a flat tuple of tensors.
 
-    `state`: FQNs of buffers forward mutates; their values come in after the inputs and their new
-    values go out after the outputs, so the program itself holds no state.
+    `state`: FQNs of buffers forward mutates. Their values come in after the inputs and the program
+    updates those inputs in place (torch.export records them as mutated user inputs, and
+    AOTInductor writes into the caller's tensors): the program holds no state, and a step of a KV
+    cache writes the new positions only, where returning the new state would copy the whole cache
+    at every call.
     """
     import torch
     from torch.nn.utils.stateless import _reparametrize_module
@@ -176,13 +180,15 @@ def make_flat_call(
             if not state:
                 out = flat_leaves(call_model(self.model, flat, n_positional, keywords, constants))
                 return out[0] if single else tuple(out)
-            # A fresh copy per call: forward's in-place updates land on the copy, never on an input.
-            values = {name: value.clone() for name, value in zip(state, flat[n_inputs:])}
-            # torch.func.functional_call's mechanism, used directly so the buffers' new values can be
-            # read back before the originals are restored (forward may rebind them, not only mutate).
-            with _reparametrize_module(self.model, values):
+            given = dict(zip(state, flat[n_inputs:]))
+            # torch.func.functional_call's mechanism, used directly so that forward's in-place
+            # updates land on the inputs, and a buffer forward rebinds can be read back
+            with _reparametrize_module(self.model, given):
                 out = flat_leaves(call_model(self.model, flat, n_positional, keywords, constants))
-                new_state = [self.model.get_buffer(name) for name in state]
-            return (*out, *new_state)
+                for name, value in given.items():
+                    now = self.model.get_buffer(name)
+                    if now is not value:  # rebound, not mutated: its new value goes into the input
+                        value.copy_(now)
+            return out[0] if single else tuple(out)
 
     return FlatCall()

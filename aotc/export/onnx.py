@@ -60,7 +60,8 @@ def export_to_onnx(ep, meta: ArtifactMeta, output: Path) -> OnnxModelInfo:
 
     from aotc.quiet import quiet_torch
 
-    inputs, outputs = flat_names(meta.signature)
+    ep, signature = state_returned(ep, meta.signature)
+    inputs, outputs = flat_names(signature)
     try:
         with quiet_torch(), torch.no_grad():
             program = torch.onnx.export(
@@ -74,8 +75,8 @@ def export_to_onnx(ep, meta: ArtifactMeta, output: Path) -> OnnxModelInfo:
     except Exception as exc:
         raise ExportError(unsupported_message(exc, ep)) from None
     model = program.model_proto
-    name_dims(model, meta.signature)
-    set_metadata(model, {SIGNATURE_KEY: json.dumps(meta.signature), MODEL_KEY: meta.model or ""})
+    name_dims(model, signature)
+    set_metadata(model, {SIGNATURE_KEY: json.dumps(signature), MODEL_KEY: meta.model or ""})
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
@@ -83,13 +84,47 @@ def export_to_onnx(ep, meta: ArtifactMeta, output: Path) -> OnnxModelInfo:
             f"the ONNX model torch.onnx produced fails onnx.checker: {_first(exc)}; export the "
             "model for AOTInductor instead (aotc export without --format onnx)"
         ) from None
-    check = check_against_eager(model, ep, meta.signature)
+    check = check_against_eager(model, ep, signature)
     set_metadata(model, {CHECK_KEY: json.dumps(check)})
     from aotc_runtime import replaced_atomically
 
     with replaced_atomically(output) as tmp:
         onnx.save_model(model, str(tmp))
-    return OnnxModelInfo(meta.signature, meta.model, check)
+    return OnnxModelInfo(signature, meta.model, check)
+
+
+def state_returned(ep, signature: dict) -> tuple:
+    """(program, signature) for ONNX, which cannot update an input in place: a program that writes
+    its state into its state inputs (signature.state_in_place) exported again to return the new
+    state after its outputs instead, the convention of ONNX packages (flat_names)."""
+    if not signature.get("state_in_place"):
+        return ep, signature
+    import torch
+
+    from aotc.build.precision import dynamic_shapes
+    from aotc.quiet import quiet_torch
+    from aotc_runtime import flatten_outputs
+
+    module, n_inputs = ep.module(), len(signature["inputs"])
+
+    class StateReturned(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *flat):
+            state = [t.clone() for t in flat[n_inputs:]]
+            outputs = flatten_outputs(self.module(*flat[:n_inputs], *state))
+            return (*outputs, *state)
+
+    with quiet_torch():
+        returned = torch.export.export(
+            StateReturned(),
+            tuple(ep.example_inputs[0]),
+            dynamic_shapes=dynamic_shapes(signature),
+            strict=False,
+        )
+    return returned, {k: v for k, v in signature.items() if k != "state_in_place"}
 
 
 def unsupported_message(exc: BaseException, ep=None) -> str:

@@ -138,4 +138,7 @@ def make_signature(ep, call: ExampleCall, layout: OutputLayout, state: list) -> 
             {"name": name, "dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)}
             for name, t in state
         ]
+        # the program writes the state's new values into its state inputs (call_structure.py);
+        # packages from before this field return them after the outputs instead
+        signature["state_in_place"] = True
     return signature

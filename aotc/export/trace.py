@@ -232,7 +232,7 @@ def export_with_state(loaded: LoadedModel, call: ExampleCall, layout: OutputLayo
     """(ExportedProgram, [(name, initial value)] of the state lifted out of it).
 
     A first export shows which buffers forward mutates; if any, the model is exported again with
-    those buffers as extra inputs and outputs (see aotc/export/call_structure.py).
+    those buffers as extra inputs that the program updates in place (aotc/export/call_structure.py).
     """
     ep = export_program(
         loaded, flat_module(loaded, call, layout), call.tensors, call.shapes, call.dims, strict

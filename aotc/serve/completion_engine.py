@@ -286,5 +286,6 @@ class CompletionEngine:
         return state
 
     def __del__(self) -> None:
-        if self._folder is not None:
+        # getattr: an engine whose __init__ did not run (or failed) has nothing to release
+        if getattr(self, "_folder", None) is not None:
             self._source.release(self._folder)

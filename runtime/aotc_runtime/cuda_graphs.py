@@ -56,10 +56,14 @@ class CudaGraphRunner:
         run_flat: Callable[..., list[torch.Tensor]],
         device: torch.device,
         reuse_outputs: bool = False,
+        written_inputs: int = 0,
     ):
         self._run_flat = run_flat
         self._device = device
         self._reuse_outputs = reuse_outputs
+        # the last `written_inputs` inputs are ones the program updates in place (a package's
+        # state): a replay writes their static buffers, which are copied back to the caller's
+        self._written_inputs = written_inputs
         self._graphs: dict = {}
         self._uncapturable: set = set()
         self._pool: Any = None  # one memory pool shared by every graph of this package
@@ -89,6 +93,10 @@ class CudaGraphRunner:
         for static, given in zip(entry.static_inputs, flat):
             static.copy_(given, non_blocking=True)
         entry.graph.replay()
+        if self._written_inputs:
+            n = self._written_inputs
+            for given, static in zip(flat[-n:], entry.static_inputs[-n:]):
+                given.copy_(static, non_blocking=True)
         if self._reuse_outputs:
             return entry.static_outputs
         return [out.clone() for out in entry.static_outputs]
@@ -129,13 +137,13 @@ class DecodeGraph:
     """A text-generation package's decode step as one CUDA graph, its KV cache kept in place.
 
     The runner above copies every input into its static buffers and clones every output at each
-    call: with a KV cache as state (aotc's convention passes it in and gets its new value back),
-    that is the whole cache copied twice per token, and one capture per prompt length if prefill
-    went through it too. Here only decode is captured (one shape per package: a token per
-    sequence), the cache lives in this graph's own `state` buffers, and the captured work is the
-    whole step: the program, the new cache copied back over the old one, and the step's own inputs
-    advanced for the next step (`step.advance`). A decode step is then: write the new tokens into
-    the ids buffer, one replay.
+    call: with a KV cache as state, that is the whole cache copied per token, and one capture per
+    prompt length if prefill went through it too. Here only decode is captured (one shape per
+    package: a token per sequence), the cache lives in this graph's own `state` buffers, which the
+    program updates in place (the new positions only), and the captured work is the whole step:
+    the program and the step's own inputs advanced for the next step (`step.advance`). A decode
+    step is then: write the new tokens into the ids buffer, one replay. (A package from before
+    in-place state returns the new cache instead; the graph then copies it back over the old.)
 
     ExecuTorch's CUDA backend captures its decode method the same way (static inputs, the cache as
     the model's own buffers); the difference here is that the inputs' advance and the greedy choice
@@ -151,6 +159,7 @@ class DecodeGraph:
         state: list[torch.Tensor],
         n_outputs: int,
         pick: Any,  # generation.GreedyPick: the next tokens chosen on the device, captured too
+        state_in_place: bool = True,
     ):
         self.state = [t.clone() for t in state]
         self._step, self.pick = step, pick
@@ -159,13 +168,15 @@ class DecodeGraph:
         side = _warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):  # the program only: the state and inputs stay as they are
+            # the program only; it may write this graph's state, which load_state replaces
+            for _ in range(WARMUP_CALLS):
                 run_flat(flat)
         torch.cuda.current_stream(device).wait_stream(side)
         with torch.cuda.graph(self._graph):
             outputs = run_flat(flat)
-            for old, new in zip(self.state, outputs[n_outputs:]):
-                old.copy_(new)
+            if not state_in_place:
+                for old, new in zip(self.state, outputs[n_outputs:]):
+                    old.copy_(new)
             step.advance()
             # a greedy generation reads its tokens here; a sampled one ignores them and writes
             # its own into the ids buffer before the next replay (the pick's buffers are its own)
@@ -174,7 +185,8 @@ class DecodeGraph:
 
     def load_state(self, state: list[torch.Tensor]) -> None:
         for mine, given in zip(self.state, state):
-            mine.copy_(given)
+            if mine is not given:  # the package's state is this graph's after the first generate
+                mine.copy_(given)
 
     def __call__(self) -> torch.Tensor:
         """Runs the step on what the step's buffers hold; the logits' buffer is overwritten by the

@@ -220,7 +220,7 @@ def decoder(package: Package, first: Sequence[torch.Tensor]) -> Decoder:
             with package.run_settings():
                 graph = DecodeGraph(
                     package._run_loader, package.device, step, package._state,
-                    package._n_outputs, pick,
+                    package._n_outputs, pick, package.signature.state_in_place,
                 )  # fmt: skip
         except Exception as exc:  # capture is an optimisation: never fail the call because of it
             print(

@@ -17,12 +17,22 @@ from .errors import PackageError
 from .fields import FieldError, Fields, shown
 from .signature import Signature
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Format 1 lacked the signature's output_structure, keyword inputs and state; format 2 lacked the
 # manifest's own hash, the description of the package embedded in its compiled model, and the CPU
-# features a CPU package needs. This reader fills in what older packages mean, so they keep
-# loading; an older reader refuses a newer format.
-READABLE_VERSIONS = (1, 2, 3)
+# features a CPU package needs; format 3 returned the state's new values after the outputs, where
+# format 4's program updates its state inputs in place (signature.state_in_place). This reader
+# fills in what older packages mean, so they keep loading; an older reader refuses a newer format.
+READABLE_VERSIONS = (1, 2, 3, 4)
+
+
+def format_version_for(signature: Signature) -> int:
+    """The format a package is written in: 4 only where the program updates its state in place,
+    which a format-3 reader would misread (it takes the state from the outputs); a package
+    without state is format 3, and format-3 runtimes keep reading it."""
+    return 4 if signature.state_in_place else 3
+
+
 HASH_FIELD = "manifest_sha256"  # sha256 of manifest.json with this field's value set to 64 zeros
 CONTRACT_KEY = "aotc.contract"  # AOTInductor package metadata: what the compiled model was built as
 MANIFEST_NAME = "manifest.json"

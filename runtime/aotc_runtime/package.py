@@ -91,7 +91,11 @@ class Package:
             )
 
             self._call_flat = CudaGraphRunner(
-                self._run_loader, self.device, reuse_outputs=reuse_outputs
+                self._run_loader,
+                self.device,
+                reuse_outputs=reuse_outputs,
+                # the state inputs a replay writes into its own buffers, copied back to the state
+                written_inputs=len(self._state) if self.signature.state_in_place else 0,
             )
 
     def __call__(self, *args: torch.Tensor, **named: torch.Tensor) -> Any:
@@ -130,15 +134,19 @@ class Package:
         flat = [t if t.device == self.device else t.to(self.device) for t in tensors]
         with self._state_lock, self.run_settings():
             outputs = self._run_loader(flat + self._state)
-        if self._state:
-            self._state = list(outputs[self._n_outputs :])
-        return self._rebuild(outputs[: self._n_outputs])
+            return self._rebuild(self._keep_state(outputs))
 
     def _call_with_state(self, flat: list[torch.Tensor], key: tuple | None) -> list[torch.Tensor]:
         with self.run_settings():
             outputs = self._call_flat(flat + self._state, key)
-        # The package returns the state's new values after the model's outputs (aotc/export/call_structure.py).
-        self._state = list(outputs[self._n_outputs :])
+        return self._keep_state(outputs)
+
+    def _keep_state(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The model's outputs of a call that was given the state. The program wrote the state's new
+        values into the state tensors it was given (signature.state_in_place), or, in packages from
+        before that, returned them after the outputs (aotc/export/call_structure.py)."""
+        if self._state and not self.signature.state_in_place:
+            self._state = list(outputs[self._n_outputs :])
         return list(outputs[: self._n_outputs])
 
     def run_settings(self) -> contextlib.AbstractContextManager:
@@ -250,7 +258,12 @@ class Package:
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""
-        self._state = [t.clone() for t in self._initial_state]
+        if not self.signature.state_in_place:
+            self._state = [t.clone() for t in self._initial_state]
+            return
+        # in place: a decode graph replays on these very tensors (generation.decoder)
+        for current, initial in zip(self._state, self._initial_state):
+            current.copy_(initial)
 
     def _rebuild(self, outputs: Sequence[torch.Tensor]) -> Any:
         structure = self.signature.output_structure

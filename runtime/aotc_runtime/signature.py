@@ -150,6 +150,9 @@ class Signature:
     state: tuple = ()  # TensorSpecs of the state carried between calls
     dropped_outputs: tuple = ()
     constants: dict = field(default_factory=dict)
+    # True: the program writes the state's new values into its state inputs. False (packages
+    # from before 2026-11-26): it returns them after the outputs.
+    state_in_place: bool = False
 
     @classmethod
     def from_json(cls, data: dict | Fields, where: str = "signature") -> Signature:
@@ -189,6 +192,7 @@ class Signature:
             fields.items("state", TensorSpec.read, []),
             fields.strings("dropped_outputs", []),
             dict(constants),
+            fields.boolean("state_in_place", False),
         )
 
     def to_json(self) -> dict:
@@ -204,6 +208,8 @@ class Signature:
             data["constants"] = dict(self.constants)
         if self.state:
             data["state"] = [s.to_json() for s in self.state]
+        if self.state_in_place:
+            data["state_in_place"] = True
         return data
 
     @property

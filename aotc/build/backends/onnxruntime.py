@@ -84,6 +84,10 @@ def build(cfg: BuildConfig, progress: Progress, started: float):
                 export_to_onnx(ep, meta, converted)
                 model, info = read_onnx_model(converted)
                 converted.unlink()
+        # the program's signature, for the check's eager reference; the package's is the ONNX
+        # model's, whose state (if any) is returned, not updated in place (export_to_onnx)
+        program_signature = meta.signature
+        meta = dataclasses.replace(meta, signature=info.signature)
         manifest = _manifest(cfg, meta, model)
         from aotc_runtime import CONTRACT_KEY, model_contract
 
@@ -105,10 +109,10 @@ def build(cfg: BuildConfig, progress: Progress, started: float):
             if ep is not None:
                 from aotc.build.precision import place_program
 
-                ep = place_program(ep, "cpu", Precision.FP32, meta.signature)
+                ep = place_program(ep, "cpu", Precision.FP32, program_signature)
             check = check_numerics(
                 ep,
-                meta.signature,
+                program_signature,
                 staging,
                 "cpu",
                 atol,

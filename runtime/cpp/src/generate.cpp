@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "aotc/package.h"
+#include "cuda_graphs.h"
 
 namespace aotc {
 namespace {
@@ -86,6 +87,35 @@ at::Tensor next_tokens(const at::Tensor& logits, const Sampling& s, at::Generato
 
 }  // namespace
 
+bool Package::start_decode_graph(const std::vector<at::Tensor>& first) {
+  if (!decode_graph_) {
+    decode_inputs_.clear();
+    for (const auto& t : first) decode_inputs_.push_back(t.clone());
+    const int64_t last_column = decode_inputs_[3].size(1) - 1;
+    // The warm-up runs the step on the first decode inputs: it writes the cache positions the first
+    // replay writes, with the same values.
+    auto program = [this] {
+      std::vector<at::Tensor> flat = decode_inputs_;
+      flat.insert(flat.end(), state_.begin(), state_.end());
+      return call_flat(flat, /*graphs=*/false)[0];
+    };
+    auto advance = [this, last_column] {  // the next step's inputs, on the device: no host value per token
+      decode_inputs_[1].add_(1);
+      decode_inputs_[2].add_(1);
+      // clamped: after the cache's last position there is no next step, and no column to add
+      decode_inputs_[3].index_fill_(1, decode_inputs_[2].clamp_max(last_column), 1);
+    };
+    decode_graph_ = capture_step(program, advance, device_);
+    if (!decode_graph_) {
+      decode_graph_failed_ = true;  // this load decodes without graphs from now on
+      return false;
+    }
+    return true;
+  }
+  for (size_t i = 0; i < first.size(); ++i) decode_inputs_[i].copy_(first[i]);
+  return true;
+}
+
 std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                                     const GenerateOptions& options, const TokenCallback& on_tokens) {
   if (!manifest_.generation) {
@@ -118,12 +148,16 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   at::Tensor full_mask = at::zeros({batch, max_len}, on);
   full_mask.narrow(1, 0, length).copy_(mask);
   at::Tensor cache_position = at::arange(length, on);
-  at::Tensor logits = run({ids, positions, cache_position, full_mask})[0];
+  // never through the CUDA-graph runner: it would capture one graph per prompt length
+  at::Tensor logits = run_step({ids, positions, cache_position, full_mask}, /*graphs=*/false)[0];
   // the first decode step's inputs: the next position is each sequence's count of real tokens
   at::Tensor step_positions = mask.sum(-1, /*keepdim=*/true);
   at::Tensor step_cache_position = at::full({1}, length, on);
   full_mask.select(1, length).fill_(1);
 
+  // On CUDA with CUDA graphs, each decode step is one replay (decode_step below), as in the Python
+  // runtime: a package whose program updates its state in place replays on state_ itself.
+  bool graphs = device_.is_cuda() && manifest_.cuda_graphs && manifest_.signature.state_in_place && !decode_graph_failed_;
   at::Tensor unfinished = at::ones({batch}, on.dtype(at::kBool));
   std::vector<std::vector<int64_t>> generated(prompts);
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
@@ -136,6 +170,14 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
     if (on_tokens) on_tokens(row);
     bool last = step + 1 == options.max_new_tokens;
     if (last || (eos.numel() && !unfinished.narrow(0, 0, prompts).any().item<bool>())) break;
+    if (graphs) {
+      if (step == 0) graphs = start_decode_graph({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask});
+      else decode_inputs_[0].copy_(tokens.unsqueeze(1));
+      if (graphs) {
+        logits = decode_graph_->replay();
+        continue;
+      }
+    }
     logits = run({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask})[0];
     step_positions += 1;
     step_cache_position += 1;

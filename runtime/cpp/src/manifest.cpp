@@ -259,6 +259,7 @@ Signature read_signature(const Fields& f) {
   }
   if (f.has("output_structure")) sig.output_structure = f.choice("output_structure", {"tensor", "tuple", "list", "dict", ""});
   sig.state = read_tensors(f, "state", false, false);
+  if (f.has("state_in_place")) sig.state_in_place = f.boolean("state_in_place");
   return sig;
 }
 

@@ -317,12 +317,19 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
   if (cuda && package.manifest_.cuda_graphs) {
     package.graphs_ = make_cuda_graphs(
         [loader = package.loader_.get()](const std::vector<at::Tensor>& flat) { return loader->run(flat); },
-        package.device_, options.reuse_outputs);
+        package.device_, options.reuse_outputs,
+        // the state inputs a replay writes into its own buffers, copied back to the state
+        package.manifest_.signature.state_in_place ? package.state_.size() : 0);
   }
   return package;
 }
 
 void Package::reset_state() {
+  if (manifest_.signature.state_in_place && state_.size() == initial_state_.size()) {
+    // in place: a decode graph replays on these very tensors (generate.cpp)
+    for (size_t i = 0; i < state_.size(); ++i) state_[i].copy_(initial_state_[i]);
+    return;
+  }
   state_.clear();
   for (const auto& t : initial_state_) state_.push_back(t.clone());
 }
@@ -389,27 +396,30 @@ std::string Package::model_for(const std::vector<at::Tensor>& inputs) const {
   return member ? member->path : kModelFile;
 }
 
-std::vector<at::Tensor> Package::call_flat(std::vector<at::Tensor>& flat) {
+std::vector<at::Tensor> Package::call_flat(const std::vector<at::Tensor>& flat, bool graphs) {
   Tf32Scope tf32(manifest_.tf32);
   CudnnBenchmarkScope cudnn(manifest_.cudnn_benchmark);
-  if (graphs_) return graphs_->run(flat);
+  if (graphs && graphs_) return graphs_->run(flat);
   return loader_->run(flat);
 }
 
-std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs) { return run_step(inputs, true); }
+
+std::vector<at::Tensor> Package::run_step(const std::vector<at::Tensor>& inputs, bool graphs) {
   check_inputs(inputs);
   // The top-level check comes first, so errors name the package's dims, not a member's sizes.
   if (const Member* member = member_for(inputs)) return member->package->run(inputs);
   std::vector<at::Tensor> flat;
   for (const auto& t : inputs) flat.push_back(t.device() == device_ ? t : t.to(device_));
   flat.insert(flat.end(), state_.begin(), state_.end());
-  std::vector<at::Tensor> outputs = call_flat(flat);
+  std::vector<at::Tensor> outputs = call_flat(flat, graphs);
   size_t n_outputs = manifest_.signature.outputs.size();
-  if (!state_.empty() && outputs.size() >= n_outputs) {
-    // The package returns the state's new values after the model's outputs (aotc/export/call_structure.py).
+  // The program wrote the state's new values into the state it was given (signature.state_in_place)
+  // or, in packages from before that, returned them after the outputs (aotc/export/call_structure.py).
+  if (!state_.empty() && !manifest_.signature.state_in_place && outputs.size() >= n_outputs) {
     state_.assign(outputs.begin() + static_cast<std::ptrdiff_t>(n_outputs), outputs.end());
-    outputs.resize(n_outputs);
   }
+  if (outputs.size() > n_outputs) outputs.resize(n_outputs);
   return outputs;
 }
 

@@ -12,7 +12,7 @@
 
 namespace aotc {
 
-inline constexpr int kFormatVersion = 3;
+inline constexpr int kFormatVersion = 4;  // 4: the program updates its state in place (signature.state_in_place)
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kSignatureFile = "manifest.json.sig";  // `aotc sign`; the one unlisted file
 inline constexpr const char* kContractKey = "aotc.contract";  // AOTInductor metadata: what the model was built as
@@ -42,6 +42,9 @@ struct Signature {
   std::vector<TensorSpec> inputs, outputs, state;
   std::map<std::string, DimRange> dims;
   std::string output_structure;  // tensor | tuple | list | dict ("" before format 2)
+  // true: the program writes the state's new values into its state inputs; false (packages from
+  // before 2026-11-26): it returns them after the outputs
+  bool state_in_place = false;
 };
 
 // One entry of `specializations`: a static-shape member package that runs calls whose dims have

@@ -51,6 +51,7 @@ struct LoadOptions {
 };
 
 class CudaGraphs;
+class CapturedStep;
 
 // How the next token is picked, as aotc_runtime's Sampling: greedy (temperature 0, or top_k 1), or
 // sampled after temperature, then top-k, then top-p, from a generator seeded with `seed`.
@@ -115,7 +116,13 @@ class Package {
   };
 
   Package() = default;
-  std::vector<at::Tensor> call_flat(std::vector<at::Tensor>& flat);
+  // graphs: through the CUDA-graph runner, where the package has one; else a plain call
+  std::vector<at::Tensor> call_flat(const std::vector<at::Tensor>& flat, bool graphs = true);
+  // run(), where `graphs` false never captures (generation's prefill: a capture per prompt length)
+  std::vector<at::Tensor> run_step(const std::vector<at::Tensor>& inputs, bool graphs);
+  // the decode step's CUDA graph ready to replay from the first decode inputs `first` (captured
+  // at the first generate); false where capture failed
+  bool start_decode_graph(const std::vector<at::Tensor>& first);
   const Member* member_for(const std::vector<at::Tensor>& inputs) const;
 
   std::string folder_;
@@ -124,6 +131,12 @@ class Package {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   std::vector<at::Tensor> initial_state_, state_;
   std::unique_ptr<CudaGraphs> graphs_;
+  // generation's decode step as one CUDA graph, made at the first generate on a CUDA package with
+  // CUDA graphs and kept: its input buffers (ids, positions, cache position, mask) and the graph;
+  // it replays on state_, which the program updates in place and reset_state() resets in place
+  std::vector<at::Tensor> decode_inputs_;
+  std::unique_ptr<CapturedStep> decode_graph_;
+  bool decode_graph_failed_ = false;
   std::vector<Member> members_;
   // the constants its programs read in place (user-managed): alive as long as they run
   std::shared_ptr<const std::unordered_map<std::string, at::Tensor>> shared_weights_;
