@@ -26,11 +26,14 @@
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
 #   serve_load      GPT-2 124M bf16 (batch 32, 128-token cache) behind `aotc serve`, loaded with 1, 8 and 32
 #                   streams by scripts/completions_load.py beside `aotc generate`'s rate (needs Ray: docs/gpu.md)
+#   cpp_generate    the C++ runner built with CUDA; GPT-2 124M bf16 (batch 1, 256-token cache): cold start to
+#                   the first token against import torch + CUDA init (scripts/generate_cold_start.py), and
+#                   the runner's decode rate on a 32-token prompt, 128 new tokens, beside `aotc generate`'s
 # Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled
 # (build_time gives each build a fresh one); aotc's cache folder is WORKDIR/aotc_cache.
 set -u
 if [ $# -lt 3 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
-  sed -n '2,26p' "$0" | cut -c3-
+  sed -n '2,/^set -u/p' "$0" | grep '^#' | cut -c3-
   exit 2
 fi
 RESULTS=$1
@@ -57,6 +60,16 @@ fi
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" >> "$RESULTS/gpu.txt" 2>&1
 python3 -c "from aotc.build import toolchain as t; print('compiler choice:', t.choose_compiler())" >> "$RESULTS/gpu.txt" 2>&1
+
+gpt2_file() {  # GPT-2 124M as people write it, random weights
+  cat > "$WORK/gpt2_124m.py" <<'PY'
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def get_model():
+    return GPT2LMHeadModel(GPT2Config())
+PY
+}
 
 for step in "$@"; do
   log "start $step"
@@ -116,13 +129,7 @@ PY
         --prompt-tokens 512 --new 128 --max-seq-len 1024 --rounds 3 --bandwidth \
         --out "$RESULTS/generate_llama1b.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
     serve_load)
-      cat > "$WORK/gpt2_124m.py" <<'PY'
-from transformers import GPT2Config, GPT2LMHeadModel
-
-
-def get_model():
-    return GPT2LMHeadModel(GPT2Config())
-PY
+      gpt2_file
       { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 128 --batch-size 32 \
           -o "$WORK/gpt2_serve.pt2" &&
         python3 -m aotc build "$WORK/gpt2_serve.pt2" --device cuda --mode reduce-overhead --precision bf16 \
@@ -136,6 +143,21 @@ PY
     generate_gpt2)
       python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --prompt-tokens 32 \
         --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
+    cpp_generate)
+      gpt2_file
+      prompt=$(python3 -c "print(','.join(str((i * 7919) % 50000) for i in range(32)))")
+      { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 256 -o "$WORK/gpt2_b1.pt2" &&
+        python3 -m aotc build "$WORK/gpt2_b1.pt2" --device cuda --mode reduce-overhead --precision bf16 \
+          -o "$WORK/gpt2_b1_pkg" --quiet &&
+        python3 -m aotc.deploy.cpp_runner build "$WORK/runner_build" &&
+        python3 scripts/generate_cold_start.py "$WORK/gpt2_b1_pkg" --runner "$WORK/runner_build/aotc-runner" \
+          --runs 7 --out "$RESULTS/cold_start_generate_h100.json"; } > "$RESULTS/cpp_generate.log" 2>&1 || rc=$?
+      for round in 1 2 3; do
+        "$WORK/runner_build/aotc-runner" "$WORK/gpt2_b1_pkg" --generate --prompt-ids "$prompt" \
+          --max-new-tokens 128 --json >> "$RESULTS/runner_generate_h100.jsonl" 2>> "$RESULTS/cpp_generate.log" || rc=$?
+        python3 -m aotc generate "$WORK/gpt2_b1_pkg" --prompt-ids "$prompt" --max-new-tokens 128 --json \
+          >> "$RESULTS/python_generate_h100.jsonl" 2>> "$RESULTS/cpp_generate.log" || rc=$?
+      done ;;
     tests=*) python3 -m pytest -q -m gpu tests -k "${step#tests=}" -p no:cacheprovider > "$RESULTS/tests_k.log" 2>&1 || rc=$? ;;
     *) log "unknown step $step"; rc=2 ;;
   esac

@@ -180,3 +180,39 @@ def test_eos_stops_the_graph_decode_as_transformers_does(built, no_tf32):
     expected = reference(model, ids.cuda(), mask.cuda(), 12, eos_token_id=eos, pad_token_id=eos)
     got = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=12, eos_token_ids=[eos])
     assert got.tolist() == expected.cpu().tolist()
+
+
+@pytest.fixture(scope="module")
+def gpu_runner(tmp_path_factory):
+    from aotc.deploy.cpp_runner import build_runner
+
+    return build_runner(tmp_path_factory.mktemp("runner_build"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_cpp_runner_generates_the_python_runtimes_tokens_on_the_gpu(
+    built, gpu_runner, precision
+):
+    """Issue 27: `aotc-runner --generate` on a CUDA reduce-overhead package (decode replayed as one
+    CUDA graph on the package's own KV cache) gives the Python runtime's tokens, greedy and with
+    seeded sampling, for a left-padded batch of two prompts."""
+    import json
+    import subprocess
+
+    package = built["gpt2", precision][0]
+    ids, mask = prompts()
+    lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    flags = [arg for row in lists for arg in ("--prompt-ids", ",".join(map(str, row)))]
+    sampled = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "seed": 7}
+    loaded = aotc_runtime.load(package)
+    for settings in ({}, sampled):
+        options = [item for k, v in settings.items() for item in (f"--{k.replace('_', '-')}", v)]
+        done = subprocess.run(
+            [str(gpu_runner), str(package), "--generate", *flags, "--max-new-tokens", "12",
+             "--json", *map(str, options)],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)["generated_ids"]
+        want = loaded.generate(ids, mask, max_new_tokens=12, **settings)[:, 7:].tolist()
+        assert got == want, (settings, got, want)
