@@ -234,8 +234,19 @@ def _error_cases(packages, tmp_path) -> dict:
 def test_error_cases_give_the_python_runtimes_exit_codes(runner, packages, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("the 'cuda package' case assumes a machine without a GPU")
-    for name, (package, extra) in _error_cases(packages, tmp_path).items():
-        python, cpp = run_python(package, *extra), run_cpp(runner, package, *extra)
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = _error_cases(packages, tmp_path)
+    # the two runtimes of every case, two processes at a time (each mostly waits on its own start)
+    with ThreadPoolExecutor(2) as pool:
+        python_runs = [
+            pool.submit(run_python, package, *extra) for package, extra in cases.values()
+        ]
+        cpp_runs = [
+            pool.submit(run_cpp, runner, package, *extra) for package, extra in cases.values()
+        ]
+    for name, python_run, cpp_run in zip(cases, python_runs, cpp_runs):
+        python, cpp = python_run.result(), cpp_run.result()
         assert python.returncode in (7, 8), (name, python.returncode, python.stderr)
         assert cpp.returncode == python.returncode, (
             name,
@@ -262,12 +273,22 @@ def test_bad_command_line_is_exit_2(runner):
 
 
 def test_embedding_example_builds_and_runs(runner, packages, generation_packages, tmp_path):
-    """examples/cpp: a user's program linking aotc::runtime (load, call, read outputs)."""
+    """examples/cpp: a user's program linking aotc::runtime (load, call, read outputs), here the
+    library `make runner` built (compiling the runtime again would take a minute on 2 cores)."""
     from aotc.deploy.cpp_runner import cmake_arguments
 
-    build = tmp_path / "embed"
+    build, library = tmp_path / "embed", runner.parent / "libaotc_runtime.a"
+    assert library.is_file(), f"{library} is missing; `make runner` builds it"
     for step in (
-        ["cmake", "-S", ROOT / "examples" / "cpp", "-B", build, *cmake_arguments()],
+        [
+            "cmake",
+            "-S",
+            ROOT / "examples" / "cpp",
+            "-B",
+            build,
+            *cmake_arguments(),
+            f"-DAOTC_RUNTIME_LIBRARY={library}",
+        ],  # fmt: skip
         ["cmake", "--build", build, "-j2"],
     ):
         result = subprocess.run(list(map(str, step)), capture_output=True, text=True, timeout=900)
