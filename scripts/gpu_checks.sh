@@ -146,9 +146,9 @@ PY
     cpp_generate)
       gpt2_file
       prompt=$(python3 -c "print(','.join(str((i * 7919) % 50000) for i in range(32)))")
-      { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 256 -o "$WORK/gpt2_b1.pt2" &&
+      { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 256 -o "$WORK/gpt2_b1.pt2" --force &&
         python3 -m aotc build "$WORK/gpt2_b1.pt2" --device cuda --mode reduce-overhead --precision bf16 \
-          -o "$WORK/gpt2_b1_pkg" --quiet &&
+          -o "$WORK/gpt2_b1_pkg" --force --quiet &&
         python3 -m aotc.deploy.cpp_runner build "$WORK/runner_build" &&
         python3 scripts/generate_cold_start.py "$WORK/gpt2_b1_pkg" --runner "$WORK/runner_build/aotc-runner" \
           --runs 7 --out "$RESULTS/cold_start_generate_h100.json"; } > "$RESULTS/cpp_generate.log" 2>&1 || rc=$?
