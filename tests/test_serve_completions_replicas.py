@@ -13,8 +13,9 @@ import torch
 
 pytest.importorskip("ray.serve")
 
-from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
 from test_serve_completions import expected_ids, free_port, get, post  # noqa: E402
+
+from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
