@@ -238,12 +238,12 @@ def test_a_seeded_sampled_request_repeats_and_equals_the_runtimes(server, lm):
     assert first == (expected[: ends[0] + 1] if ends else expected)
 
 
-def test_requests_share_a_generation_only_when_their_rows_fit_the_cache():
-    """Rows share one length (the longest prompt, left-padded, plus the most new tokens): a long
-    prompt that asks for little and a short one that asks for much each fit alone, not together."""
+def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
+    """The engine's admission (a fake batch of 3 rows that holds 32 columns of prompt plus new
+    tokens): waiting greedy requests join in arrival order; one that does not fit waits, and those
+    behind it wait too; a sampled one stops admission (it runs alone); a gone one is dropped."""
     import asyncio
     import collections
-    from types import SimpleNamespace
 
     from aotc.serve.completion_engine import CompletionEngine, Job
     from aotc.serve.completions import CompletionRequest
@@ -254,11 +254,30 @@ def test_requests_share_a_generation_only_when_their_rows_fit_the_cache():
         )
         return Job(request, None, asyncio.Queue())  # type: ignore[arg-type]
 
+    class Batch:
+        def __init__(self):
+            self.joined: list = []
+
+        @property
+        def active(self):
+            return len(self.joined)
+
+        def fits(self, prompt, new):
+            used = sum(p + n for p, n in self.joined)
+            return len(self.joined) < 3 and used + prompt + new <= 32
+
+        def join(self, _key, prompt, new):
+            self.joined.append((len(prompt), new))
+
     engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
-    engine.generation = SimpleNamespace(batch_size=3, max_seq_len=32)
-    long_prompt, long_answer, small, sampled = job(28, 3), job(2, 28), job(4, 4), job(3, 3, 0.8)
-    engine._pending = collections.deque([long_prompt, long_answer, sampled, small])
-    assert engine._take_batch() == [long_prompt, small]  # 28 + 4 fit; 28 + 28 would not
-    assert engine._take_batch() == [long_answer]  # the sampled one generates alone
-    assert engine._take_batch() == [sampled]
-    assert engine._take_batch() == []
+    engine.tokenizer = None
+    a, b, c, d = job(10, 10), job(10, 10), job(2, 2), job(3, 3, 0.8)
+    gone = job(1, 1)
+    gone.gone = True
+    engine._pending = collections.deque([gone, a, b, c, d])
+    batch, rows = Batch(), {}
+    engine._admit(batch, rows)
+    assert [rows[key][0] for key in rows] == [a]  # b does not fit beside a, and c waits behind b
+    assert list(engine._pending) == [b, c, d]
+    engine._admit(Batch(), rows)  # an empty batch: b and c join, the sampled d stops admission
+    assert [rows[key][0] for key in rows] == [a, b, c] and list(engine._pending) == [d]

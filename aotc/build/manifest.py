@@ -109,4 +109,5 @@ def generation_record(task: dict | None) -> Generation | None:
         eos_token_ids=tuple(task.get("eos_token_ids", ())),
         pad_token_id=task.get("pad_token_id"),
         tokenizer=TOKENIZER_FILE if task.get("tokenizer") else None,
+        sliding_window=task.get("sliding_window"),
     )

@@ -195,7 +195,25 @@ def task_record(model: Any, cfg: Any) -> dict:
         "eos_token_ids": [int(e) for e in eos],
         "pad_token_id": getattr(generation, "pad_token_id", None),
         "tokenizer": cfg.tokenizer is not None,
+        "sliding_window": attention_window(model.config.get_text_config()),
     }
+
+
+def attention_window(config: Any) -> int:
+    """The fewest earlier positions a layer of the model attends to (a sliding window, or
+    Llama 4's attention chunks), 0 when every layer sees every earlier position. transformers
+    measures such windows in cache positions, which serving's continuous batching must know
+    (aotc_runtime/continuous.py)."""
+    windows = []
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or ()
+    if window and getattr(config, "use_sliding_window", True) is not False:
+        # a config may name a window that none of its layers uses (layer_types all "full_attention")
+        if not layer_types or any("sliding" in str(kind) for kind in layer_types):
+            windows.append(int(window))
+    if chunk := getattr(config, "attention_chunk_size", None):
+        windows.append(int(chunk))
+    return min(windows, default=0)
 
 
 def check_cases(task: dict, device: Any) -> list:

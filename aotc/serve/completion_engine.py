@@ -1,5 +1,5 @@
 """What generates the answers of `aotc serve` for a text-generation package: OpenAI completions,
-streamed token by token, with requests that arrive together run as one batch. The HTTP side is
+streamed token by token, greedy requests joining one running batch. The HTTP side is
 aotc/serve/completion_server.py, in the same process (a token crosses no process on its way).
 
 `complete(body)` is an async generator. Its first item is the refusal of the request
@@ -8,17 +8,13 @@ aotc/serve/completion_server.py, in the same process (a token crosses no process
 "finish_reason": None | "length" | "stop"}` (the last with its finish_reason): as many as were made
 since the previous item was taken.
 
-Batching (issue 27's fallback, not continuous batching): the package holds one KV cache of B rows
-(`aotc export --batch-size B`) that `generate` resets at its start, so sequences cannot join a
-generation already running. A worker takes what is waiting when the package is free: up to B greedy
-requests go into one generation (left-padded, as `aotc generate` pads prompts; each row is answered
-as if alone, and leaves at its own max_tokens, end-of-sequence or stop string), a sampled request
-runs alone (a seed draws from one generator per generation: sharing it would change its tokens).
-The generation ends when every row has finished or gone. A client that disconnects marks its row
-gone; a generation whose rows are all gone stops at the next step, so the package is free again.
-Continuous batching would need the cache's rows reset and filled one at a time (a prefill program
-that writes one row of the cache at a given slot) and a decode step that reads each row's own
-position, which the package's programs do not have yet.
+Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Greedy requests
+run as one running batch (continuous batching, aotc_runtime/continuous.py): a request that waits
+joins at the next step if a row is free and the cache's columns left hold it, and leaves at its own
+max_tokens, end-of-sequence or stop string; each row is answered as if alone. A sampled request
+runs alone once the batch has emptied (a seed draws from one generator per generation: sharing it
+would change its tokens), and requests behind it wait their turn. A client that disconnects marks
+its row gone; the row is freed at the next step.
 """
 
 from __future__ import annotations
@@ -177,46 +173,95 @@ class CompletionEngine:
             self._worker = asyncio.get_running_loop().create_task(self._work())
 
     async def _work(self) -> None:
-        """Runs one generation at a time, each over what waited when the package came free."""
+        """Runs the package for what waits: greedy requests in a running batch that takes each new
+        one at its next step, a sampled one alone once the batch has emptied."""
         assert self._wake is not None
         loop = asyncio.get_running_loop()
         while True:
-            batch = self._take_batch()
+            while self._pending and self._pending[0].gone:
+                self._pending.popleft()
             self._queued.set(len(self._pending))
-            if not batch:
+            if not self._pending:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self._active.set(len(batch))
-            try:
-                await loop.run_in_executor(self._executor, self._generate, batch)
-            finally:
-                self._active.set(0)
+            if self._pending[0].request.temperature != 0:
+                job = self._pending.popleft()
+                self._active.set(1)
+                try:
+                    await loop.run_in_executor(self._executor, self._generate, [job])
+                finally:
+                    self._active.set(0)
+                continue
+            await loop.run_in_executor(self._executor, self._run_batch)
 
-    def _take_batch(self) -> list[Job]:
-        """The first waiting request, and with a greedy one the other greedy requests that fit."""
-        while self._pending and self._pending[0].gone:
-            self._pending.popleft()
-        if not self._pending:
-            return []
-        batch = [self._pending.popleft()]
-        if batch[0].request.temperature != 0:
-            return batch
-        # the rows share one length: the longest prompt (left padding) plus the most new tokens
-        longest, most = len(batch[0].request.prompt_ids), batch[0].request.max_tokens
+    def _admit(self, batch: Any, rows: dict) -> None:
+        """In the package's thread: the waiting greedy requests that fit the running batch, in
+        order, up to the first sampled one (it runs once the batch has emptied)."""
         for job in list(self._pending):
-            if len(batch) == self.generation.batch_size:
-                break
-            request = job.request
-            fits = (
-                max(longest, len(request.prompt_ids)) + max(most, request.max_tokens)
-                <= self.generation.max_seq_len
-            )
-            if request.temperature == 0 and not job.gone and fits:
+            if job.gone:
                 self._pending.remove(job)
-                batch.append(job)
-                longest, most = max(longest, len(request.prompt_ids)), max(most, request.max_tokens)
-        return batch
+                continue
+            request = job.request
+            if request.temperature != 0:
+                return
+            if not batch.fits(len(request.prompt_ids), request.max_tokens):
+                if batch.active == 0:  # cannot happen (requests are checked against the cache)
+                    raise RuntimeError("a request that fits the cache does not fit an empty batch")
+                return  # in order: a later request does not overtake this one
+            self._pending.remove(job)
+            batch.join(id(job), request.prompt_ids, request.max_tokens)
+            rows[id(job)] = (job, TextDelta(self.tokenizer, request.stop), [0])
+
+    def _run_batch(self) -> None:
+        """In the package's thread: greedy requests as one running batch (continuous batching,
+        aotc_runtime/continuous.py), each token sent as it comes, until no request is left."""
+        from aotc_runtime.continuous import RunningBatch
+
+        batch = RunningBatch(self.package)
+        rows: dict = {}  # row key -> (job, its text so far, [tokens made])
+        eos = set(self.generation.eos_token_ids)
+        self.counts["generations"] += 1
+        try:
+            while True:
+                self._admit(batch, rows)
+                self._queued.set(len(self._pending))
+                self._active.set(len(rows))
+                if not rows:
+                    return
+                for key, token in batch.step():
+                    job, text, made = rows[key]
+                    made[0] += 1
+                    if made[0] == 1:
+                        self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
+                    finish = (
+                        "stop"
+                        if token in eos
+                        else "length"
+                        if made[0] == job.request.max_tokens
+                        else None
+                    )
+                    delta, stopped = text.add(token, last=finish is not None)
+                    finish = "stop" if stopped else finish
+                    job.finished = finish is not None
+                    if not job.gone:
+                        job.send({"token_ids": [token], "text": delta, "finish_reason": finish})
+                live = sum(1 for job, _text, _made in rows.values() if not job.gone)
+                if live:
+                    self._tokens.inc(live)
+                    self.counts["tokens"] += live
+                for key, (job, _text, _made) in list(rows.items()):
+                    if job.finished or job.gone:  # its row is free for the next request
+                        batch.leave(key)
+                        del rows[key]
+        except Exception as exc:  # the package failed: every row still waiting hears why
+            message = f"the model failed on this request: {type(exc).__name__}: {exc}"[:300]
+            for job, _text, _made in rows.values():
+                if not job.finished:
+                    job.send({"error": 500, "message": message})
+        finally:
+            batch.release()
+            self._active.set(0)
 
     def _generate(self, batch: list[Job]) -> None:
         """In the package's thread: one generation for `batch`, each token sent as it comes."""

@@ -68,6 +68,9 @@ class Generation:
     eos_token_ids: tuple = ()  # generation stops at any of them
     pad_token_id: int | None = None
     tokenizer: str | None = None  # the package's tokenizers JSON file, when it carries one
+    # the fewest positions a layer's attention looks back over, 0 for none limited; None in
+    # packages from before it was recorded (aotc_runtime/continuous.py reads it)
+    sliding_window: int | None = None
 
     @classmethod
     def read(cls, fields: Fields) -> Generation:
@@ -83,6 +86,7 @@ class Generation:
             tuple(eos),
             fields.integer("pad_token_id", None),
             fields.optional_text("tokenizer"),
+            fields.integer("sliding_window", None),
         )
         if generation.tokenizer is not None and not _inside_package(generation.tokenizer):
             fields.fail("tokenizer", "is not a plain path inside the package")
@@ -99,6 +103,7 @@ class Generation:
             "eos_token_ids": list(self.eos_token_ids),
             "pad_token_id": self.pad_token_id,
             "tokenizer": self.tokenizer,
+            **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
         }
 
 

@@ -1,0 +1,172 @@
+"""Continuous batching over a text-generation package: greedy sequences join a running batch and
+leave it at step boundaries, each answered as if alone (what `aotc serve` runs).
+
+The package's program (aotc/export/text_generation.py) feeds S tokens to every row of its KV cache
+at the same cache columns, and each row's attention mask over the cache says which columns are its
+own. The rows share one timeline of columns; a sequence owns the columns its tokens went to:
+
+- A decode step feeds every row's last token at the next column.
+- A join is one call of S = L columns (L the longest joining prompt). A joining row's prompt goes
+  to the last columns of that window, left-padded, its mask cleared of what the row held before. A
+  running row feeds its last token at the window's last column and masks the others out: the call
+  is its next decode step as well, so a join costs the running rows no step.
+
+A row's tokens keep their own positions (position_ids count its tokens, not columns), so the
+columns it skipped are as invisible to it as left padding. This holds for models that attend to
+every earlier token; one with a sliding window measures the window in columns, so a sequence joins
+those only into an empty batch (`Generation.sliding_window`).
+
+Every step uses up a column of every row, and a join L of them. A sequence joins only when the
+columns left hold its prompt and every running row's remaining tokens (`fits`); otherwise it waits
+for the batch to empty, when the timeline starts again at column 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .generation import decoder, generation_of
+
+if TYPE_CHECKING:
+    from .package import Package
+
+
+@dataclass
+class _Row:
+    key: Hashable
+    left: int  # tokens still to make
+    prompt: Sequence[int] | None = None  # until its join step has run
+
+
+class RunningBatch:
+    """Greedy generation for up to the package's batch of sequences at once, joining and leaving
+    between steps (see above). The package is held (no `generate` on it) from the first join until
+    the last row leaves. One thread uses it at a time."""
+
+    def __init__(self, package: Package):
+        generation = generation_of(package)
+        self.package, self.device = package, package.device
+        self.size, self.max_len = generation.batch_size, generation.max_seq_len
+        # a model with a sliding window (or a package that does not say) takes rows only when empty
+        self.mid_batch_joins = generation.sliding_window == 0
+        self.rows: list[_Row | None] = [None] * self.size
+        self.column = 0  # the next cache column a step writes
+        self.mask = torch.zeros(self.size, self.max_len, dtype=torch.int64)
+        self.fed = torch.zeros(self.size, dtype=torch.int64)  # tokens each row has fed so far
+        self.last = torch.zeros(self.size, dtype=torch.int64)  # each row's token to feed next
+        self._decoder: Any = None  # the decode step, set up again after each join
+        self._held = False
+
+    @property
+    def active(self) -> int:
+        return sum(row is not None for row in self.rows)
+
+    def fits(self, prompt_length: int, max_new_tokens: int) -> bool:
+        """Whether a sequence can join at the next step."""
+        if self.active == 0:
+            return prompt_length + max_new_tokens <= self.max_len
+        if not self.mid_batch_joins or None not in self.rows:
+            return False
+        joining = [r for r in self.rows if r is not None and r.prompt is not None]
+        window = max([prompt_length, *(len(r.prompt) for r in joining)])  # type: ignore[arg-type]
+        # after the join step each row still feeds (tokens left - 1) tokens, one column each
+        after = max([max_new_tokens, *(r.left for r in self.rows if r is not None)]) - 1
+        return self.column + window + after <= self.max_len
+
+    def join(self, key: Hashable, prompt: Sequence[int], max_new_tokens: int) -> None:
+        """Queue a sequence for the next step (check `fits` first)."""
+        if not self.fits(len(prompt), max_new_tokens):
+            raise ValueError("the sequence does not fit the running batch; check fits() first")
+        if self.active == 0:  # a new timeline
+            if not self._held:
+                self.package._generating.acquire()
+                self._held = True
+            self.package.reset_state()
+            self.column, self._decoder = 0, None
+            self.mask.zero_()
+            self.fed.zero_()
+        self.rows[self.rows.index(None)] = _Row(key, max_new_tokens, list(prompt))
+
+    def leave(self, key: Hashable) -> None:
+        """The sequence's row is free from the next step (finished, or its client left)."""
+        for slot, row in enumerate(self.rows):
+            if row is not None and row.key == key:
+                self.rows[slot] = None
+        if self.active == 0:
+            self.release()
+
+    def release(self) -> None:
+        """Give the package back (after the last row left, or when a step failed)."""
+        self.rows = [None] * self.size
+        if self._held:
+            self._held = False
+            self.package._generating.release()
+
+    def step(self) -> list[tuple[Hashable, int]]:
+        """One call of the package: each row's next token, as (key, token)."""
+        if self.active == 0:
+            return []
+        with torch.inference_mode():
+            joining = [slot for slot, r in enumerate(self.rows) if r is not None and r.prompt]
+            logits = self._join(joining) if joining else self._decode()
+            tokens = logits.argmax(dim=-1).cpu()
+        made = []
+        for slot, row in enumerate(self.rows):
+            self.last[slot] = tokens[slot]
+            if row is not None:
+                row.left -= 1
+                made.append((row.key, int(tokens[slot])))
+        return made
+
+    def _join(self, joining: list[int]) -> torch.Tensor:
+        prompts = {slot: self.rows[slot].prompt for slot in joining}  # type: ignore[union-attr]
+        window = max(len(p) for p in prompts.values())  # type: ignore[arg-type]
+        start = self.column
+        ids = torch.zeros(self.size, window, dtype=torch.int64)
+        positions = torch.zeros(self.size, window, dtype=torch.int64)
+        for slot in range(self.size):
+            prompt = prompts.get(slot)
+            if prompt is not None:  # left-padded into the window, nothing of the row before
+                first = window - len(prompt)
+                ids[slot, first:] = torch.tensor(list(prompt), dtype=torch.int64)
+                positions[slot, first:] = torch.arange(len(prompt))
+                self.mask[slot] = 0
+                self.mask[slot, start + first : start + window] = 1
+                self.fed[slot] = len(prompt)
+                self.rows[slot].prompt = None  # type: ignore[union-attr]
+            else:  # its next decode step, at the window's last column
+                ids[slot, -1] = self.last[slot]
+                positions[slot] = self.fed[slot]
+                self.mask[slot, start : start + window] = 0
+                self.mask[slot, start + window - 1] = 1
+                self.fed[slot] += 1
+        cache_position = torch.arange(start, start + window)
+        inputs = [t.to(self.device) for t in (ids, positions, cache_position, self.mask)]
+        logits = self.package.call_without_graphs(*inputs)
+        self.column = start + window
+        self._decoder = None
+        return logits
+
+    def _decode(self) -> torch.Tensor:
+        column = self.column
+        last = self.last.to(self.device)
+        if self._decoder is None:  # the decode step's buffers from here (decoder() advances them)
+            self.mask[:, column] = 1
+            first = [
+                last[:, None],
+                self.fed[:, None].to(self.device),
+                torch.tensor([column], device=self.device),
+                self.mask.to(self.device),
+            ]
+            self._decoder = decoder(self.package, first)
+        logits = self._decoder.step(last)
+        # what the step's own advance did to its buffers, mirrored here for the next join
+        self.fed += 1
+        self.column = column + 1
+        if self.column < self.max_len:
+            self.mask[:, self.column] = 1
+        return logits

@@ -1,0 +1,82 @@
+"""Continuous batching (runtime/aotc_runtime/continuous.py): sequences join a running batch and
+leave it at step boundaries, and each gets the tokens it gets alone (the runtime's own `generate`,
+which tests/test_generate.py holds to transformers' `generate`). The conftest's generation
+packages: batch 2, a 32-token cache, built once per session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aotc_runtime
+from aotc_runtime.continuous import RunningBatch
+
+pytestmark = pytest.mark.slow
+
+
+def alone(package, prompt: list, new_tokens: int) -> list:
+    out = package.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, eos_token_ids=[])
+    return out[0, len(prompt) :].tolist()
+
+
+def run(batch: RunningBatch, plan: dict) -> dict:
+    """plan: step at which each sequence joins -> (key, prompt, new tokens). Steps until every
+    sequence has all its tokens; returns key -> tokens."""
+    made: dict = {}
+    step = 0
+    while step == 0 or batch.active or any(at >= step for at in plan):
+        for key, prompt, new in [plan[at] for at in plan if at == step]:
+            assert batch.fits(len(prompt), new), (key, batch.column)
+            batch.join(key, prompt, new)
+            made[key] = []
+        for key, token in batch.step():
+            made[key].append(token)
+            if len(made[key]) == dict((k, n) for k, _p, n in plan.values())[key]:
+                batch.leave(key)
+        step += 1
+        assert step < 100
+    return made
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_sequences_joining_a_running_batch_get_their_own_tokens(generation_packages, family):
+    package = aotc_runtime.load(generation_packages[family][0])
+    assert package.manifest.generation.sliding_window == 0
+    plan = {
+        0: ("a", [5, 17, 42, 9, 100], 14),  # alone for 3 steps, then beside b, then beside c
+        3: ("b", [7, 8, 300], 6),  # joins a running batch: one call feeds a's next token too
+        10: ("c", [11, 12, 13, 14], 5),  # into the row b left, with a still running
+    }
+    batch = RunningBatch(package)
+    made = run(batch, plan)
+    for key, prompt, new in plan.values():
+        assert made[key] == alone(package, prompt, new), key
+    # the batch gave the package back: generate runs again
+    assert alone(package, [5, 6], 2) == alone(package, [5, 6], 2)
+
+
+def test_a_sequence_waits_when_the_cache_columns_left_cannot_hold_it(generation_packages):
+    package = aotc_runtime.load(generation_packages["gpt2"][0])
+    batch = RunningBatch(package)
+    batch.join("a", [5, 6, 7], 20)
+    batch.step()
+    # 3 columns used, and a has 19 tokens to make: after a join of 12 columns, 18 more feeds of
+    # a's would need 3 + 12 + 18 = 33 columns of the 32; a 2-token prompt needs 23
+    assert not batch.fits(12, 2) and batch.fits(11, 2) and batch.fits(2, 2)
+    batch.join("b", [1, 2], 2)
+    assert not batch.fits(1, 1)  # no free row (batch of 2)
+    batch.release()
+
+
+def test_a_model_with_a_sliding_window_takes_sequences_only_into_an_empty_batch(
+    generation_packages,
+):
+    package = aotc_runtime.load(generation_packages["gemma2"][0])
+    assert package.manifest.generation.sliding_window > 0
+    batch = RunningBatch(package)
+    assert batch.fits(3, 4)
+    batch.join("a", [5, 6, 7], 4)
+    batch.step()
+    assert not batch.fits(2, 2)
+    batch.leave("a")
+    assert batch.fits(2, 2)
