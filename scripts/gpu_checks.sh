@@ -24,7 +24,7 @@
 #   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
 #   generate_llama  generate_bench's Llama-3.2-1B part alone
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
-#   serve_load      GPT-2 124M bf16 (batch 32, 128-token cache) behind `aotc serve`, loaded with 1, 8 and 32
+#   serve_load      GPT-2 124M bf16 (batch 32, 512-token cache) behind `aotc serve`, loaded with 1, 8 and 32
 #                   streams by scripts/completions_load.py beside `aotc generate`'s rate (needs Ray: docs/gpu.md)
 #   cpp_generate    the C++ runner built with CUDA; GPT-2 124M bf16 (batch 1, 256-token cache): cold start to
 #                   the first token against import torch + CUDA init (scripts/generate_cold_start.py), and
@@ -130,7 +130,9 @@ PY
         --out "$RESULTS/generate_llama1b.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
     serve_load)
       gpt2_file
-      { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 128 --batch-size 32 \
+      # a cache several requests long: continuous batching joins a request only while the cache's
+      # columns left hold it beside the running ones (aotc_runtime/continuous.py)
+      { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 512 --batch-size 32 \
           -o "$WORK/gpt2_serve.pt2" &&
         python3 -m aotc build "$WORK/gpt2_serve.pt2" --device cuda --mode reduce-overhead --precision bf16 \
           -o "$WORK/gpt2_serve_pkg" --quiet; } > "$RESULTS/serve_load.log" 2>&1 || rc=$?
