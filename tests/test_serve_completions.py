@@ -277,7 +277,7 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     engine._pending = collections.deque([gone, a, b, c, d])
     batch, rows = Batch(), {}
     engine._admit(batch, rows)
-    assert [rows[key][0] for key in rows] == [a]  # b does not fit beside a, and c waits behind b
+    assert [rows[key].job for key in rows] == [a]  # b does not fit beside a, and c waits behind b
     assert list(engine._pending) == [b, c, d]
     engine._admit(Batch(), rows)  # an empty batch: b and c join, the sampled d stops admission
-    assert [rows[key][0] for key in rows] == [a, b, c] and list(engine._pending) == [d]
+    assert [rows[key].job for key in rows] == [a, b, c] and list(engine._pending) == [d]

@@ -86,6 +86,13 @@ class TextDelta:
         return delta, stopped
 
 
+class Answer:
+    """What a request has been answered so far: its tokens' count and text."""
+
+    def __init__(self, job: Job, tokenizer: Any):
+        self.job, self.text, self.made = job, TextDelta(tokenizer, job.request.stop), 0
+
+
 class CompletionEngine:
     """One replica's package, its waiting requests, and the worker that generates for them. A
     package that cannot load here is reported (health, and a 503 per request), not raised: a
@@ -189,7 +196,7 @@ class CompletionEngine:
                 job = self._pending.popleft()
                 self._active.set(1)
                 try:
-                    await loop.run_in_executor(self._executor, self._generate, [job])
+                    await loop.run_in_executor(self._executor, self._generate, job)
                 finally:
                     self._active.set(0)
                 continue
@@ -211,7 +218,38 @@ class CompletionEngine:
                 return  # in order: a later request does not overtake this one
             self._pending.remove(job)
             batch.join(id(job), request.prompt_ids, request.max_tokens)
-            rows[id(job)] = (job, TextDelta(self.tokenizer, request.stop), [0])
+            rows[id(job)] = Answer(job, self.tokenizer)
+
+    def _deliver(self, answer: Answer, token: int) -> None:
+        """One new token of a request: its time to first token, its text, whether it ends the
+        request (end-of-sequence, max_tokens or a stop string), sent to its client."""
+        answer.made += 1
+        job = answer.job
+        if answer.made == 1:
+            self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
+        eos = self.generation.eos_token_ids
+        finish = (
+            "stop" if token in eos else "length" if answer.made == job.request.max_tokens else None
+        )
+        delta, stopped = answer.text.add(token, last=finish is not None)
+        finish = "stop" if stopped else finish
+        job.finished = finish is not None
+        if not job.gone:
+            job.send({"token_ids": [token], "text": delta, "finish_reason": finish})
+
+    def _count_step(self, answers) -> None:
+        live = sum(1 for answer in answers if not answer.job.gone)
+        if live:
+            self._tokens.inc(live)
+            self.counts["tokens"] += live
+
+    @staticmethod
+    def _fail(answers, exc: Exception) -> None:
+        """The package failed: every request still waiting hears why."""
+        message = f"the model failed on this request: {type(exc).__name__}: {exc}"[:300]
+        for answer in answers:
+            if not answer.job.finished:
+                answer.job.send({"error": 500, "message": message})
 
     def _run_batch(self) -> None:
         """In the package's thread: greedy requests as one running batch (continuous batching,
@@ -219,8 +257,7 @@ class CompletionEngine:
         from aotc_runtime.continuous import RunningBatch
 
         batch = RunningBatch(self.package)
-        rows: dict = {}  # row key -> (job, its text so far, [tokens made])
-        eos = set(self.generation.eos_token_ids)
+        rows: dict = {}  # row key -> its request's Answer
         self.counts["generations"] += 1
         try:
             while True:
@@ -230,90 +267,45 @@ class CompletionEngine:
                 if not rows:
                     return
                 for key, token in batch.step():
-                    job, text, made = rows[key]
-                    made[0] += 1
-                    if made[0] == 1:
-                        self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
-                    finish = (
-                        "stop"
-                        if token in eos
-                        else "length"
-                        if made[0] == job.request.max_tokens
-                        else None
-                    )
-                    delta, stopped = text.add(token, last=finish is not None)
-                    finish = "stop" if stopped else finish
-                    job.finished = finish is not None
-                    if not job.gone:
-                        job.send({"token_ids": [token], "text": delta, "finish_reason": finish})
-                live = sum(1 for job, _text, _made in rows.values() if not job.gone)
-                if live:
-                    self._tokens.inc(live)
-                    self.counts["tokens"] += live
-                for key, (job, _text, _made) in list(rows.items()):
-                    if job.finished or job.gone:  # its row is free for the next request
+                    self._deliver(rows[key], token)
+                self._count_step(rows.values())
+                for key, answer in list(rows.items()):
+                    if answer.job.finished or answer.job.gone:  # its row is free for the next
                         batch.leave(key)
                         del rows[key]
-        except Exception as exc:  # the package failed: every row still waiting hears why
-            message = f"the model failed on this request: {type(exc).__name__}: {exc}"[:300]
-            for job, _text, _made in rows.values():
-                if not job.finished:
-                    job.send({"error": 500, "message": message})
+        except Exception as exc:
+            self._fail(rows.values(), exc)
         finally:
             batch.release()
             self._active.set(0)
 
-    def _generate(self, batch: list[Job]) -> None:
-        """In the package's thread: one generation for `batch`, each token sent as it comes."""
-        from aotc_runtime.generation import left_padded
+    def _generate(self, job: Job) -> None:
+        """In the package's thread: a sampled request, generated alone, each token sent as it
+        comes."""
+        import torch
 
-        ids, mask = left_padded([job.request.prompt_ids for job in batch])
-        texts = [TextDelta(self.tokenizer, job.request.stop) for job in batch]
-        made = [0] * len(batch)
-        eos = set(self.generation.eos_token_ids)
+        answer = Answer(job, self.tokenizer)
         self.counts["generations"] += 1
-        sampling = batch[0].request.sampling()
-        if sampling["seed"] is None and batch[0].request.temperature > 0:
+        sampling = job.request.sampling()
+        if sampling["seed"] is None:
             # as OpenAI's: an unseeded sampled request draws anew (the runtime's default seed
             # would give every such request the same text)
             sampling["seed"] = secrets.randbits(63)
         steps = self.package.stream(
-            ids,
-            mask,
-            max_new_tokens=max(job.request.max_tokens for job in batch),
+            torch.tensor([job.request.prompt_ids]),
+            max_new_tokens=job.request.max_tokens,
             **sampling,
         )
         try:
             for tokens in steps:
-                for row, job in enumerate(batch):
-                    if job.finished or job.gone:
-                        continue
-                    token = int(tokens[row])
-                    made[row] += 1
-                    if made[row] == 1:
-                        self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
-                    finish = (
-                        "stop"
-                        if token in eos
-                        else "length"
-                        if made[row] == job.request.max_tokens
-                        else None
-                    )
-                    text, stopped = texts[row].add(token, last=finish is not None)
-                    finish = "stop" if stopped else finish
-                    job.finished = finish is not None
-                    job.send({"token_ids": [token], "text": text, "finish_reason": finish})
-                live = sum(1 for job in batch if not job.gone)
-                if live:
-                    self._tokens.inc(live)
-                    self.counts["tokens"] += live
-                if all(job.finished or job.gone for job in batch):
+                if job.gone:
                     break
-        except Exception as exc:  # the package failed: every row still waiting hears why
-            message = f"the model failed on this request: {type(exc).__name__}: {exc}"[:300]
-            for job in batch:
-                if not job.finished:
-                    job.send({"error": 500, "message": message})
+                self._deliver(answer, int(tokens[0]))
+                self._count_step([answer])
+                if job.finished:
+                    break
+        except Exception as exc:
+            self._fail([answer], exc)
         finally:
             steps.close()  # ends the generation: the package is free for the next
 
