@@ -60,9 +60,10 @@ def export_to_onnx(ep, meta: ArtifactMeta, output: Path) -> OnnxModelInfo:
 
     from aotc.quiet import quiet_torch
 
-    ep, signature = state_returned(ep, meta.signature)
-    inputs, outputs = flat_names(signature)
     try:
+        # inside the try: re-exporting a stateful program can fail as the ONNX export can
+        ep, signature = state_returned(ep, meta.signature)
+        inputs, outputs = flat_names(signature)
         with quiet_torch(), torch.no_grad():
             program = torch.onnx.export(
                 ep,
