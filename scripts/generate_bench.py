@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,9 +112,19 @@ def measure_precision(
     model_file: Path, artifact: Path, export_s: float, precision: str, args
 ) -> dict:
     """Build the artifact at this precision and time it (aotc/bench/generation.py's measure)."""
+    package_dir, build_s = build(artifact, precision, args)
+    return {
+        "export_s": round(export_s, 1),
+        "build_s": round(build_s, 1),
+        **measure_package(model_file, artifact, package_dir, precision, args),
+    }
+
+
+def measure_package(
+    model_file: Path, artifact: Path, package_dir: Path, precision: str, args
+) -> dict:
     from aotc.bench.generation import PACKAGE, GenerationBench, measure
 
-    package_dir, build_s = build(artifact, precision, args)
     spec = GenerationBench(
         package=package_dir,
         model=(str(model_file), None),
@@ -129,13 +140,23 @@ def measure_precision(
     )
     return {
         "model": model_file.name,
+        "package": package_dir.name,
         "precision": precision,
         "mode": args.mode,
-        "export_s": round(export_s, 1),
-        "build_s": round(build_s, 1),
         "package_mb": round(folder_mb(package_dir), 1),
         **measure(spec),
     }
+
+
+def built_packages(model_file: Path, args) -> Iterator[dict]:
+    """Records of --built packages (already built from the model; no export or build here), each
+    timed against the model with the weights of the artifact its manifest names."""
+    import aotc_runtime
+
+    for folder in args.built:
+        manifest = aotc_runtime.load(folder).manifest
+        artifact = Path(manifest.source.artifact) if manifest.source else None
+        yield measure_package(model_file, artifact, folder, manifest.precision, args)
 
 
 def main() -> None:
@@ -157,6 +178,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--bandwidth", action="store_true", help="cuda: decode against the memory-bandwidth floor"
+    )
+    parser.add_argument(
+        "--built",
+        type=lambda text: [Path(p) for p in text.split(",")],
+        default=[],
+        help="comma list of packages built from the one model given: time them as they are",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -210,10 +237,18 @@ def main() -> None:
             if flag:
                 models.append(work / f"{name}.py")
                 models[-1].write_text(source)
+        if args.built and len(models) != 1:
+            parser.error("--built: give the one model its packages were built from")
         for model_file in models:
-            artifact, export_s = export(model_file, work, args)
-            for precision in args.precision:
-                record = measure_precision(model_file, artifact, export_s, precision, args)
+            if args.built:
+                timed = built_packages(model_file, args)
+            else:
+                artifact, export_s = export(model_file, work, args)
+                timed = (
+                    measure_precision(model_file, artifact, export_s, precision, args)
+                    for precision in args.precision
+                )
+            for record in timed:
                 # other work on the host slows eager most; a figure says what it was taken beside
                 record["load_average_1m"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(record), flush=True)

@@ -26,6 +26,11 @@
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
 #   serve_load      GPT-2 124M bf16 (batch 32, 512-token cache) behind `aotc serve`, loaded with 1, 8 and 32
 #                   streams by scripts/completions_load.py beside `aotc generate`'s rate (needs Ray: docs/gpu.md)
+#   decode_ab       issue 26's 1B gap: the Llama-3.2-1B shape (1,024-token cache) exported with aotc's
+#                   grouped-query attention and with transformers' own (repeat_kv), built bf16, and the
+#                   grouped one also with Inductor's freezing (which concatenates projections that read
+#                   the same input); scripts/decode_profile.py on the three (a step's kernels), then
+#                   scripts/generate_bench.py --built on them (decode against the bandwidth floor)
 #   cpp_generate    the C++ runner built with CUDA; GPT-2 124M bf16 (batch 1, 256-token cache): cold start to
 #                   the first token against import torch + CUDA init (scripts/generate_cold_start.py), and
 #                   the runner's decode rate on a 32-token prompt, 128 new tokens, beside `aotc generate`'s
@@ -145,6 +150,31 @@ PY
     generate_gpt2)
       python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --prompt-tokens 32 \
         --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
+    decode_ab)
+      python3 -c "import sys; sys.path.insert(0, 'scripts'); import generate_bench as g; open(sys.argv[1], 'w').write(g.LLAMA_1B)" \
+        "$WORK/llama_1b.py"
+      export_args=(export "$WORK/llama_1b.py" --task text-generation --max-seq-len 1024 --force)
+      # transformers' own SDPA attention: the grouped-query attention switched off in this process
+      python3 -c "import aotc.export.text_generation as t; t.use_grouped_sdpa = lambda model: False; from aotc.cli.main import main; main()" \
+        "${export_args[@]}" -o "$WORK/llama_repeat_kv.pt2" > "$RESULTS/decode_ab.log" 2>&1 &
+      python3 -m aotc "${export_args[@]}" -o "$WORK/llama_grouped.pt2" >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
+      wait $! || rc=$?
+      build_args=(--device cuda --mode reduce-overhead --precision bf16 --force --quiet)
+      python3 -m aotc build "$WORK/llama_repeat_kv.pt2" "${build_args[@]}" -o "$WORK/llama_repeat_kv_pkg" >> "$RESULTS/decode_ab.log" 2>&1 &
+      p1=$!
+      python3 -m aotc build "$WORK/llama_grouped.pt2" "${build_args[@]}" -o "$WORK/llama_grouped_pkg" >> "$RESULTS/decode_ab.log" 2>&1 &
+      p2=$!
+      python3 -m aotc build "$WORK/llama_grouped.pt2" "${build_args[@]}" --option freezing=true \
+        -o "$WORK/llama_grouped_frozen_pkg" >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
+      wait $p1 || rc=$?
+      wait $p2 || rc=$?
+      log "decode_ab built rc=$rc"
+      pkgs=("$WORK/llama_repeat_kv_pkg" "$WORK/llama_grouped_pkg" "$WORK/llama_grouped_frozen_pkg")
+      python3 scripts/decode_profile.py "${pkgs[@]}" --json "$RESULTS/decode_profile_llama1b.json" \
+        >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
+      python3 scripts/generate_bench.py --llama-1b --device cuda --contenders aotc,eager --prompt-tokens 512 \
+        --new 128 --max-seq-len 1024 --rounds 3 --bandwidth --built "$(IFS=,; echo "${pkgs[*]}")" \
+        --out "$RESULTS/generate_llama1b_ab.json" >> "$RESULTS/decode_ab.log" 2>&1 || rc=$? ;;
     cpp_generate)
       gpt2_file
       prompt=$(python3 -c "print(','.join(str((i * 7919) % 50000) for i in range(32)))")

@@ -32,6 +32,7 @@ import inspect
 from typing import Any
 
 from aotc.errors import UserInputError
+from aotc.export.grouped_attention import use_grouped_sdpa
 from aotc_runtime.generation import step_inputs  # one definition, the runtime's loop uses it
 
 TASK = "text-generation"
@@ -87,6 +88,7 @@ def cache_step(model: Any, batch_size: int, max_len: int):
     from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
     check_supports_static_cache(model)
+    use_grouped_sdpa(model)  # the same attention, without a copy of the cache per query head
 
     # The LM head on the last position only, as transformers' generate asks for it: on a prompt of
     # S tokens the head is otherwise S times the work and its logits S times the memory (a

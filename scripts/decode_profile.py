@@ -1,0 +1,137 @@
+"""What one decode step of a text-generation package spends its GPU time on (issue 26's 1B gap).
+
+For each package: a greedy generation of 1 token and one of 1 + --steps tokens after the same
+--prompt-tokens prompt, each under the profiler; the difference, kernel by kernel, is --steps decode
+steps (on a reduce-overhead package, CUDA-graph replays) without the prefill. Per step it reports:
+
+- wall time per token (a third, unprofiled generation), GPU kernel time and their difference, which
+  is time the GPU sat idle between kernels (launch gaps, host waits);
+- the number of kernels, their time by family (GEMM, attention, Triton, copies), and the slowest.
+
+usage: python scripts/decode_profile.py PKG_DIR... [--prompt-tokens 512] [--steps 64] [--top 25]
+       [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+from pathlib import Path
+
+FAMILIES = (
+    ("attention", ("fmha", "flash", "attention", "cudnn", "sdpa", "efficient")),
+    ("gemm", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "splitk", "triton_tem")),
+    ("triton_reduction", ("triton_red", "triton_per")),
+    ("triton_pointwise", ("triton_poi",)),
+    ("copy", ("memcpy", "memset", "copy", "fill")),
+)
+
+
+def family(kernel: str) -> str:
+    name = kernel.lower()
+    return next((f for f, marks in FAMILIES if any(m in name for m in marks)), "other")
+
+
+def kernels_of(package, ids, new_tokens: int) -> dict[str, list[float]]:
+    """{kernel name: [µs of each launch]} of one greedy generation of `new_tokens` tokens."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        package.generate(ids, max_new_tokens=new_tokens, eos_token_ids=[])
+        torch.cuda.synchronize()
+    launches: dict[str, list[float]] = collections.defaultdict(list)
+    for event in prof.events():
+        if event.device_type == DeviceType.CUDA:
+            launches[event.name].append(event.device_time)
+    return launches
+
+
+def profile_package(folder: Path, args) -> dict:
+    import torch
+
+    import aotc_runtime
+
+    package = aotc_runtime.load(folder)
+    vocab = package.manifest.generation.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, args.prompt_tokens), generator=g)
+    steps = args.steps
+    with torch.inference_mode():
+        package.generate(ids, max_new_tokens=steps + 1, eos_token_ids=[])  # captures the graph
+        torch.cuda.synchronize()
+        walls = []
+        for _ in range(3):
+            started = time.perf_counter()
+            package.generate(ids, max_new_tokens=1, eos_token_ids=[])
+            torch.cuda.synchronize()
+            prefill = time.perf_counter() - started
+            started = time.perf_counter()
+            package.generate(ids, max_new_tokens=steps + 1, eos_token_ids=[])
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - started - prefill) / steps)
+        wall_ms = sorted(walls)[1] * 1e3
+        short = kernels_of(package, ids, 1)
+        long = kernels_of(package, ids, steps + 1)
+    per_step: dict[str, tuple[float, float]] = {}  # name -> (µs per step, launches per step)
+    for name, times in long.items():
+        extra_us = sum(times) - sum(short.get(name, ()))
+        extra_n = len(times) - len(short.get(name, ()))
+        if extra_n > 0:
+            per_step[name] = (extra_us / steps, extra_n / steps)
+    kernel_ms = sum(us for us, _ in per_step.values()) / 1e3
+    families: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, float] = collections.defaultdict(float)
+    for name, (us, n) in per_step.items():
+        families[family(name)] += us
+        counts[family(name)] += n
+    record = {
+        "package": str(folder),
+        "precision": package.manifest.precision,
+        "prompt_tokens": args.prompt_tokens,
+        "steps": steps,
+        "wall_ms_per_step": round(wall_ms, 4),
+        "kernel_ms_per_step": round(kernel_ms, 4),
+        "idle_ms_per_step": round(wall_ms - kernel_ms, 4),
+        "kernels_per_step": round(sum(n for _, n in per_step.values()), 1),
+        "families_us_per_step": {
+            k: [round(v, 1), round(counts[k], 1)]
+            for k, v in sorted(families.items(), key=lambda kv: -kv[1])
+        },
+        "top_kernels": [
+            [round(us, 2), round(n, 2), name[:140]]
+            for name, (us, n) in sorted(per_step.items(), key=lambda kv: -kv[1][0])[: args.top]
+        ],
+    }
+    print(f"\n{folder}: {wall_ms:.3f} ms a step, {kernel_ms:.3f} ms of it in "
+          f"{record['kernels_per_step']} kernels, idle {wall_ms - kernel_ms:.3f} ms")  # fmt: skip
+    for fam, (us, n) in record["families_us_per_step"].items():
+        print(f"  {fam:18s} {us:9.1f} µs  ({n} launches)")
+    for us, n, name in record["top_kernels"]:
+        print(f"  {us:9.2f} µs x{n:<5} {name}")
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("packages", nargs="+", type=Path)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("this profiles CUDA kernels: run it on a GPU machine")
+    records = [profile_package(folder, args) for folder in args.packages]
+    if args.json:
+        meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name()}
+        args.json.write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
