@@ -26,11 +26,10 @@
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
 #   serve_load      GPT-2 124M bf16 (batch 32, 512-token cache) behind `aotc serve`, loaded with 1, 8 and 32
 #                   streams by scripts/completions_load.py beside `aotc generate`'s rate (needs Ray: docs/gpu.md)
-#   decode_ab       issue 26's 1B gap: the Llama-3.2-1B shape (1,024-token cache) exported with aotc's
-#                   grouped-query attention and with transformers' own (repeat_kv), built bf16, and the
-#                   grouped one also with Inductor's freezing (which concatenates projections that read
-#                   the same input); scripts/decode_profile.py on the three (a step's kernels), then
-#                   scripts/generate_bench.py --built on them (decode against the bandwidth floor)
+#   decode_ab       issue 26's 1B gap: the Llama-3.2-1B shape (1,024-token cache) exported with its sibling
+#                   linears stacked (aotc's default: q/k/v and gate/up one GEMM each) and without, built
+#                   bf16; scripts/decode_profile.py on both (a step's kernels), then
+#                   scripts/generate_bench.py --built on both (decode against the bandwidth floor)
 #   cpp_generate    the C++ runner built with CUDA; GPT-2 124M bf16 (batch 1, 256-token cache): cold start to
 #                   the first token against import torch + CUDA init (scripts/generate_cold_start.py), and
 #                   the runner's decode rate on a 32-token prompt, 128 new tokens, beside `aotc generate`'s
@@ -41,11 +40,18 @@ if [ $# -lt 3 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
   sed -n '2,/^set -u/p' "$0" | grep '^#' | cut -c3-
   exit 2
 fi
-RESULTS=$1
-WORK=$2
+RESULTS=$(realpath -m "$1")
+WORK=$(realpath -m "$2")
 shift 2
 mkdir -p "$RESULTS/docs" "$WORK"
 cd "$(dirname "$0")/.."
+# The steps run from a copy of the checkout: each device command copies the working tree again,
+# and a step that imports a module at that moment can find it missing (seen 2026-11-25)
+if [ -z "${AOTC_GPU_CHECKS_COPY:-}" ]; then
+  rm -rf "$WORK/tree" && mkdir -p "$WORK/tree"
+  tar -cf - --exclude=./.git --exclude=./.gpu/serve --exclude=./.venv . | tar -C "$WORK/tree" -xf -
+  AOTC_GPU_CHECKS_COPY=1 exec "$WORK/tree/scripts/gpu_checks.sh" "$RESULTS" "$WORK" "$@"
+fi
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$WORK/inductor_cache AOTC_CACHE_DIR=$WORK/aotc_cache
 # the checkout's code whether or not the editable install below works (it needs setuptools'
 # build backend, which an offline machine may lack)
@@ -154,22 +160,17 @@ PY
       python3 -c "import sys; sys.path.insert(0, 'scripts'); import generate_bench as g; open(sys.argv[1], 'w').write(g.LLAMA_1B)" \
         "$WORK/llama_1b.py"
       export_args=(export "$WORK/llama_1b.py" --task text-generation --max-seq-len 1024 --force)
-      # transformers' own SDPA attention: the grouped-query attention switched off in this process
-      python3 -c "import aotc.export.text_generation as t; t.use_grouped_sdpa = lambda model: False; from aotc.cli.main import main; main()" \
-        "${export_args[@]}" -o "$WORK/llama_repeat_kv.pt2" > "$RESULTS/decode_ab.log" 2>&1 &
-      python3 -m aotc "${export_args[@]}" -o "$WORK/llama_grouped.pt2" >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
+      # the model's own projections, unstacked: the stacking switched off in this process
+      python3 -c "import aotc.export.text_generation as t; t.fuse_sibling_linears = lambda model, run: 0; from aotc.cli.main import main; main()" \
+        "${export_args[@]}" -o "$WORK/llama_unstacked.pt2" > "$RESULTS/decode_ab.log" 2>&1 &
+      python3 -m aotc "${export_args[@]}" -o "$WORK/llama_stacked.pt2" >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
       wait $! || rc=$?
       build_args=(--device cuda --mode reduce-overhead --precision bf16 --force --quiet)
-      python3 -m aotc build "$WORK/llama_repeat_kv.pt2" "${build_args[@]}" -o "$WORK/llama_repeat_kv_pkg" >> "$RESULTS/decode_ab.log" 2>&1 &
-      p1=$!
-      python3 -m aotc build "$WORK/llama_grouped.pt2" "${build_args[@]}" -o "$WORK/llama_grouped_pkg" >> "$RESULTS/decode_ab.log" 2>&1 &
-      p2=$!
-      python3 -m aotc build "$WORK/llama_grouped.pt2" "${build_args[@]}" --option freezing=true \
-        -o "$WORK/llama_grouped_frozen_pkg" >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
-      wait $p1 || rc=$?
-      wait $p2 || rc=$?
+      python3 -m aotc build "$WORK/llama_unstacked.pt2" "${build_args[@]}" -o "$WORK/llama_unstacked_pkg" >> "$RESULTS/decode_ab.log" 2>&1 &
+      python3 -m aotc build "$WORK/llama_stacked.pt2" "${build_args[@]}" -o "$WORK/llama_stacked_pkg" >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
+      wait $! || rc=$?
       log "decode_ab built rc=$rc"
-      pkgs=("$WORK/llama_repeat_kv_pkg" "$WORK/llama_grouped_pkg" "$WORK/llama_grouped_frozen_pkg")
+      pkgs=("$WORK/llama_stacked_pkg" "$WORK/llama_unstacked_pkg")
       python3 scripts/decode_profile.py "${pkgs[@]}" --json "$RESULTS/decode_profile_llama1b.json" \
         >> "$RESULTS/decode_ab.log" 2>&1 || rc=$?
       python3 scripts/generate_bench.py --llama-1b --device cuda --contenders aotc,eager --prompt-tokens 512 \

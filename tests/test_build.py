@@ -1,6 +1,7 @@
 """aotc build: the manifest, the numeric check, atomic writes, crash and interrupt handling, config precedence."""
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -79,8 +80,24 @@ def test_manifest_says_where_the_build_time_went(packages):
     assert seconds == sorted(seconds, reverse=True)
 
 
-def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypatch):
-    artifact = packages.get("sincos").artifact  # built before the check is sabotaged
+@pytest.fixture
+def compiled_once(packages, monkeypatch) -> Path:
+    """The MLP's artifact, whose builds here take their compiled model from the session's MLP
+    package instead of compiling it again (the same artifact, mode and device, and a build gives
+    the same bytes from the same inputs: aotc/build/reproducible.py). For tests of what a build
+    does after the compile (the check, the write); the compile itself is the session package's,
+    built and checked for real. `monkeypatch.undo()` brings the real compile back."""
+    built = packages.get("mlp")
+
+    def copy_compiled(ep, package_path, options, precision):
+        shutil.copyfile(built.package / "model.pt2", package_path)
+
+    monkeypatch.setattr(aotc.build.backends.inductor, "compile_aoti", copy_compiled)
+    return built.artifact
+
+
+def test_numeric_mismatch_fails_and_writes_nothing(compiled_once, tmp_path, monkeypatch):
+    artifact = compiled_once  # built before the check is sabotaged
     real = aotc.build.verify.eager_outputs
     monkeypatch.setattr(
         aotc.build.verify,
@@ -98,8 +115,8 @@ def test_numeric_mismatch_fails_and_writes_nothing(packages, tmp_path, monkeypat
     assert manifest["numeric_check"]["passed"] is False
 
 
-def test_crash_in_child_becomes_a_build_error(packages, tmp_path, monkeypatch):
-    artifact = packages.get("sincos").artifact
+def test_crash_in_child_becomes_a_build_error(compiled_once, tmp_path, monkeypatch):
+    artifact = compiled_once
     crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
     monkeypatch.setattr(aotc.build.verify, "check_command", lambda *args: crash)
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
@@ -120,8 +137,10 @@ def test_interrupted_build_leaves_nothing(packages, tmp_path, monkeypatch):
     assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
 
 
-def test_force_replaces_a_package_only_when_the_new_one_is_whole(packages, tmp_path, monkeypatch):
-    artifact = packages.get("sincos").artifact
+def test_force_replaces_a_package_only_when_the_new_one_is_whole(
+    compiled_once, tmp_path, monkeypatch
+):
+    artifact = compiled_once
     target = tmp_path / "pkg"
     target.mkdir()
     (target / "old.txt").write_text("old")
@@ -131,7 +150,7 @@ def test_force_replaces_a_package_only_when_the_new_one_is_whole(packages, tmp_p
     result = invoke("build", artifact, "-o", target, "--force", "--quiet")
     assert result.exit_code == 5
     assert (target / "old.txt").read_text() == "old"  # the failed build did not touch it
-    monkeypatch.undo()
+    monkeypatch.undo()  # the real check, and the real compile
     result = invoke("build", artifact, "-o", target, "--force", "--quiet")
     assert result.exit_code == 0, result.stderr
     assert not (target / "old.txt").exists() and (target / "manifest.json").is_file()

@@ -199,6 +199,56 @@ def test_bad_requests_get_one_line_and_the_server_keeps_answering(
     assert ok == 200
 
 
+@pytest.mark.parametrize("fails_in", ["the batch", "the join"])
+def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
+    monkeypatch, fails_in
+):
+    """A greedy request whose running batch cannot start, or cannot take it, hears why (a 500)
+    instead of waiting forever, and the next request is taken (on the H100 a request left
+    unanswered this way hung its client)."""
+    import asyncio
+    import collections
+
+    import aotc_runtime.continuous
+    from aotc.serve.completion_engine import CompletionEngine, Job
+    from aotc.serve.completions import CompletionRequest
+
+    class Gauge:
+        def set(self, _value):
+            pass
+
+    class Batch:
+        active = 0
+
+        def __init__(self, _package):
+            if fails_in == "the batch":
+                raise RuntimeError("CUDA error: out of memory")
+
+        def fits(self, _prompt, _new):
+            return True
+
+        def join(self, _key, _prompt, _new):
+            raise RuntimeError("CUDA error: out of memory")
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(aotc_runtime.continuous, "RunningBatch", Batch)
+    loop = asyncio.new_event_loop()
+    request = CompletionRequest([5, 6], 4, 0.0, 1.0, None, (), False, None)
+    first, second = Job(request, loop, asyncio.Queue()), Job(request, loop, asyncio.Queue())
+    engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
+    engine.tokenizer, engine.package, engine.counts = None, None, collections.Counter()
+    engine._queued = engine._active = Gauge()
+    engine._pending = collections.deque([first, second])
+    engine._run_batch()
+    loop.run_until_complete(asyncio.sleep(0))  # the events sent from "the package's thread"
+    event = first.events.get_nowait()
+    assert event["error"] == 500 and "CUDA error: out of memory" in event["message"]
+    assert list(engine._pending) == [second] and second.events.empty()
+    loop.close()
+
+
 def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name):
     parts = urlsplit(server.url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)

@@ -131,13 +131,29 @@ def artifact_weights(artifact: Path) -> dict:
 def with_weights(module: Any, weights: dict) -> None:
     """Load the program's `weights` into the transformers `module` it was traced from, matching a
     program name to the model's name it ends with; refuse one that matches nothing."""
-    own = set(module.state_dict())
-    mapped = {}
-    for name, tensor in weights.items():
+    from aotc.export.sibling_linears import unstacked
+
+    shapes = {name: t.shape for name, t in module.state_dict().items()}
+    own = set(shapes)
+
+    def own_name(name: str) -> str | None:
         parts = name.split(".")
-        match = next(
+        return next(
             (".".join(parts[i:]) for i in range(len(parts)) if ".".join(parts[i:]) in own), None
         )
+
+    def rows(name: str) -> int:
+        match = own_name(name)
+        if match is None:
+            raise ValueError(
+                f"the artifact's weight {name} is not a weight of the model file's model"
+            )
+        return shapes[match][0]
+
+    weights = unstacked(weights, rows)  # the export stacked sibling linears' weights
+    mapped = {}
+    for name, tensor in weights.items():
+        match = own_name(name)
         if match is None:
             raise ValueError(
                 f"the artifact's weight {name} is not a weight of the model file's model"

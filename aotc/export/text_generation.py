@@ -32,7 +32,7 @@ import inspect
 from typing import Any
 
 from aotc.errors import UserInputError
-from aotc.export.grouped_attention import use_grouped_sdpa
+from aotc.export.sibling_linears import fuse_sibling_linears
 from aotc_runtime.generation import step_inputs  # one definition, the runtime's loop uses it
 
 TASK = "text-generation"
@@ -81,6 +81,15 @@ def cache_shape(model: Any) -> tuple[int, int]:
     return shapes.pop()
 
 
+def probe_step(model: Any) -> None:
+    """One eager step on two tokens (what sibling_linears watches to find the siblings)."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device))
+
+
 def cache_step(model: Any, batch_size: int, max_len: int):
     """`model` (a transformers *ForCausalLM, eval mode) as one step of generation, see above."""
     import torch
@@ -88,7 +97,7 @@ def cache_step(model: Any, batch_size: int, max_len: int):
     from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
     check_supports_static_cache(model)
-    use_grouped_sdpa(model)  # the same attention, without a copy of the cache per query head
+    fuse_sibling_linears(model, lambda: probe_step(model))  # q/k/v, gate/up: one GEMM each
 
     # The LM head on the last position only, as transformers' generate asks for it: on a prompt of
     # S tokens the head is otherwise S times the work and its logits S times the memory (a

@@ -217,8 +217,8 @@ class CompletionEngine:
                     raise RuntimeError("a request that fits the cache does not fit an empty batch")
                 return  # in order: a later request does not overtake this one
             self._pending.remove(job)
+            rows[id(job)] = Answer(job, self.tokenizer)  # first: a failing join is told to it
             batch.join(id(job), request.prompt_ids, request.max_tokens)
-            rows[id(job)] = Answer(job, self.tokenizer)
 
     def _deliver(self, answer: Answer, token: int) -> None:
         """One new token of a request: its time to first token, its text, whether it ends the
@@ -254,12 +254,13 @@ class CompletionEngine:
     def _run_batch(self) -> None:
         """In the package's thread: greedy requests as one running batch (continuous batching,
         aotc_runtime/continuous.py), each token sent as it comes, until no request is left."""
-        from aotc_runtime.continuous import RunningBatch
-
-        batch = RunningBatch(self.package)
+        batch = None
         rows: dict = {}  # row key -> its request's Answer
         self.counts["generations"] += 1
         try:
+            from aotc_runtime.continuous import RunningBatch
+
+            batch = RunningBatch(self.package)
             while True:
                 self._admit(batch, rows)
                 self._queued.set(len(self._pending))
@@ -274,9 +275,14 @@ class CompletionEngine:
                         batch.leave(key)
                         del rows[key]
         except Exception as exc:
+            if not rows and self._pending:
+                # it failed before any request joined: the first waiting one hears why (left
+                # waiting, it would be tried again and again, and never answered)
+                rows[None] = Answer(self._pending.popleft(), self.tokenizer)
             self._fail(rows.values(), exc)
         finally:
-            batch.release()
+            if batch is not None:
+                batch.release()
             self._active.set(0)
 
     def _generate(self, job: Job) -> None:

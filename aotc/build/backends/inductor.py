@@ -80,6 +80,11 @@ def _build(
                 meta, signature=signature_in_precision(signature, cfg.precision)
             )
             manifest = new_manifest(cfg, packaged, options, compiler_record, features)
+            if not placed.state_dict and not placed.constants:
+                # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
+                # keeps the default layout, its (empty) constants inside the .so
+                options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
+                manifest = dataclasses.replace(manifest, inductor_options=options)
             # The compiled model carries what it was built as, so a runtime can tell an edited manifest
             # or a swapped model.pt2 from the real package (aotc_runtime's check_contract).
             described = {
@@ -102,8 +107,7 @@ def _build(
                     cfg.precision,
                 )
                 if empty_weights_blob(staging / MODEL_FILE):
-                    # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
-                    # keeps the default layout, its (empty) constants inside the .so
+                    # weights that lowering folded away (known only now): compiled again as above
                     options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
                     manifest = dataclasses.replace(manifest, inductor_options=options)
                     compile_aoti(
