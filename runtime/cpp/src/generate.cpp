@@ -10,7 +10,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -85,7 +88,44 @@ at::Tensor next_tokens(const at::Tensor& logits, const Sampling& s, at::Generato
   return at::multinomial(scores.softmax(-1), 1, false, generator).squeeze(-1);
 }
 
+// A step's new tokens on the host, copied while the device runs the next step: the copy is queued
+// before the next replay (which overwrites them) and waited for after it (the Python runtime's
+// HostCopy). CUDA only: a pinned buffer and an event on the current stream.
+class HostCopy {
+ public:
+  HostCopy(int64_t n, at::Device device) : device_(device), done_(device.type()) {
+    buffer_ = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  }
+  void start(const at::Tensor& tokens) {
+    buffer_.copy_(tokens, /*non_blocking=*/true);
+    done_.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  }
+  std::vector<int64_t> result(int64_t n) {
+    done_.synchronize();
+    return std::vector<int64_t>(buffer_.data_ptr<int64_t>(), buffer_.data_ptr<int64_t>() + n);
+  }
+
+ private:
+  at::Device device_;
+  c10::Event done_;
+  at::Tensor buffer_;
+};
+
 }  // namespace
+
+void Package::start_pick(const std::vector<int64_t>& eos, int64_t pad) {
+  pick_.unfinished.fill_(true);
+  pick_.eos.fill_(-1);  // never a token id
+  if (!eos.empty()) pick_.eos.narrow(0, 0, static_cast<int64_t>(eos.size())).copy_(at::tensor(eos, at::kLong));
+  pick_.pad.fill_(pad);
+}
+
+at::Tensor Package::pick_next(const at::Tensor& logits) {
+  at::Tensor tokens = at::where(pick_.unfinished, logits.argmax(-1), pick_.pad);
+  pick_.unfinished.logical_and_(tokens.unsqueeze(1).eq(pick_.eos).any(-1).logical_not());
+  pick_.tokens.copy_(tokens);
+  return pick_.tokens;
+}
 
 bool Package::start_decode_graph(const std::vector<at::Tensor>& first) {
   if (!decode_graph_) {
@@ -97,13 +137,17 @@ bool Package::start_decode_graph(const std::vector<at::Tensor>& first) {
     auto program = [this] {
       std::vector<at::Tensor> flat = decode_inputs_;
       flat.insert(flat.end(), state_.begin(), state_.end());
-      return call_flat(flat, /*graphs=*/false)[0];
+      decode_logits_ = call_flat(flat, /*graphs=*/false)[0];
+      return decode_logits_;
     };
     auto advance = [this, last_column] {  // the next step's inputs, on the device: no host value per token
       decode_inputs_[1].add_(1);
       decode_inputs_[2].add_(1);
       // clamped: after the cache's last position there is no next step, and no column to add
       decode_inputs_[3].index_fill_(1, decode_inputs_[2].clamp_max(last_column), 1);
+      // a greedy generation's next tokens, into the next step's ids; a sampled one writes its own
+      // into them before each replay
+      decode_inputs_[0].copy_(pick_next(decode_logits_).unsqueeze(1));
     };
     decode_graph_ = capture_step(program, advance, device_);
     if (!decode_graph_) {
@@ -155,28 +199,77 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   at::Tensor step_cache_position = at::full({1}, length, on);
   full_mask.select(1, length).fill_(1);
 
-  // On CUDA with CUDA graphs, each decode step is one replay (decode_step below), as in the Python
-  // runtime: a package whose program updates its state in place replays on state_ itself.
-  bool graphs = device_.is_cuda() && manifest_.cuda_graphs && manifest_.signature.state_in_place && !decode_graph_failed_;
+  // On CUDA with CUDA graphs, each decode step is one replay, as in the Python runtime: a package
+  // whose program updates its state in place replays on state_ itself. The graph is captured (or
+  // readied) before the first token is out, so its capture is part of the time to first token.
+  bool graphs = device_.is_cuda() && manifest_.cuda_graphs && manifest_.signature.state_in_place && !decode_graph_failed_ &&
+                options.max_new_tokens > 1;
+  // A greedy generation on the graph picks its tokens inside it (pick_); otherwise the host picks.
+  bool in_graph = graphs && options.sampling.greedy() && eos_list.size() <= kEosSlots;
   at::Tensor unfinished = at::ones({batch}, on.dtype(at::kBool));
-  std::vector<std::vector<int64_t>> generated(prompts);
-  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    at::Tensor tokens = next_tokens(logits, options.sampling, generator);
+  at::Tensor tokens;
+  if (graphs) {
+    if (!pick_.tokens.defined() || pick_.tokens.size(0) != batch) {
+      pick_ = {at::zeros({batch}, on), at::ones({batch}, on.dtype(at::kBool)), at::full({static_cast<int64_t>(kEosSlots)}, -1, on),
+               at::zeros({}, on)};
+    }
+    start_pick(eos_list, pad);
+  }
+  if (in_graph) {
+    tokens = pick_next(logits);  // the prefill's logits, picked the way the graph picks
+  } else {
+    tokens = next_tokens(logits, options.sampling, generator);
     tokens = at::where(unfinished, tokens, at::full_like(tokens, pad));
     if (eos.numel()) unfinished &= at::isin(tokens, eos).logical_not();
-    at::Tensor host = tokens.to(at::kCPU).contiguous();
-    std::vector<int64_t> row(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + prompts);
+  }
+  if (graphs) graphs = start_decode_graph({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask});
+  if (in_graph && !graphs) {  // capture failed: the host picks from here on
+    in_graph = false;
+    unfinished = pick_.unfinished.clone();
+  }
+
+  std::vector<std::vector<int64_t>> generated(prompts);
+  auto emit = [&](const std::vector<int64_t>& row) {  // a step's tokens, to the result and the callback
     for (int64_t i = 0; i < prompts; ++i) generated[i].push_back(row[i]);
     if (on_tokens) on_tokens(row);
+  };
+  if (in_graph) {
+    // Each step: the tokens' copy to the host queued, then the next replay (which picks the tokens
+    // after these), then the wait for the copy: the device works while the host waits. A generation
+    // ending at end-of-sequence has queued one step it does not use.
+    HostCopy host(batch, device_);
+    std::vector<bool> finished(prompts, false);
+    for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+      const bool last = step + 1 == options.max_new_tokens;
+      host.start(pick_.tokens);
+      if (!last) decode_graph_->replay();
+      std::vector<int64_t> row = host.result(batch);
+      row.resize(prompts);
+      emit(row);
+      bool all_finished = !eos_list.empty();
+      for (int64_t i = 0; i < prompts; ++i) {
+        finished[i] = finished[i] || std::find(eos_list.begin(), eos_list.end(), row[i]) != eos_list.end();
+        all_finished = all_finished && finished[i];
+      }
+      if (last || all_finished) break;
+    }
+    return generated;
+  }
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    if (step > 0) {
+      tokens = next_tokens(logits, options.sampling, generator);
+      tokens = at::where(unfinished, tokens, at::full_like(tokens, pad));
+      if (eos.numel()) unfinished &= at::isin(tokens, eos).logical_not();
+    }
+    at::Tensor host = tokens.to(at::kCPU).contiguous();
+    std::vector<int64_t> row(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + prompts);
+    emit(row);
     bool last = step + 1 == options.max_new_tokens;
     if (last || (eos.numel() && !unfinished.narrow(0, 0, prompts).any().item<bool>())) break;
     if (graphs) {
-      if (step == 0) graphs = start_decode_graph({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask});
-      else decode_inputs_[0].copy_(tokens.unsqueeze(1));
-      if (graphs) {
-        logits = decode_graph_->replay();
-        continue;
-      }
+      if (step > 0) decode_inputs_[0].copy_(tokens.unsqueeze(1));
+      logits = decode_graph_->replay();
+      continue;
     }
     logits = run({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask})[0];
     step_positions += 1;

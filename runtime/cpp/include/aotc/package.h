@@ -137,6 +137,17 @@ class Package {
   std::vector<at::Tensor> decode_inputs_;
   std::unique_ptr<CapturedStep> decode_graph_;
   bool decode_graph_failed_ = false;
+  // The greedy choice of the next tokens, captured after the decode step (the Python runtime's
+  // GreedyPick): the tokens picked, which sequences are unfinished, the end-of-sequence ids (-1 in
+  // unused slots), the pad token. A greedy token then costs the host one replay and one copy.
+  struct GreedyPick {
+    at::Tensor tokens, unfinished, eos, pad;
+  };
+  static constexpr size_t kEosSlots = 8;  // more end-of-sequence ids: the host picks instead
+  GreedyPick pick_;
+  at::Tensor decode_logits_;  // the captured step's logits
+  void start_pick(const std::vector<int64_t>& eos, int64_t pad);
+  at::Tensor pick_next(const at::Tensor& logits);  // the next tokens into pick_ (and returned)
   std::vector<Member> members_;
   // the constants its programs read in place (user-managed): alive as long as they run
   std::shared_ptr<const std::unordered_map<std::string, at::Tensor>> shared_weights_;
