@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,63 @@ def invoke(*args):
     if result.exit_code == 0 and args and args[0] == "build":
         assert_manifest_matches_schema(built_package(args))
     return result
+
+
+# A child process of BuildAhead: the aotc commands given as JSON lists of arguments, one after
+# another in one process (torch and transformers imported once for all of them).
+_AHEAD_CHILD = """
+import json, sys
+from aotc.cli.main import cli
+for args in json.loads(sys.argv[1]):
+    try:
+        code = cli.main(args, prog_name="aotc", standalone_mode=False)
+    except SystemExit as exc:  # the commands end with their documented exit code
+        code = exc.code
+    if code:
+        sys.exit(code)
+"""
+
+
+class BuildAhead:
+    """Exports and builds run in child processes two at a time, ahead of the tests that load their
+    packages. On the CI's 2 cores an in-process build leaves one core idle most of the time (its
+    export and its C++ compile each run on one), so a module whose tests each need a package of
+    their own (test_generate, test_zoo) submits them all at its start and each test waits for its
+    own. The commands are the CLI's, as `invoke` runs them."""
+
+    def __init__(self, workers: int = 2):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="build-ahead")
+        self._runs: dict = {}
+
+    def submit(self, key, *commands: list) -> None:
+        if key not in self._runs:
+            self._runs[key] = self._pool.submit(self._run, [[str(a) for a in c] for c in commands])
+
+    def close(self) -> None:
+        """At the session's end: what no test waited for is not started (a run of a few tests)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def submitted(self, key) -> bool:
+        return key in self._runs
+
+    def wait(self, key, package: Path) -> None:
+        """Fails the test with the child's stderr if its commands failed."""
+        done = self._runs[key].result()
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert_manifest_matches_schema(package)
+
+    @staticmethod
+    def _run(commands: list):
+        import json
+        import subprocess
+        import sys
+
+        return subprocess.run(
+            [sys.executable, "-c", _AHEAD_CHILD, json.dumps(commands)],
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
 
 
 def built_package(args: list) -> Path:
@@ -133,11 +191,19 @@ class GenerationBuilds:
     def __init__(self, root: Path):
         self.root = root
         self.built: dict = {}
+        self.ahead = BuildAhead()
 
     def __getitem__(self, family: str) -> tuple:
         if family not in self.built:
             self.built[family] = self._build(family, family)
         return self.built[family]
+
+    def prefetch(self, families) -> None:
+        """Export and build these families in child processes from now on (BuildAhead)."""
+        for family in families:
+            if family not in self.built:
+                source, artifact, package = self._files(family, family)
+                self.ahead.submit(family, *self._commands(source, artifact, package))
 
     def with_tokenizer(self) -> tuple:
         """GPT-2's package with tiny_tokenizer's word-level tokenizer in it: (package, model)."""
@@ -146,17 +212,27 @@ class GenerationBuilds:
             self.built["tokenizer"] = self._build("gpt2", "gpt2_tok", "--tokenizer", folder)
         return self.built["tokenizer"]
 
-    def _build(self, family: str, name: str, *export_flags) -> tuple:
+    def _files(self, family: str, name: str) -> tuple:
+        """(model file, artifact, package) of a build; the model file written if not yet."""
         source = self.root / f"{family}_lm.py"
-        source.write_text(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
-        artifact, package = self.root / f"{name}.pt2", self.root / f"{name}_pkg"
-        done = invoke(
-            "export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
-            "--batch-size", GENERATION_BATCH, *export_flags, "-o", artifact,
-        )  # fmt: skip
-        assert done.exit_code == 0, done.stderr
-        done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
-        assert done.exit_code == 0, done.stderr
+        if not source.exists():
+            source.write_text(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
+        return source, self.root / f"{name}.pt2", self.root / f"{name}_pkg"
+
+    @staticmethod
+    def _commands(source: Path, artifact: Path, package: Path, *export_flags) -> tuple:
+        export = ["export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
+                  "--batch-size", GENERATION_BATCH, *export_flags, "-o", artifact]  # fmt: skip
+        return export, ["build", artifact, "--device", "cpu", "-o", package, "--quiet"]
+
+    def _build(self, family: str, name: str, *export_flags) -> tuple:
+        source, artifact, package = self._files(family, name)
+        if self.ahead.submitted(name):
+            self.ahead.wait(name, package)
+        else:
+            for command in self._commands(source, artifact, package, *export_flags):
+                done = invoke(*command)
+                assert done.exit_code == 0, done.stderr
         return package, load_model_file(source)
 
 
@@ -174,8 +250,10 @@ def tiny_tokenizer(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def generation_packages(tmp_path_factory) -> GenerationBuilds:
-    return GenerationBuilds(tmp_path_factory.mktemp("generation"))
+def generation_packages(tmp_path_factory) -> Iterator[GenerationBuilds]:
+    builds = GenerationBuilds(tmp_path_factory.mktemp("generation"))
+    yield builds
+    builds.ahead.close()
 
 
 def eager_model(name: str):

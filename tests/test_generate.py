@@ -28,6 +28,18 @@ FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "phi3", "gemma2", "gemma3", "qw
             "cohere", "phi", "gpt_neox", "falcon", "qwen2_moe")  # fmt: skip
 
 
+@pytest.fixture(scope="module", autouse=True)
+def build_ahead(request, generation_packages):
+    """The families the selected tests of the token-for-token comparison load, built two at a time
+    from the module's start (conftest's BuildAhead)."""
+    wanted = set()
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(item, "module", None) is request.module and "family" in params:
+            wanted.add(params["family"])
+    generation_packages.prefetch(family for family in FAMILIES if family in wanted)
+
+
 def prompts(vocab: int = 512) -> tuple:
     """Two prompts, the second 4 tokens long and left-padded to the first's 7."""
     g = torch.Generator().manual_seed(1)

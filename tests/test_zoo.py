@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy
 import pytest
 import torch
-from conftest import invoke
+from conftest import BuildAhead, invoke
 
 ZOO_DIR = Path(__file__).parent / "zoo"
 
@@ -59,26 +60,57 @@ class ZooBuilds:
     def __init__(self, root: Path):
         self.root = root
         self.built: dict = {}
+        self.ahead = BuildAhead()
+
+    def _commands(self, name: str) -> tuple:
+        model = BY_NAME[name]
+        artifact = self.root / f"{name}.pt2"
+        dims = [flag for dim in model.dims for flag in ("--dim", dim)]
+        # No -o: the package folder is named after the artifact, beside it (the design's command).
+        build = ["build", artifact, "--device", "cpu", "--quiet", "--atol", model.atol]
+        return ["export", ZOO_DIR / model.file, *dims, "-o", artifact], build
+
+    def prefetch(self, names) -> None:
+        """Export and build these models in child processes from now on (conftest's BuildAhead)."""
+        for name in names:
+            if name not in self.built:
+                self.ahead.submit(name, *self._commands(name))
 
     def get(self, name: str) -> Path:
         if name not in self.built:
-            model = BY_NAME[name]
-            artifact = self.root / f"{name}.pt2"
-            dims = [flag for dim in model.dims for flag in ("--dim", dim)]
-            result = invoke("export", ZOO_DIR / model.file, *dims, "-o", artifact)
-            assert result.exit_code == 0, result.stderr
-            # No -o: the package folder is named after the artifact, beside it (the design's command).
-            result = invoke(
-                "build", artifact, "--device", "cpu", "--quiet", "--atol", model.atol, "--json"
-            )
-            assert result.exit_code == 0, result.stderr
-            self.built[name] = Path(json.loads(result.stdout)["package"])
+            from aotc.config import default_package_folder
+
+            export, build = self._commands(name)
+            package = default_package_folder(self.root / f"{name}.pt2")
+            if self.ahead.submitted(name):
+                self.ahead.wait(name, package)
+            else:
+                for command in (export, build):
+                    result = invoke(*command)
+                    assert result.exit_code == 0, result.stderr
+            self.built[name] = package
         return self.built[name]
 
 
 @pytest.fixture(scope="session")
-def zoo(tmp_path_factory) -> ZooBuilds:
-    return ZooBuilds(tmp_path_factory.mktemp("zoo"))
+def zoo(tmp_path_factory) -> Iterator[ZooBuilds]:
+    builds = ZooBuilds(tmp_path_factory.mktemp("zoo"))
+    yield builds
+    builds.ahead.close()
+
+
+CI_MODELS = [model.name for model in ZOO if model.name not in COVERED_ELSEWHERE]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def build_ahead(request, zoo):
+    """The models the selected tests load, built two at a time from the module's start."""
+    wanted = set()
+    for item in request.session.items:
+        if "zoo" in getattr(item, "fixturenames", ()):
+            callspec = getattr(item, "callspec", None)
+            wanted.add(callspec.params["name"] if callspec else "bert")  # the others load bert
+    zoo.prefetch(name for name in CI_MODELS if name in wanted)
 
 
 def eager(model):
@@ -118,9 +150,7 @@ def other_sizes(signature, pick: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [model.name for model in ZOO if model.name not in COVERED_ELSEWHERE]
-)
+@pytest.mark.parametrize("name", CI_MODELS)
 def test_zoo_model_matches_eager(zoo, name):
     import aotc_runtime
 
