@@ -95,7 +95,7 @@ def test_fp32_greedy_tokens_equal_transformers_on_the_gpu_with_decode_as_a_graph
     ).cpu()
     loaded = aotc_runtime.load(package)
     got = loaded.generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
-    assert got.tolist() == expected.tolist()
+    assert got.tolist() == expected.tolist(), parted(source, ids, mask, got, expected)
     assert loaded._decode_graph, "decode did not run as a CUDA graph"
     # a second generate replays the same graph over a cache reset to its start
     again = loaded.generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
@@ -140,6 +140,23 @@ def test_half_tokens_follow_transformers_in_the_same_precision_and_report_where_
         for row_half, row_fp32 in zip(new.tolist(), full.tolist())
     ]
     print(f"{family} {precision}: first step where it leaves fp32, per prompt: {departs}")
+
+
+def parted(source, ids, mask, got, expected) -> str:
+    """Where the package's tokens first leave transformers', per prompt, with the fp32 model's
+    logit gap between the two tokens there: a gap near 0 is a near-tie two roundings order
+    differently, a large one a wrong computation."""
+    lines = []
+    start = ids.shape[1]
+    for row in range(ids.shape[0]):
+        ours, them = got[row, start:].tolist(), expected[row, start:].tolist()
+        at = next((i for i in range(len(ours)) if ours[i] != them[i]), None)
+        if at is not None:
+            gap = fp32_logit_gap(source, ids[row], mask[row], ours[:at], (ours[at], them[at]))
+            lines.append(
+                f"prompt {row} parts at step {at} ({ours[at]} against {them[at]}), fp32 gap {gap:.2e}"
+            )
+    return "; ".join(lines)
 
 
 def fp32_logit_gap(source, ids, mask, agreed: list, pair: tuple) -> float:
