@@ -116,7 +116,9 @@ class HostCopy {
 void Package::start_pick(const std::vector<int64_t>& eos, int64_t pad) {
   pick_.unfinished.fill_(true);
   pick_.eos.fill_(-1);  // never a token id
-  if (!eos.empty()) pick_.eos.narrow(0, 0, static_cast<int64_t>(eos.size())).copy_(at::tensor(eos, at::kLong));
+  // more ids than slots: the host picks (the graph's choice is overwritten before each replay)
+  const auto n = static_cast<int64_t>(std::min(eos.size(), kEosSlots));
+  if (n) pick_.eos.narrow(0, 0, n).copy_(at::tensor(eos, at::kLong).narrow(0, 0, n));
   pick_.pad.fill_(pad);
 }
 
