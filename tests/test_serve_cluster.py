@@ -105,6 +105,11 @@ def test_a_client_server_that_fails_to_start_is_connected_to_again(monkeypatch):
     assert ray.calls == ["init", "shutdown", "init", "shutdown", "init"]
     with pytest.raises(ConnectionAbortedError):  # three failures: the last one is the answer
         app._ray_init(FlakyRay(failures=3), remote=True, address="ray://head:10001")
+    zombie = FlakyRay(
+        failures=1, message="psutil.ZombieProcess: PID still exists but it's a zombie"
+    )
+    app._ray_init(zombie, remote=True, address="ray://head:10001")  # the same failure, seen later
+    assert zombie.calls == ["init", "shutdown", "init"]
     other = FlakyRay(failures=1, message="wrong password")
     with pytest.raises(ConnectionAbortedError):  # any other failure: at once
         app._ray_init(other, remote=True, address="ray://head:10001")
