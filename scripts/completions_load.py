@@ -57,6 +57,8 @@ def one_request(url: str, body: dict, timeout: float) -> tuple[float, list]:
                 connection.close()
                 return arrivals[0] - sent, arrivals
             data = json.loads(event[len(b"data: ") :])
+            if "choices" not in data:  # the server's error event: its message is the failure
+                raise RuntimeError(f"error event: {event[:300]!r}")
             arrivals.extend([time.perf_counter()] * len(data["choices"][0]["token_ids"]))
     connection.close()
     raise RuntimeError("the stream ended without [DONE]")

@@ -33,6 +33,7 @@
 #   cpp_generate    the C++ runner built with CUDA; GPT-2 124M bf16 (batch 1, 256-token cache): cold start to
 #                   the first token against import torch + CUDA init (scripts/generate_cold_start.py), and
 #                   the runner's decode rate on a 32-token prompt, 128 new tokens, beside `aotc generate`'s
+#                   and a bundle of that package (`aotc bundle`) generating under `env -i`, with its size
 # Inductor's cache lives in WORKDIR/inductor_cache, so later steps reuse what earlier ones compiled
 # (build_time gives each build a fresh one); aotc's cache folder is WORKDIR/aotc_cache.
 set -u
@@ -151,8 +152,12 @@ PY
       server=$!
       for _ in $(seq 120); do curl -sf localhost:8123/v1/health > /dev/null && break; sleep 2; done
       python3 scripts/completions_load.py http://127.0.0.1:8123 --streams 1,8,32 --requests 4 --max-tokens 96 \
-        --baseline "$WORK/gpt2_serve_pkg" --out "$RESULTS/completions_load_h100.json" >> "$RESULTS/serve_load.log" 2>&1 || rc=$?
-      kill -INT $server; wait $server ;;
+        --timeout 30 --baseline "$WORK/gpt2_serve_pkg" --out "$RESULTS/completions_load_h100.json" \
+        >> "$RESULTS/serve_load.log" 2>&1 || rc=$?
+      curl -s localhost:8123/v1/health > "$RESULTS/serve_health.json"
+      kill -INT $server; wait $server
+      # the replica's own log (a failure inside it is written there, not to the server's output)
+      tar -czf "$RESULTS/ray_logs.tgz" -C /tmp/ray/session_latest logs 2> /dev/null ;;
     generate_gpt2)
       python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --prompt-tokens 32 \
         --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$? ;;
@@ -190,7 +195,14 @@ PY
           --max-new-tokens 128 --json >> "$RESULTS/runner_generate_h100.jsonl" 2>> "$RESULTS/cpp_generate.log" || rc=$?
         python3 -m aotc generate "$WORK/gpt2_b1_pkg" --prompt-ids "$prompt" --max-new-tokens 128 --json \
           >> "$RESULTS/python_generate_h100.jsonl" 2>> "$RESULTS/cpp_generate.log" || rc=$?
-      done ;;
+      done
+      # a CUDA bundle of it, generating with an empty environment; its size
+      AOTC_RUNNER="$WORK/runner_build/aotc-runner" python3 -m aotc bundle "$WORK/gpt2_b1_pkg" \
+        -o "$WORK/gpt2_b1_bundle" --force --json > "$RESULTS/bundle_h100.json" 2>> "$RESULTS/cpp_generate.log" || rc=$?
+      env -i "$WORK/gpt2_b1_bundle/run" --generate --prompt-ids "$prompt" --max-new-tokens 128 --json \
+        > "$RESULTS/bundle_generate_h100.json" 2>> "$RESULTS/cpp_generate.log" || rc=$?
+      { du -sb "$WORK/gpt2_b1_bundle" "$WORK/gpt2_b1_bundle/lib"; ls "$WORK/gpt2_b1_bundle/lib"; } \
+        > "$RESULTS/bundle_h100.txt" 2>&1 ;;
     tests=*) python3 -m pytest -q -m gpu tests -k "${step#tests=}" -p no:cacheprovider > "$RESULTS/tests_k.log" 2>&1 || rc=$? ;;
     *) log "unknown step $step"; rc=2 ;;
   esac
