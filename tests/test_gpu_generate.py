@@ -233,3 +233,20 @@ def test_the_cpp_runner_generates_the_python_runtimes_tokens_on_the_gpu(
         got = json.loads(done.stdout)["generated_ids"]
         want = loaded.generate(ids, mask, max_new_tokens=12, **settings)[:, 7:].tolist()
         assert got == want, (settings, got, want)
+
+
+def test_a_running_batch_replaying_the_decode_graph_answers_every_timeline(built, no_tf32):
+    """Issue 27: `aotc serve`'s continuous batching (aotc_runtime/continuous.py) on a CUDA package
+    whose decode is a graph replay. The second timeline resets the KV cache the graph holds,
+    outside inference mode; on the H100 (2026-11-26) that failed for every request after the
+    first ("Inplace update to inference tensor outside InferenceMode")."""
+    from test_continuous import alone, run
+
+    from aotc_runtime.continuous import RunningBatch
+
+    package = aotc_runtime.load(built["gpt2", "fp32"][0])
+    plan = {0: ("a", [5, 17, 42, 9, 100], 10), 3: ("b", [7, 8, 300], 6)}
+    for timeline in range(2):
+        made = run(RunningBatch(package), plan)
+        for key, prompt, new in plan.values():
+            assert made[key] == alone(package, prompt, new), (timeline, key)

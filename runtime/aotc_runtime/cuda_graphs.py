@@ -161,7 +161,11 @@ class DecodeGraph:
         pick: Any,  # generation.GreedyPick: the next tokens chosen on the device, captured too
         state_in_place: bool = True,
     ):
-        self.state = [t.clone() for t in state]
+        # made outside inference mode (generate captures inside it): these become the package's
+        # state, which reset_state and a running batch (continuous.py) write outside it, and an
+        # inference tensor refuses that ("Inplace update to inference tensor outside InferenceMode")
+        with torch.inference_mode(False):
+            self.state = [t.clone() for t in state]
         self._step, self.pick = step, pick
         self._graph = torch.cuda.CUDAGraph()
         flat = step.inputs + self.state
