@@ -145,9 +145,9 @@ PY
       # a cache several requests long: continuous batching joins a request only while the cache's
       # columns left hold it beside the running ones (aotc_runtime/continuous.py)
       { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 512 --batch-size 32 \
-          -o "$WORK/gpt2_serve.pt2" &&
+          -o "$WORK/gpt2_serve.pt2" --force &&
         python3 -m aotc build "$WORK/gpt2_serve.pt2" --device cuda --mode reduce-overhead --precision bf16 \
-          -o "$WORK/gpt2_serve_pkg" --quiet; } > "$RESULTS/serve_load.log" 2>&1 || rc=$?
+          -o "$WORK/gpt2_serve_pkg" --force --quiet; } > "$RESULTS/serve_load.log" 2>&1 || rc=$?
       python3 -m aotc serve "$WORK/gpt2_serve_pkg" --port 8123 >> "$RESULTS/serve_load.log" 2>&1 &
       server=$!
       for _ in $(seq 120); do curl -sf localhost:8123/v1/health > /dev/null && break; sleep 2; done
@@ -155,10 +155,11 @@ PY
         --timeout 30 --baseline "$WORK/gpt2_serve_pkg" --out "$RESULTS/completions_load_h100.json" \
         >> "$RESULTS/serve_load.log" 2>&1 || rc=$?
       curl -s localhost:8123/v1/health > "$RESULTS/serve_health.json"
-      # Ctrl-C, then (it did not stop in 30 s on 2026-11-26: noted in docs/gpu.md) Ray stopped by force
-      kill -INT $server
+      # SIGTERM, which aotc takes as Ctrl-C (a script's background job ignores SIGINT itself: the
+      # -INT sent here until 2026-11-26 left the server running); Ray stopped by force after 30 s
+      kill -TERM $server
       for _ in $(seq 30); do kill -0 $server 2> /dev/null || break; sleep 1; done
-      kill -0 $server 2> /dev/null && { log "aotc serve still running 30 s after Ctrl-C"; kill -KILL $server; ray stop --force > /dev/null 2>&1; }
+      kill -0 $server 2> /dev/null && { log "aotc serve still running 30 s after SIGTERM"; kill -KILL $server; ray stop --force > /dev/null 2>&1; }
       # the replica's own log (a failure inside it is written there, not to the server's output)
       tar -czf "$RESULTS/ray_logs.tgz" -C /tmp/ray/session_latest logs 2> /dev/null ;;
     generate_gpt2)

@@ -38,8 +38,16 @@ def run(batch: RunningBatch, plan: dict) -> dict:
     return made
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_sequences_joining_a_running_batch_get_their_own_tokens(generation_packages, family):
+@pytest.mark.parametrize(
+    "family, overlap",
+    [("gpt2", False), ("llama", False), ("gpt2", True)],
+    ids=["gpt2", "llama", "gpt2-step-ahead"],
+)
+def test_sequences_joining_a_running_batch_get_their_own_tokens(
+    generation_packages, family, overlap
+):
+    """With overlap (CUDA's default; here on the CPU, where the step queued ahead runs at once) a
+    joining sequence waits for the step already queued, and a row that left drops its token."""
     package = aotc_runtime.load(generation_packages[family][0])
     assert package.manifest.generation.sliding_window == 0
     plan = {
@@ -47,7 +55,7 @@ def test_sequences_joining_a_running_batch_get_their_own_tokens(generation_packa
         3: ("b", [7, 8, 300], 6),  # joins a running batch: one call feeds a's next token too
         10: ("c", [11, 12, 13, 14], 5),  # into the row b left, with a still running
     }
-    batch = RunningBatch(package)
+    batch = RunningBatch(package, overlap=overlap)
     made = run(batch, plan)
     for key, prompt, new in plan.values():
         assert made[key] == alone(package, prompt, new), key

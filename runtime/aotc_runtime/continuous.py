@@ -19,6 +19,11 @@ those only into an empty batch (`Generation.sliding_window`).
 Every step uses up a column of every row, and a join L of them. A sequence joins only when the
 columns left hold its prompt and every running row's remaining tokens (`fits`); otherwise it waits
 for the batch to empty, when the timeline starts again at column 0.
+
+On CUDA a step works ahead, as `generation.stream` does: the next decode step is queued (its input
+is the tokens just picked, still on the device) before the host reads this step's tokens, so the
+device is busy while the host delivers them. A sequence that joins meanwhile waits for that step,
+and a row's token from it is dropped if the row left.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .generation import decoder, generation_of
+from .generation import HostCopy, decoder, generation_of
 
 if TYPE_CHECKING:
     from .package import Package
@@ -47,7 +52,7 @@ class RunningBatch:
     between steps (see above). The package is held (no `generate` on it) from the first join until
     the last row leaves. One thread uses it at a time."""
 
-    def __init__(self, package: Package):
+    def __init__(self, package: Package, overlap: bool | None = None):
         generation = generation_of(package)
         self.package, self.device = package, package.device
         self.size, self.max_len = generation.batch_size, generation.max_seq_len
@@ -60,6 +65,12 @@ class RunningBatch:
         self.last = torch.zeros(self.size, dtype=torch.int64)  # each row's token to feed next
         self._decoder: Any = None  # the decode step, set up again after each join
         self._held = False
+        # on the CPU a step queued ahead would run there and then, before its tokens are sent
+        self.overlap = self.device.type == "cuda" if overlap is None else overlap
+        self._host = HostCopy(torch.zeros(self.size, dtype=torch.int64, device=self.device))
+        # a decode step queued by the previous call: (the key of each row it runs for, its
+        # tokens on the device once it has run)
+        self._ahead: tuple[list, torch.Tensor] | None = None
 
     @property
     def active(self) -> int:
@@ -102,25 +113,53 @@ class RunningBatch:
     def release(self) -> None:
         """Give the package back (after the last row left, or when a step failed)."""
         self.rows = [None] * self.size
+        self._ahead = None  # its tokens are nobody's now
         if self._held:
             self._held = False
             self.package._generating.release()
 
     def step(self) -> list[tuple[Hashable, int]]:
-        """One call of the package: each row's next token, as (key, token)."""
+        """One step's tokens, as (key, token) per row it ran for that is still there: the step
+        queued by the previous call, or else a join of the waiting sequences, or else a decode
+        step. With overlap, the next decode step is queued before the tokens are read."""
         if self.active == 0:
             return []
         with torch.inference_mode():
-            joining = [slot for slot, r in enumerate(self.rows) if r is not None and r.prompt]
-            logits = self._join(joining) if joining else self._decode()
-            tokens = logits.argmax(dim=-1).cpu()
+            if self._ahead is not None:
+                keys, picked = self._ahead
+                self._ahead = None
+            else:
+                keys = self._keys()
+                joining = [slot for slot, r in enumerate(self.rows) if r is not None and r.prompt]
+                if joining:
+                    picked = self._join(joining).argmax(dim=-1)
+                else:
+                    picked = self._decode(self.last.to(self.device))
+            self._host.start(picked)
+            if self.overlap and self._worth_a_step_ahead(keys):
+                self._ahead = (self._keys(), self._decode(picked))
+            tokens = self._host.result()
+        self.last.copy_(tokens)
         made = []
-        for slot, row in enumerate(self.rows):
-            self.last[slot] = tokens[slot]
-            if row is not None:
+        for slot, (key, token) in enumerate(zip(keys, tokens.tolist())):
+            row = self.rows[slot]
+            # a row that left since the step was queued, or joined after (its join is to come)
+            if key is not None and row is not None and row.key == key and row.prompt is None:
                 row.left -= 1
-                made.append((row.key, int(tokens[slot])))
+                made.append((key, token))
         return made
+
+    def _keys(self) -> list:
+        return [row.key if row is not None else None for row in self.rows]
+
+    def _worth_a_step_ahead(self, keys: list) -> bool:
+        """No sequence waits to join, and a row of this step has tokens to make after it (which
+        also keeps the step inside the cache: `fits` counted those tokens' columns)."""
+        if any(row is not None and row.prompt for row in self.rows):
+            return False
+        return any(
+            row is not None and row.key == key and row.left > 1 for row, key in zip(self.rows, keys)
+        )
 
     def _join(self, joining: list[int]) -> torch.Tensor:
         prompts = {slot: self.rows[slot].prompt for slot in joining}  # type: ignore[union-attr]
@@ -151,22 +190,31 @@ class RunningBatch:
         self._decoder = None
         return logits
 
-    def _decode(self) -> torch.Tensor:
+    def _decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Queues the decode step that feeds `tokens` [B] (on the device); returns the buffer its
+        tokens will be in."""
         column = self.column
-        last = self.last.to(self.device)
         if self._decoder is None:  # the decode step's buffers from here (decoder() advances them)
             self.mask[:, column] = 1
             first = [
-                last[:, None],
+                tokens[:, None],
                 self.fed[:, None].to(self.device),
                 torch.tensor([column], device=self.device),
                 self.mask.to(self.device),
             ]
             self._decoder = decoder(self.package, first)
-        logits = self._decoder.step(last)
-        # what the step's own advance did to its buffers, mirrored here for the next join
+            if self._decoder.pick is not None:
+                self._decoder.pick.start([], 0)  # rows end here, not at an end-of-sequence id
+        pick = self._decoder.pick
+        if pick is not None and tokens is pick.tokens:  # the graph wrote them as the step's ids
+            self._decoder.replay()
+            picked = pick.tokens
+        else:
+            logits = self._decoder.step(tokens)
+            picked = pick.tokens if pick is not None else logits.argmax(dim=-1)
+        # what the step's own advance does to its buffers, mirrored here for the next join
         self.fed += 1
         self.column = column + 1
         if self.column < self.max_len:
             self.mask[:, self.column] = 1
-        return logits
+        return picked
