@@ -136,30 +136,16 @@ def with_weights(module: Any, weights: dict) -> None:
     shapes = {name: t.shape for name, t in module.state_dict().items()}
     own = set(shapes)
 
-    def own_name(name: str) -> str | None:
+    def own_name(name: str) -> str:
         parts = name.split(".")
-        return next(
-            (".".join(parts[i:]) for i in range(len(parts)) if ".".join(parts[i:]) in own), None
-        )
+        for i in range(len(parts)):
+            if ".".join(parts[i:]) in own:
+                return ".".join(parts[i:])
+        raise ValueError(f"the artifact's weight {name} is not a weight of the model file's model")
 
-    def rows(name: str) -> int:
-        match = own_name(name)
-        if match is None:
-            raise ValueError(
-                f"the artifact's weight {name} is not a weight of the model file's model"
-            )
-        return shapes[match][0]
-
-    weights = unstacked(weights, rows)  # the export stacked sibling linears' weights
-    mapped = {}
-    for name, tensor in weights.items():
-        match = own_name(name)
-        if match is None:
-            raise ValueError(
-                f"the artifact's weight {name} is not a weight of the model file's model"
-            )
-        mapped[match] = tensor
-    module.load_state_dict(mapped, strict=False)
+    # the export stacked sibling linears' weights: split back by the model's own rows
+    weights = unstacked(weights, lambda name: shapes[own_name(name)][0])
+    module.load_state_dict({own_name(n): t for n, t in weights.items()}, strict=False)
 
 
 def transformers_model(
