@@ -5,7 +5,6 @@ every Ray on the machine)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -79,26 +78,6 @@ def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, packages):
     assert result.returncode == 0, result.stderr[-2000:] + "\nhead: " + log.read_text()[-1000:]
     assert "POST /v1/predict -> 200" in result.stdout
     assert f"serving {mlp} at http://{NODE}:" in result.stderr
-
-
-def test_serve_on_a_cluster_answers_completions_as_the_runtime_generates(
-    cluster, generation_packages
-):
-    """Issue 27: a text-generation package behind `--address`, its completion (`--check`: 4
-    greedy tokens after token 1) equal to the runtime's own `generate` here."""
-    from tests.test_serve_completions import expected_ids
-
-    address, env, log = cluster
-    lm = generation_packages["gpt2"][0]
-    result = subprocess.run(
-        [sys.executable, "-m", "aotc", "serve", str(lm), "--address", address,
-         "--host", NODE, "--port", str(free_port()), "--check"],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:] + "\nhead: " + log.read_text()[-1000:]
-    assert "POST /v1/completions -> 200" in result.stdout
-    answer = json.loads(result.stdout.strip().splitlines()[-1])
-    assert answer["choices"][0]["token_ids"] == expected_ids(lm, [1], 4)
 
 
 class FlakyRay:
