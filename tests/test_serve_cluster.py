@@ -5,6 +5,7 @@ every Ray on the machine)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -67,17 +68,53 @@ def stop_head(head: subprocess.Popen) -> None:
         os.killpg(head.pid, signal.SIGKILL)
 
 
-def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, packages):
-    address, env, log = cluster
-    mlp = packages.get("dynamic_mlp").package
-    result = subprocess.run(
-        [sys.executable, "-m", "aotc", "serve", str(mlp), "--address", address,
-         "--host", NODE, "--port", str(free_port()), "--check"],
+@pytest.fixture(scope="module")
+def http_port() -> int:
+    """The port of the cluster's Serve: it keeps the one it first started with while it runs."""
+    return free_port()
+
+
+def serve_on(cluster, package, port: int) -> subprocess.CompletedProcess:
+    address, env, _log = cluster
+    return subprocess.run(
+        [sys.executable, "-m", "aotc", "serve", str(package), "--address", address,
+         "--host", NODE, "--port", str(port), "--check"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:] + "\nhead: " + log.read_text()[-1000:]
+
+
+def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, http_port, packages):
+    mlp = packages.get("dynamic_mlp").package
+    result = serve_on(cluster, mlp, http_port)
+    assert result.returncode == 0, (
+        result.stderr[-2000:] + "\nhead: " + cluster[2].read_text()[-1000:]
+    )
     assert "POST /v1/predict -> 200" in result.stdout
     assert f"serving {mlp} at http://{NODE}:" in result.stderr
+
+
+def test_serve_on_a_cluster_answers_completions_and_refuses_another_port(
+    cluster, http_port, generation_packages
+):
+    """Issue 27: a text-generation package behind `--address`, its completion (`--check`: 4
+    greedy tokens after token 1) equal to the runtime's own `generate` here. Serve stays up on the
+    cluster afterwards, on its port: a server asked for another is refused in one line (Ray
+    only warns and ignores it, and the server waited on a port nobody listens on)."""
+    from tests.test_serve_completions import expected_ids
+
+    lm = generation_packages["gpt2"][0]
+    result = serve_on(cluster, lm, http_port)
+    assert result.returncode == 0, (
+        result.stderr[-2000:] + "\nhead: " + cluster[2].read_text()[-1000:]
+    )
+    assert "POST /v1/completions -> 200" in result.stdout
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer["choices"][0]["token_ids"] == expected_ids(lm, [1], 4)
+
+    refused = serve_on(cluster, lm, free_port())
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert f"already answers HTTP on {NODE}:{http_port}" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 class FlakyRay:

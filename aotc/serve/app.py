@@ -217,6 +217,11 @@ def start(options: ServeOptions) -> Server:
         if started_ray:  # Ray came up but Serve did not: nothing of ours stays running
             ray.shutdown()
         raise ServeError(f"Ray could not start ({exc}); check --address and `ray status`") from None
+    problem = None if local else _cluster_http_problem(options)
+    if problem:
+        if started_ray:
+            ray.shutdown()
+        raise UserInputError(problem)
     server = Server(
         f"http://{reachable_host(options)}:{options.port}",
         options,
@@ -261,6 +266,23 @@ def start(options: ServeOptions) -> Server:
         stop(server)
         raise
     return server
+
+
+def _cluster_http_problem(options: ServeOptions) -> str | None:
+    """Why this server cannot listen where asked on a cluster whose Serve already runs: Serve's
+    HTTP proxies keep the host and port of their first start, and `serve.start` only warns that
+    new ones are ignored (the server would then wait on a port nobody listens on)."""
+    # the controller's HTTP options: ServeControllerClient.http_config (Ray 2.60, pinned)
+    from ray.serve.context import _get_global_client
+
+    running = _get_global_client().http_config
+    if (running.host, running.port) == (options.host, options.port):
+        return None
+    return (
+        f"the cluster's Ray Serve already answers HTTP on {running.host}:{running.port}, and keeps "
+        f"that while it runs; pass --host {running.host} --port {running.port}, or shut Serve "
+        "down there (`serve shutdown`)"
+    )
 
 
 # A Ray Client connection makes the head start a server process for it; that start can fail
