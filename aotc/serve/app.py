@@ -190,6 +190,7 @@ def start(options: ServeOptions) -> Server:
         _check_port_free(options.host, options.port)
     shipping = options.ship if options.ship is not None else not local
     started_ray = False
+    problem = None
     try:
         if not ray.is_initialized():
             with caller_sigterm_handler(), ray_on_loopback(local):
@@ -212,12 +213,15 @@ def start(options: ServeOptions) -> Server:
                 )
             started_ray = True
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        serve.start(http_options={"host": options.host, "port": options.port})
+        # before serve.start, which on a cluster whose Serve runs would only warn that the host
+        # and port asked for are ignored
+        problem = None if local else _cluster_http_problem(options)
+        if problem is None:
+            serve.start(http_options={"host": options.host, "port": options.port})
     except (ConnectionError, RuntimeError, ValueError) as exc:
         if started_ray:  # Ray came up but Serve did not: nothing of ours stays running
             ray.shutdown()
         raise ServeError(f"Ray could not start ({exc}); check --address and `ray status`") from None
-    problem = None if local else _cluster_http_problem(options)
     if problem:
         if started_ray:
             ray.shutdown()
@@ -269,13 +273,17 @@ def start(options: ServeOptions) -> Server:
 
 
 def _cluster_http_problem(options: ServeOptions) -> str | None:
-    """Why this server cannot listen where asked on a cluster whose Serve already runs: Serve's
-    HTTP proxies keep the host and port of their first start, and `serve.start` only warns that
-    new ones are ignored (the server would then wait on a port nobody listens on)."""
-    # the controller's HTTP options: ServeControllerClient.http_config (Ray 2.60, pinned)
+    """Why this server cannot listen where asked on a cluster whose Serve already runs (None if
+    it can, or Serve does not run there yet): Serve's HTTP proxies keep the host and port of their
+    first start, and `serve.start` only warns that new ones are ignored (the server would then
+    wait on a port nobody listens on)."""
+    # the running controller's HTTP options: ServeControllerClient.http_config (Ray 2.60, pinned)
     from ray.serve.context import _get_global_client
 
-    running = _get_global_client().http_config
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return None
+    running = client.http_config
     if (running.host, running.port) == (options.host, options.port):
         return None
     return (
