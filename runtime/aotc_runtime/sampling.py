@@ -9,6 +9,24 @@ from dataclasses import dataclass
 import torch
 
 
+# The accepted ranges, the same in the Python API, `aotc generate`, the C++ runner and HTTP
+# (docs/reliability.md). Below MIN_TEMPERATURE, logits / temperature overflows float32 for large
+# logits and softmax gives NaN (vLLM raises such temperatures to 0.01 for the same reason); below
+# MIN_TOP_P the nucleus is one token anyway, and float32 cannot tell the bound from 0.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+MIN_TOP_P = 1e-6
+MAX_TOP_K = 2**31 - 1
+MAX_SEED = 2**64 - 1  # a generator's seed is 64 bits
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.0  # 0: greedy (argmax)
@@ -21,15 +39,20 @@ class Sampling:
         return self.temperature == 0.0 or self.top_k == 1
 
     def check(self) -> str | None:
-        """Why these settings are not valid, or None."""
-        if self.temperature < 0:
+        """Why these settings are not valid, or None: one line naming the value and the range."""
+        t = self.temperature
+        if not _is_number(t) or not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
             return (
-                f"temperature {self.temperature} is negative; use 0 for greedy or a positive value"
+                f"temperature {t!r} is outside the accepted values: 0 for greedy, or "
+                f"{MIN_TEMPERATURE} to {MAX_TEMPERATURE:g} to sample"
             )
-        if self.top_k is not None and self.top_k < 1:
-            return f"top-k {self.top_k} is below 1"
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            return f"top-p {self.top_p} is outside (0, 1]"
+        if self.top_k is not None and not (_is_integer(self.top_k) and 1 <= self.top_k <= MAX_TOP_K):
+            return f"top-k {self.top_k!r} is not a whole number from 1 to {MAX_TOP_K}"
+        p = self.top_p
+        if p is not None and not (_is_number(p) and MIN_TOP_P <= p <= 1.0):
+            return f"top-p {p!r} is outside [{MIN_TOP_P:g}, 1]"
+        if self.seed is not None and not (_is_integer(self.seed) and 0 <= self.seed <= MAX_SEED):
+            return f"seed {self.seed!r} is not a whole number from 0 to 2**64-1"
         return None
 
 
@@ -48,6 +71,7 @@ def next_tokens(
         probabilities = ordered.softmax(dim=-1)
         # drop a token once the ones before it already hold top_p; the first always stays
         drop = (probabilities.cumsum(dim=-1) - probabilities) >= sampling.top_p
+        drop[..., 0] = False  # even where top_p rounds to 0 in float32
         scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
     probabilities = scores.softmax(dim=-1)
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
