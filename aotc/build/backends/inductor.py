@@ -15,7 +15,12 @@ from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
 from aotc.build.disk_space import check_space, full_device
 from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import output_lock, staging_folder, write_manifest
+from aotc.build.package_writer import (
+    output_lock,
+    staging_folder,
+    write_manifest,
+    write_tokenizer,
+)
 from aotc.build.pipeline import STAGE_PREFIX, BuildResult, finish, write_state
 from aotc.build.precision import place_program, signature_in_precision, tf32_matmuls
 from aotc.build.profile import TuningProgress, inductor_phase_times
@@ -26,7 +31,7 @@ from aotc.build.toolchain import compiler_options, use_compiler
 from aotc.build.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
-from aotc.export.artifact import load_artifact, read_artifact_tokenizer
+from aotc.export.artifact import load_artifact
 from aotc.export.user_frames import first_line
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
@@ -121,13 +126,7 @@ def _build(
             "calls": probes.runs,
         }
         normalize_archive(staging / MODEL_FILE)  # the same inputs give the same bytes
-        if manifest.generation is not None and manifest.generation.tokenizer:
-            tokenizer = read_artifact_tokenizer(cfg.artifact)
-            if tokenizer is None:
-                raise UserInputError(
-                    f"{cfg.artifact} says it carries a tokenizer but holds none; re-export it"
-                )
-            (staging / manifest.generation.tokenizer).write_text(tokenizer, encoding="utf-8")
+        write_tokenizer(cfg.artifact, manifest.generation, staging)
         if signature.get("state"):
             write_state(ep, signature, staging, cfg.precision)
         compile_seconds = time.perf_counter() - started
