@@ -1,8 +1,10 @@
 """`aotc verify`: re-check what a package claims, one check at a time, without trusting the build.
 
-Checks, in order: the manifest reads and the build finished; every file matches its sha256; the
-package was built for this torch, platform and GPU; its signature (when a public key is given); it
-loads; and the build's numeric check, re-run against the export artifact it was built from. A check
+Checks, in order: the manifest reads and the build finished (and a text-generation package's record
+agrees with its model); every file matches its sha256; the package was built for this torch,
+platform and GPU; its signature (when a public key is given); it loads; the state it starts from
+(a KV cache) is the export artifact's; and the build's numeric check, re-run against the export
+artifact it was built from. A check
 whose prerequisite failed is skipped, not failed, so the first failure is the one that matters.
 """
 
@@ -17,7 +19,7 @@ from aotc.errors import AotcError, AotcRuntimeError, NumericMismatchError, UserI
 if TYPE_CHECKING:
     from aotc_runtime import Manifest, NumericCheck
 
-CHECKS = ("manifest", "files", "compatibility", "signature", "load", "numeric")
+CHECKS = ("manifest", "files", "compatibility", "signature", "load", "state", "numeric")
 
 
 class VerificationFailed(AotcError):
@@ -65,11 +67,13 @@ class _Verification:
             self._skip("signature", self._signature_not_asked())
         if not (files and compatible):
             reason = "the files" if not files else "the compatibility"
-            self._skip("load", f"{reason} check failed")
-            self._skip("numeric", f"{reason} check failed")
+            for name in ("load", "state", "numeric"):
+                self._skip(name, f"{reason} check failed")
         elif self._check("load", self._load):
+            self._check("state", self._state)
             self._check("numeric", self._numeric)
         else:
+            self._skip("state", "the package does not load")
             self._skip("numeric", "the package does not load")
         return self._report()
 
@@ -147,6 +151,37 @@ class _Verification:
         # The files were hashed by the check above; loading need not hash them again.
         package = aotc_runtime.load(self.package, verify=False)
         return f"loads through aotc_runtime on {package.device}"
+
+    def _state(self) -> str:
+        """The package's state.pt against the artifact's initial state, value for value: the
+        numeric check starts every case from state.pt, so a planted one (NaN, or other values)
+        would be checked against itself."""
+        import torch
+
+        from aotc.build.precision import state_in_precision
+        from aotc.config import Precision
+        from aotc.export.artifact import load_artifact
+        from aotc.export.call_structure import initial_state
+        from aotc_runtime import STATE_FILE, PackageError
+
+        manifest = self._built()
+        if not manifest.signature.state:
+            return "the package carries no state"
+        artifact = self._artifact(manifest)
+        if artifact.suffix == ".onnx":
+            return "an ONNX export holds no state to compare with"
+        ep, meta = load_artifact(artifact)
+        expected = state_in_precision(
+            initial_state(ep, meta.signature, "cpu"), Precision(manifest.precision)
+        )
+        saved = torch.load(self.package / STATE_FILE, weights_only=True, map_location="cpu")
+        for spec, want, got in zip(manifest.signature.state, expected, saved):
+            if got.shape != want.shape or got.dtype != want.dtype or not torch.equal(got, want):
+                raise PackageError(
+                    f"package {self.package}: its {STATE_FILE} holds {spec.name} with other values "
+                    f"than {artifact.name}'s initial state; rebuild it with `aotc build --force`"
+                )
+        return f"{len(expected)} state tensor(s) equal {artifact.name}'s initial state"
 
     def _numeric(self) -> str:
         manifest = self._built()
