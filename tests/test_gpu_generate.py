@@ -250,3 +250,34 @@ def test_a_running_batch_replaying_the_decode_graph_answers_every_timeline(built
         made = run(RunningBatch(package), plan)
         for key, prompt, new in plan.values():
             assert made[key] == alone(package, prompt, new), (timeline, key)
+
+
+def test_refused_bad_indices_leave_the_process_generating(built, tmp_path):
+    """On CUDA an index the compiled embedding's bounds check catches is a device-side assert that
+    leaves the process's CUDA context unusable. Every such index a caller or a package can give is
+    refused before the model runs, and the same process then generates as before."""
+    import json
+    import shutil
+
+    from aotc_runtime.errors import GenerationInputError, PackageError
+
+    package, _source = built["gpt2", "fp32"]
+    loaded = aotc_runtime.load(package)
+    ids, mask = prompts()
+    before = loaded.generate(ids, mask, max_new_tokens=8)
+    for bad_mask in ([[-5] + [1] * 6] * 2, [[1000] + [1] * 6] * 2):
+        with pytest.raises(GenerationInputError, match="attention_mask holds values other than"):
+            loaded.generate(ids, torch.tensor(bad_mask), max_new_tokens=4)
+    with pytest.raises(GenerationInputError, match="end-of-sequence id 600 is outside"):
+        loaded.generate(ids[:1], max_new_tokens=4, eos_token_ids=[600, 379])
+    with pytest.raises(GenerationInputError, match="token id 512 is outside the vocabulary"):
+        loaded.generate(torch.tensor([[5, 512]]), max_new_tokens=4)
+    lying = tmp_path / "lying"
+    shutil.copytree(package, lying)
+    manifest = json.loads((lying / "manifest.json").read_text())
+    manifest["generation"]["pad_token_id"] = 100000
+    (lying / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
+    with pytest.raises(PackageError, match="pad_token_id holds 100000"):
+        aotc_runtime.load(lying)
+    torch.cuda.synchronize()  # a device-side assert would surface here
+    assert loaded.generate(ids, mask, max_new_tokens=8).tolist() == before.tolist()
