@@ -66,10 +66,10 @@ def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
         ({"prompt": [1], "n": 2}, 400, "'n' is 2; this server supports only 1"),
         ({"prompt": [1], "max_tokens": "8"}, 400, "'max_tokens' must be a whole number >= 1"),
         ({"prompt": [1], "max_tokens": 0}, 400, "'max_tokens' must be a whole number >= 1"),
-        ({"prompt": [1], "temperature": -1}, 400, "'temperature' must be a number in [0, 2]"),
-        ({"prompt": [1], "top_p": 0}, 400, "'top_p' must be a number in (0, 1]"),
+        ({"prompt": [1], "temperature": -1}, 400, "'temperature': temperature -1 is outside"),
+        ({"prompt": [1], "top_p": 0}, 400, "'top_p': top-p 0 is outside [1e-06, 1]"),
         ({"prompt": [1], "stream": "yes"}, 400, "'stream' must be true or false"),
-        ({"prompt": [1], "seed": -3}, 400, "'seed' must be a whole number >= 0"),
+        ({"prompt": [1], "seed": -3}, 400, "'seed': seed -3 is not a whole number from 0"),
         ({"prompt": []}, 400, "the prompt is empty"),
         ({"prompt": [5, 600]}, 400, "token id 600 is outside the vocabulary (0..511)"),
         ({"prompt": [1, True]}, 400, "'prompt' must be text or a list of token ids"),
@@ -105,3 +105,108 @@ def test_answers_and_events_have_openais_shape():
     assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n") == 2
     assert json.loads(event[6:])["choices"][0]["text"] == "a\nb"
     assert DONE_EVENT == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        # each passed parsing and reached the package: the client got 500 "the model failed"
+        ("temperature", 1e-39, "temperature 1e-39 is outside the accepted values: 0 for greedy"),
+        ("top_p", 1e-46, "top-p 1e-46 is outside [1e-06, 1]"),
+        ("seed", 2**64, f"seed {2**64} is not a whole number from 0 to 2**64-1"),
+        ("temperature", 100.5, "temperature 100.5 is outside the accepted values"),
+        ("temperature", True, "temperature True is outside"),  # a boolean is not a number
+        ("top_p", "0.5", "top-p '0.5' is outside"),
+        ("seed", 1.0, "seed 1.0 is not a whole number"),
+    ],
+)
+def test_sampling_values_outside_the_runtimes_ranges_are_400_naming_the_field(field, value, words):
+    with pytest.raises(RequestError) as caught:
+        parse({"prompt": [1], field: value})
+    assert caught.value.status == 400 and caught.value.param == field
+    assert str(caught.value).startswith(f"'{field}': ")
+    assert words in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_sampling_accepts_exactly_the_runtimes_ranges():
+    """aotc_runtime.sampling's bounds, the same as `aotc generate` and the C++ runner: above
+    OpenAI's temperature cap of 2 too."""
+    from aotc_runtime.sampling import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
+
+    for temperature in (0, MIN_TEMPERATURE, 2.5, MAX_TEMPERATURE):
+        assert parse({"prompt": [1], "temperature": temperature}).temperature == temperature
+    assert parse({"prompt": [1], "top_p": MIN_TOP_P}).top_p == MIN_TOP_P
+    assert parse({"prompt": [1], "seed": MAX_SEED}).seed == MAX_SEED
+
+
+def test_an_explicit_null_means_the_fields_default(tokenizer):
+    nulls = dict.fromkeys(
+        ["max_tokens", "temperature", "top_p", "seed", "stop", "stream", "user", "model", "n",
+         "best_of", "echo", "presence_penalty", "frequency_penalty", "suffix"]
+    )  # fmt: skip
+    request = parse({"prompt": "w5", **nulls}, tokenizer)
+    assert (request.max_tokens, request.temperature, request.top_p) == (16, 1.0, 1.0)
+    assert (request.seed, request.stop, request.stream, request.model) == (None, (), False, None)
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        # torch could not hold the id: a plain-text 500 and a traceback in the replica's log
+        (b'{"prompt": [5, 99999999999999999999]}', "token id 99999999999999999999 is outside the vocabulary (0..511)"),
+        (b'{"prompt": [5, -99999999999999999999]}', "token id -99999999999999999999 is outside the vocabulary"),
+    ],
+)  # fmt: skip
+def test_a_token_id_beyond_int64_is_400(data, words):
+    with pytest.raises(RequestError) as caught:
+        parse(data)
+    assert caught.value.status == 400 and caught.value.param == "prompt"
+    assert str(caught.value) == words or words in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("field", ["prompt", "stop"])
+def test_a_lone_surrogate_in_text_is_400(tokenizer, field):
+    """JSON's "\\ud800" is no character: the tokenizer raised on it (a plain-text 500)."""
+    body = {"prompt": "w5", field: "w5 \ud800"}
+    with pytest.raises(RequestError) as caught:
+        parse(json.dumps(body).encode(), tokenizer)
+    assert caught.value.status == 400 and caught.value.param == field
+    assert str(caught.value) == (
+        f"'{field}' holds a lone UTF-16 surrogate (\"\\ud800\" at character 3), which is not "
+        "text; send valid Unicode (a surrogate pair, or UTF-8)"
+    )
+
+
+def test_the_413_names_the_prompt_limit_and_its_real_fix():
+    """The body limit of a completion comes from the package's cache: --max-body-mb cannot raise it."""
+    with pytest.raises(RequestError) as caught:
+        parse(b" " * (max_body_bytes(32) + 1))
+    assert caught.value.status == 413
+    assert str(caught.value) == (
+        f"request body is {max_body_bytes(32) + 1} bytes, above the {max_body_bytes(32)} a prompt "
+        "of at most 32 tokens (this package's cache) needs; send a shorter prompt, or serve a "
+        "package exported with a larger --max-seq-len"
+    )
+
+
+def test_errors_have_openais_shape():
+    from aotc.serve.protocol import error_body
+
+    with pytest.raises(RequestError) as caught:
+        parse({"prompt": [1], "top_p": 2})
+    assert caught.value.body() == {
+        "error": {
+            "message": "'top_p': top-p 2 is outside [1e-06, 1]",
+            "type": "invalid_request_error",
+            "param": "top_p",
+            "code": None,
+        }
+    }
+    assert error_body(500, "the model failed:\n  detail") == {
+        "error": {
+            "message": "the model failed: detail",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }

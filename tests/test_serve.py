@@ -151,8 +151,14 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, case):
     client = Client(server.url)
     reply = client.request("POST", "/v1/predict", body, content_type)
     assert reply.status == status, reply.body[:300]
-    assert words in reply.json()["error"]
-    assert "\n" not in reply.json()["error"]
+    error = reply.json()["error"]
+    assert words in error["message"] and "\n" not in error["message"], error
+    assert error["type"] == "invalid_request_error" and set(error) == {
+        "message",
+        "type",
+        "param",
+        "code",
+    }
     assert client.predict({"x": torch.ones(1, 128)}).status == 200
 
 
@@ -179,7 +185,7 @@ def test_unknown_route_and_wrong_method(server):
     client = Client(server.url)
     assert client.request("GET", "/v2/predict").status == 404
     reply = client.request("GET", "/v1/predict")
-    assert reply.status == 405 and "takes POST" in reply.json()["error"]
+    assert reply.status == 405 and "takes POST" in reply.json()["error"]["message"]
 
 
 def test_a_replica_that_cannot_load_the_package_refuses_with_the_reason(server, mlp, tmp_path):
@@ -195,9 +201,9 @@ def test_a_replica_that_cannot_load_the_package_refuses_with_the_reason(server, 
     model_file = next(p for p in damaged.rglob("*.pt2"))
     model_file.write_bytes(model_file.read_bytes()[:-10] + b"0123456789")
     replica = ModelReplica(PackageSource(path=str(damaged)), ReplicaSettings())
-    state = replica.health()
-    assert state["status"] == "refused"
-    assert "refused the package" in state["reason"] and "modified" in state["reason"]
+    assert replica.health()["status"] == "refused" and "reason" not in replica.health()
+    reason = replica.refusal()  # what `aotc serve` prints, asked of the replica through Ray
+    assert "refused the package" in reason and "modified" in reason
 
 
 def test_a_stateful_package_is_refused_for_several_replicas(packages):

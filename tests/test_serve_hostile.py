@@ -274,7 +274,7 @@ def test_a_body_that_does_not_arrive_in_time_gets_408_and_its_connection_closed(
         answers.append((time.monotonic() - start, received))
     for seconds, received in answers:
         assert received.startswith(b"HTTP/1.1 408"), received[:300]
-        error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+        error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]["message"]
         assert (
             f"did not arrive within {BODY_TIMEOUT_S:g} s" in error and "--body-timeout-s" in error
         )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from aotc.cli.keys import required_key, signature_options
 from aotc.cli.types import exit_codes_epilog
 
 
@@ -58,7 +59,8 @@ from aotc.cli.types import exit_codes_epilog
     type=click.FloatRange(min=0, min_open=True),
     default=64.0,
     show_default=True,
-    help="Largest request body; larger ones get HTTP 413.",
+    help="Largest request body; larger ones get HTTP 413. A completion's body is also held to what "
+    "the package's longest prompt needs (16 KiB + 64 B per --max-seq-len token).",
 )
 @click.option(
     "--body-timeout-s",
@@ -85,6 +87,7 @@ from aotc.cli.types import exit_codes_epilog
     is_flag=True,
     help="Start, send one request of random inputs, print the answer, stop (for CI).",
 )
+@signature_options
 def serve(
     package,
     host,
@@ -100,8 +103,26 @@ def serve(
     ship,
     metrics_port,
     check,
+    require_signature,
+    public_key,
 ):
-    """Serve PACKAGE over HTTP: POST /v1/predict, GET /v1/health, GET /v1/metadata."""
+    """Serve PACKAGE over HTTP: POST /v1/predict (a text-generation package: POST /v1/completions,
+    GET /v1/models), GET /v1/health, GET /v1/metadata.
+
+    Errors are JSON in OpenAI's shape: {"error": {"message": "<one line>", "type":
+    "invalid_request_error" or "server_error", "param": <field or null>, "code": <null or a short
+    string>}}. With --require-signature, the package is checked here and again by each replica as
+    it loads it.
+
+    \b
+    Examples:
+      aotc serve model_pkg --replicas 2
+      aotc serve lm_pkg --require-signature --public-key KEY.pub.pem
+    """
+    public_key = required_key(require_signature, public_key)
+    import os
+    import socket
+
     from aotc.optional import require
 
     require("ray.serve", "serve", "aotc serve")
@@ -121,6 +142,7 @@ def serve(
         body_timeout_s=body_timeout_s,
         ship=ship,
         metrics_port=metrics_port,
+        public_key=public_key,
     )
     click.echo(f"starting Ray Serve for {package} ...", err=True)
     server = start(options)
@@ -129,7 +151,7 @@ def serve(
         if refused:
             from aotc_runtime import PackageError
 
-            raise PackageError(server.health.get("reason", "a replica refused the package"))
+            raise PackageError(server.health.get("reason") or "a replica refused the package")
         batching = server.metadata["batching"]
         generation = server.metadata.get("generation")
         if generation is not None:
@@ -150,12 +172,16 @@ def serve(
                 ),
                 err=True,
             )
+        # where it runs is for the operator, here, and not on /v1/health for any caller
+        click.echo(f"package {package.resolve()}; aotc serve is pid {os.getpid()} on "
+                   f"{socket.gethostname()}", err=True)  # fmt: skip
         if metrics_port and not address:
             click.echo(f"metrics at http://127.0.0.1:{metrics_port}/metrics", err=True)
         if check:
             raise click.exceptions.Exit(check_once(server))
-        click.echo("Ctrl-C stops it", err=True)
         try:
+            # inside the try: a SIGTERM sent as soon as this line is read may land while it prints
+            click.echo("Ctrl-C stops it", err=True)
             _wait_forever()
         except KeyboardInterrupt:  # the way a server is stopped: not an error
             click.echo("stopping", err=True)

@@ -26,6 +26,11 @@ from aotc.errors import ServeError, UserInputError
 from aotc.serve.protocol import DEFAULT_MAX_BODY_BYTES
 
 APP_NAME = "aotc"
+MODEL_DEPLOYMENT = "aotc-model"  # a package answering one call per request (replica.py)
+COMPLETIONS_DEPLOYMENT = "aotc-completions"  # a text-generation package (completion_server.py)
+REPLICA_LOGS = "the replica logs under /tmp/ray/session_latest/logs/serve/"
+REFUSAL_TIMEOUT_S = 30.0
+logger = logging.getLogger("aotc.serve")
 START_TIMEOUT_S = 300.0
 DEFAULT_BODY_TIMEOUT_S = 30.0  # `aotc serve --body-timeout-s`
 # Ray takes the address its processes listen on from this flag: 0 is what Ray does on a laptop
@@ -54,6 +59,7 @@ class ServeOptions:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body must arrive within it, or 408
     ship: bool | None = None  # None: ship through Ray exactly when --address is given
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
+    public_key: Path | None = None  # `--require-signature`: the package must be signed by its key
 
 
 @dataclass
@@ -71,13 +77,20 @@ class Server:
 
 def check_package(options: ServeOptions):
     """The package's manifest, checked here before Ray starts: one clear error instead of N
-    replicas failing. The machine check (torch, GPU) only when the replicas run on this machine."""
+    replicas failing. The machine check (torch, GPU) only when the replicas run on this machine.
+    With a public key, the signature first (each replica checks it again as it loads: what it
+    loads may not be what was checked here)."""
     from aotc_runtime import PackageError
     from aotc_runtime.environment import check_compatible
     from aotc_runtime.manifest import check_finished, read_manifest, verify_files
 
     path = options.package
-    manifest = read_manifest(path)
+    signed = None
+    if options.public_key is not None:
+        from aotc_runtime.signing import verify_signature
+
+        signed = verify_signature(path, options.public_key)
+    manifest = read_manifest(path, signed=signed)
     check_finished(path, manifest)
     verify_files(path, manifest)
     if options.address is None:
@@ -103,8 +116,9 @@ def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
 
     signature = manifest.signature
     dim = batch_dim(signature) if max_batch_size > 1 else None
+    # the folder's name, not its path: where the package lies on the server is not a client's business
     info = {
-        "package": str(options.package),
+        "model": Path(options.package).resolve().name,
         "aotc_version": manifest.aotc_version,
         "format_version": manifest.format_version,
         "torch": manifest.toolchain.torch,
@@ -126,7 +140,7 @@ def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
     if generation is not None:
         # the name clients give as "model" (and GET /v1/models lists): the package's folder
         info["generation"] = {
-            "model": Path(options.package).resolve().name,
+            "model": info["model"],
             "batch_size": generation.batch_size,
             "max_seq_len": generation.max_seq_len,
             "tokenizer": generation.tokenizer is not None,
@@ -241,7 +255,8 @@ def start(options: ServeOptions) -> Server:
             # `aotc serve` removes it on exit
             server.store = ship(options.package, store_name, detached=not local)
             source = PackageSource(store_name=store_name)
-        settings = ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads)
+        key = options.public_key.read_bytes() if options.public_key is not None else None
+        settings = ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads, key)
         cpus = 0 if gpus else threads
         if "generation" in server.metadata:
             # completions stream a token at a time: the replica answers HTTP itself
@@ -251,7 +266,7 @@ def start(options: ServeOptions) -> Server:
         else:
             model = serve.deployment(
                 ModelReplica,
-                name="aotc-model",
+                name=MODEL_DEPLOYMENT,
                 num_replicas=options.replicas,
                 ray_actor_options={"num_cpus": cpus, "num_gpus": gpus},
                 # serve.batch collects up to max_batch requests at once: each replica must
@@ -392,15 +407,30 @@ def wait_until_answering(server: Server) -> dict:
         except urllib.error.HTTPError as exc:
             state = json.loads(exc.read() or b"{}")
             if state.get("status") == "refused":
-                return state
-            last = state.get("reason", f"HTTP {exc.code}")
+                return {**state, "reason": refusal_reason(server)}
+            last = f"HTTP {exc.code}: {state.get('status', 'no status')}"
         except (OSError, ValueError) as exc:
             last = str(exc)
         time.sleep(0.5)
     raise ServeError(
         f"no replica answered {server.url}/v1/health within {START_TIMEOUT_S:.0f} s ({last}); "
-        "see the replica logs under /tmp/ray/session_latest/logs/serve/"
+        f"see {REPLICA_LOGS}"
     )
+
+
+def refusal_reason(server: Server) -> str:
+    """Why a replica refused the package, asked of it through Ray: /v1/health does not say (the
+    reason names paths and machines)."""
+    from ray import serve
+
+    name = COMPLETIONS_DEPLOYMENT if "generation" in server.metadata else MODEL_DEPLOYMENT
+    try:
+        handle = serve.get_deployment_handle(name, app_name=APP_NAME)
+        reason = handle.refusal.remote().result(timeout_s=REFUSAL_TIMEOUT_S)
+    except Exception as exc:  # Ray's errors here have no common base; the log still has it
+        logger.warning("could not ask the replica why it refused the package: %r", exc)
+        reason = None
+    return reason or f"a replica refused the package; {REPLICA_LOGS} say why"
 
 
 def stop(server: Server) -> None:

@@ -119,7 +119,7 @@ class Codec:
         )
         reply = await asyncio.wrap_future(running)
         if reply[0] == "refused":
-            raise RequestError(reply[1], reply[2])
+            raise RequestError(*reply[1:])
         if reply[0] == "failed":
             raise RequestError(500, reply[1])
         return reply[1]
@@ -251,16 +251,18 @@ def receive(stream: IO[bytes]) -> Any:
 
 
 def answer(job: tuple, signature: Signature, max_bytes: int) -> tuple:
-    """A worker's reply to one job: ("ok", result), ("refused", status, message) or ("failed", message)."""
+    """A worker's reply to one job: ("ok", result), ("refused", status, message, param, code) or
+    ("failed", message)."""
     operation, content_type, payload = job
     try:
         if operation == "decode":
             return ("ok", pack(decode_request(payload, content_type, signature, max_bytes)))
         return ("ok", encode_response(unpack(payload), signature, content_type))
     except RequestError as exc:
-        return ("refused", exc.status, str(exc))
+        return ("refused", exc.status, str(exc), exc.param, exc.code)
     except MemoryError:
-        return ("refused", 413, "decoding this request ran out of memory; send smaller requests")
+        message = "decoding this request ran out of memory; send smaller requests"
+        return ("refused", 413, message, None, "request_too_large")
     except Exception as exc:  # our bug: this request gets a 500 naming it, the worker goes on
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return ("failed", f"the server failed on this request ({type(exc).__name__}: {first})")

@@ -3,10 +3,11 @@ streamed token by token, greedy requests joining one running batch. The HTTP sid
 aotc/serve/completion_server.py, in the same process (a token crosses no process on its way).
 
 `complete(body)` is an async generator. Its first item is the refusal of the request
-(`{"error": status, "message": ...}`: answered as JSON) or its acceptance; then items
+(`{"refused": RequestError}`: answered as JSON) or its acceptance; then items
 `{"events": [...]}` holding one event per new token, `{"token_ids": [id], "text": delta,
 "finish_reason": None | "length" | "stop"}` (the last with its finish_reason): as many as were made
-since the previous item was taken.
+since the previous item was taken. A request the package failed on ends with `{"error": 500,
+"message": ...}` instead.
 
 Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Greedy requests
 run as one running batch (continuous batching, aotc_runtime/continuous.py): a request that waits
@@ -22,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import secrets
-import socket
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +34,8 @@ from ray.serve import metrics
 
 from aotc.serve.completions import CompletionRequest, cut_at_stop, parse_completion
 from aotc.serve.protocol import RequestError
-from aotc.serve.replica import ReplicaSettings
-from aotc.serve.shipping import PackageSource
+from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
+from aotc.serve.shipping import PackageSource, load_package
 
 logger = logging.getLogger("ray.serve")
 
@@ -101,21 +101,23 @@ class CompletionEngine:
     def __init__(self, source: PackageSource, settings: ReplicaSettings, served_name: str):
         import torch
 
-        from aotc_runtime import load
         from aotc_runtime.generation import generation_of
 
         self._source, self._folder = source, None
         self.package: Any = None
         self.refused: str | None = None
-        self._host = socket.gethostname()
+        self._id = uuid.uuid4().hex[
+            :12
+        ]  # tells replicas apart on /v1/health, and says nothing else
         self._served = served_name
         try:
             self._folder = source.materialize()
-            self.package = load(self._folder)
+            self.package = load_package(self._folder, settings.public_key_pem)
             self.generation = generation_of(self.package)
+            # read now, from the files load() just checked (against the signature, when asked)
             self.tokenizer = self.package.tokenizer if self.generation.tokenizer else None
         except Exception as exc:  # every reason a package cannot load here is reported, not raised
-            self.refused = f"the replica on {self._host} refused the package: {exc}"
+            self.refused = refusal_reason(exc)
             logger.error(self.refused)
         self._executor = ThreadPoolExecutor(
             max_workers=1, initializer=torch.set_num_threads, initargs=(settings.threads,)
@@ -141,16 +143,19 @@ class CompletionEngine:
 
     async def complete(self, body: bytes):
         if self.refused is not None:
-            yield {"error": 503, "message": self.refused}
+            yield {"refused": RequestError(503, REFUSED)}
             return
         try:
             request = parse_completion(body, self.generation, self.tokenizer)
             if request.model not in (None, self._served):
                 raise RequestError(
-                    404, f"model '{request.model}' is not served here; use '{self._served}'"
+                    404,
+                    f"model {request.model!r} is not served here; use '{self._served}'",
+                    param="model",
+                    code="model_not_found",
                 )
         except RequestError as exc:
-            yield {"error": exc.status, "message": str(exc)}
+            yield {"refused": exc}
             return
         job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
         self._start_worker()
@@ -316,17 +321,14 @@ class CompletionEngine:
             steps.close()  # ends the generation: the package is free for the next
 
     def health(self) -> dict:
-        state = {
+        """What /v1/health tells anyone who asks: ready or not, and how busy."""
+        return {
             "status": "refused" if self.refused else "ok",
-            "host": self._host,
-            "pid": os.getpid(),
-            "package": str(self._folder) if self._folder else self._source.describe(),
+            "model": self._served,
+            "replica": self._id,
             "waiting": len(self._pending),
             **self.counts,
         }
-        if self.refused:
-            state["reason"] = self.refused
-        return state
 
     def __del__(self) -> None:
         # getattr: an engine whose __init__ did not run (or failed) has nothing to release

@@ -12,7 +12,10 @@ connection is closed: a client that declares a length and sends part of it holds
 task until then, no longer. Bodies are decoded (and answers encoded) by aotc/serve/codec.py: large
 ones in worker processes, so that a slow decode never holds up the event loop and /v1/health.
 
-Every refusal is JSON `{"error": "<one line: what is wrong and what to do>"}` with its status.
+Every refusal is JSON in OpenAI's error shape, with its status: `{"error": {"message": "<one line:
+what is wrong and what to do>", "type": "invalid_request_error" (4xx) or "server_error" (5xx),
+"param": <the request field at fault, or null>, "code": <null or a short string>}}`
+(protocol.error_body). /v1/health says whether the server is ready, nothing about where it runs.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
@@ -75,16 +79,22 @@ async def route(request: Request, routes: dict, refusals: Counter) -> Response:
         return await handler(request)
     except RequestError as exc:
         refusals.inc(tags={"status": str(exc.status)})
-        return json_response({"error": str(exc)}, exc.status, getattr(exc, "headers", None))
+        return json_response(exc.body(), exc.status, getattr(exc, "headers", None))
 
 
-async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+async def read_body(
+    request: Request,
+    limit: int,
+    timeout_s: float,
+    too_large: Callable[[int | str, int], RequestError] = body_too_large,
+) -> bytes:
     """The body, never holding more than the limit: a declared length above it is refused
     before reading, a body that grows past it as soon as it does, and one that has not all
-    arrived within the body timeout when it expires."""
+    arrived within the body timeout when it expires. `too_large(size, limit)` is the 413, which
+    says how to send less (or where the limit comes from)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise body_too_large(int(declared), limit)
+        raise too_large(int(declared), limit)
     chunks: list[bytes] = []
 
     async def read() -> None:
@@ -92,7 +102,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise body_too_large(f"more than {limit}", limit)
+                raise too_large(f"more than {limit}", limit)
             chunks.append(chunk)
 
     try:
@@ -104,6 +114,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
             f"request body did not arrive within {timeout_s:g} s ({got} bytes "
             f"{f'of {declared} ' if declared else ''}came); send it faster, or start the "
             "server with a larger --body-timeout-s",
+            code="timeout",
         ) from None
     return b"".join(chunks)
 
@@ -196,9 +207,9 @@ class Ingress:
         try:
             state = await asyncio.wait_for(self._model.health.remote(), HEALTH_TIMEOUT_S)
         except (asyncio.TimeoutError, RayActorError, ActorUnavailableError) as exc:
-            return json_response(
-                {"status": "unavailable", "reason": f"no model replica answered ({exc!r})"}, 503
-            )
+            logger.warning("no model replica answered /v1/health (%r)", exc)
+            return json_response({"status": "unavailable", "model": self._metadata["model"]}, 503)
+        state = {"model": self._metadata["model"], **state}
         return json_response(state, 200 if state["status"] == "ok" else 503)
 
     async def _metadata_response(self, request: Request) -> Response:

@@ -20,7 +20,9 @@ largest shapes, and no more values than the limit's bytes hold at the inputs' sm
 
 Every refusal is a RequestError with an HTTP status and the one-line message the CLI would print:
 400 (bad JSON, an empty body, wrong names, counts, shapes or dtypes), 413 (a body or its inputs
-above the limit), 415 (another content type).
+above the limit), 415 (another content type). Its body is OpenAI's error shape (error_body):
+`{"error": {"message": "<one line>", "type": "invalid_request_error", "param": null, "code":
+null}}`, on every route of the server.
 """
 
 from __future__ import annotations
@@ -44,12 +46,35 @@ JSON_ALLOWANCE = 64
 LARGER = "send smaller batches (or start the server with a larger --max-body-mb)"
 
 
-class RequestError(Exception):
-    """A request the server refuses: `status` is the HTTP status, the message says why and what to send."""
+# OpenAI's error types: a request at fault (any 4xx, an unknown model too), or the server
+CLIENT_ERROR, SERVER_ERROR = "invalid_request_error", "server_error"
 
-    def __init__(self, status: int, message: str):
+
+class RequestError(Exception):
+    """A request the server refuses: `status` is the HTTP status, the message says why and what to
+    send; `param` the request field at fault (None: the request as a whole), `code` a short
+    machine-readable reason (None when the status says enough)."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ):
         super().__init__(message)
         self.status = status
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return error_body(self.status, str(self), self.param, self.code)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
+    """Every error aotc serve answers, whole or streamed, in OpenAI's shape: {"error": {"message":
+    one line, "type", "param", "code"}}."""
+    kind = CLIENT_ERROR if status < 500 else SERVER_ERROR
+    line = " ".join(message.split())  # one line, whatever the message held
+    return {"error": {"message": line, "type": kind, "param": param, "code": code}}
 
 
 def body_too_large(size: int | str, max_bytes: int) -> RequestError:
@@ -57,6 +82,7 @@ def body_too_large(size: int | str, max_bytes: int) -> RequestError:
     return RequestError(
         413,
         f"request body is {size} bytes, above this server's limit of {max_bytes}; {LARGER}",
+        code="request_too_large",
     )
 
 

@@ -7,9 +7,12 @@ the model idle runs at once; one that arrives while a call runs waits up to `bat
 others to share the next call. The package runs
 in one worker thread, so the event loop keeps collecting the next batch while a call runs.
 
-A replica that cannot load the package (another torch, GPU or platform, damaged files) stays up and
-refuses: the reason is logged, answered on /v1/health and on every request (503). Failing its
-constructor would make Ray retry it in a loop and then give up with the reason buried in the logs.
+A replica that cannot load the package (another torch, GPU or platform, damaged files, a signature
+that does not hold under `--require-signature`) stays up and refuses: the reason is logged and given
+to `aotc serve` (`refusal()`, through Ray), and /v1/health and every request answer 503 without it
+(the reason names the package's path and this machine, which are the operator's business, not a
+client's). Failing its constructor would make Ray retry it in a loop and then give up with the
+reason buried in the logs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -26,7 +30,7 @@ from ray import serve
 from ray.serve import metrics
 
 from aotc.serve.batching import batch_dim, batch_limit, groups, join, rows, split
-from aotc.serve.shipping import PackageSource
+from aotc.serve.shipping import PackageSource, load_package
 
 logger = logging.getLogger("ray.serve")
 
@@ -34,8 +38,12 @@ logger = logging.getLogger("ray.serve")
 ROW_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
 
+# what a client hears from a replica that refused the package; the reason is in the server's log
+REFUSED = "this server's replicas could not load its package; the server's log says why"
+
+
 class ReplicaRefusedError(Exception):
-    """The replica could not load the package; the message says why (the ingress answers 503)."""
+    """The replica could not load the package (the ingress answers 503 with REFUSED)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,9 @@ class ReplicaSettings:
     max_batch_size: int = 16  # rows per call; 1 turns batching off
     batch_wait_s: float = 0.005  # while the model is busy, how long a batch waits for more requests
     threads: int = 1  # intra-op threads of the calling thread (CPU packages)
+    public_key_pem: bytes | None = (
+        None  # `--require-signature`: the key the package must be signed by
+    )
 
 
 def _request_rows(items: list) -> int:
@@ -50,17 +61,23 @@ def _request_rows(items: list) -> int:
     return sum(rows(tensors) for tensors in items)
 
 
+def refusal_reason(exc: Exception) -> str:
+    """The one line `aotc serve` prints for a replica that could not load the package."""
+    where = f"the replica on {socket.gethostname()} (pid {os.getpid()})"
+    return f"{where} refused the package: {' '.join(str(exc).split())}"
+
+
 class ModelReplica:
     def __init__(self, source: PackageSource, settings: ReplicaSettings):
         import torch
-
-        from aotc_runtime import load
 
         self._source = source
         self._folder = None
         self.package = None
         self.refused: str | None = None
-        self._host = socket.gethostname()
+        self._id = uuid.uuid4().hex[
+            :12
+        ]  # tells replicas apart on /v1/health, and says nothing else
         # One thread calls the package (CUDA graphs and stateful packages run one call at a time
         # anyway); its intra-op threads are set in that thread, where they apply.
         self._executor = ThreadPoolExecutor(
@@ -68,10 +85,15 @@ class ModelReplica:
         )
         try:
             self._folder = source.materialize()
-            self.package = load(self._folder)
+            self.package = load_package(self._folder, settings.public_key_pem)
         except Exception as exc:  # every reason a package cannot load here is reported, not raised
-            self.refused = f"the replica on {self._host} refused the package: {exc}"
+            self.refused = refusal_reason(exc)
             logger.error(self.refused)
+        else:
+            logger.info(
+                "replica %s (pid %d on %s) serves %s", self._id, os.getpid(), socket.gethostname(),
+                self._folder,
+            )  # fmt: skip
         self.dim = None
         self.limit = 1
         if self.package is not None and settings.max_batch_size > 1:
@@ -99,7 +121,7 @@ class ModelReplica:
         went: `queued_ms` waiting for its batch and for the model thread, `call_ms` the package
         call it shared with `batch_rows` rows."""
         if self.refused is not None:
-            raise ReplicaRefusedError(self.refused)
+            raise ReplicaRefusedError(REFUSED)
         start = time.perf_counter()
         if self.dim is None or rows(tensors) > self.limit:
             outputs, call_s, batch = await self._call(tensors, requests=1)
@@ -151,18 +173,19 @@ class ModelReplica:
         return outputs, time.perf_counter() - start
 
     def health(self) -> dict:
-        state = {
+        """What /v1/health tells anyone who asks: ready or not, and how batching goes."""
+        return {
             "status": "refused" if self.refused else "ok",
-            "host": self._host,
-            "pid": os.getpid(),
-            "package": str(self._folder) if self._folder else self._source.describe(),
+            "replica": self._id,
+            "shipped": self._source.store_name is not None,
             "batch_dim": self.dim,
             "max_batch_rows": self.limit,
             **self.counts,
         }
-        if self.refused:
-            state["reason"] = self.refused
-        return state
+
+    def refusal(self) -> str | None:
+        """Why this replica refused the package (None: it did not): for `aotc serve`, via Ray."""
+        return self.refused
 
     def __del__(self) -> None:
         if self._folder is not None:

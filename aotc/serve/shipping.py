@@ -1,7 +1,8 @@
 """How a package reaches the replicas. On the machine that runs `aotc serve` (local Ray) each replica
 reads the folder itself. On a cluster (`--address`, or `--ship`) the files go through Ray: a store
 actor holds them and each replica copies them into a temporary folder of its own machine, then loads
-that copy with the usual checks; the manifest's hashes vouch for every byte that travelled.
+that copy with the usual checks; the manifest's hashes vouch for every byte that travelled, and
+with `--require-signature` the replica checks the signature over that manifest itself.
 
 The store is an actor, not ObjectRefs in the deployment's arguments: Ray Serve pickles those
 arguments into its controller's state, and a reference pickled there is not kept alive by anyone.
@@ -14,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger("aotc.serve")
 
@@ -110,3 +112,17 @@ class PackageSource:
         """Remove a shipped copy (a folder the user gave is never touched)."""
         if self.path is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def load_package(folder: Path, public_key_pem: bytes | None) -> Any:
+    """aotc_runtime.load of a replica's folder; with a key, the package must be signed by it. The
+    key travels as its PEM bytes (a replica on another machine has no copy of the file), and is
+    written to a file of this process's own for load to read."""
+    from aotc_runtime import load
+
+    if public_key_pem is None:
+        return load(folder)
+    with tempfile.TemporaryDirectory(prefix="aotc-serve-key-") as keys:
+        key = Path(keys) / "public.pem"
+        key.write_bytes(public_key_pem)
+        return load(folder, public_key=key)

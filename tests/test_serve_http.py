@@ -1,0 +1,232 @@
+"""The HTTP side of `aotc serve` for a text-generation package, in-process: the completion server's
+routes (aotc/serve/completion_server.py) on a real package through an ASGI test client, without
+Ray. What a client sees of an error (OpenAI's shape, whole and streamed), of a body too large, and
+of the server's health and metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.serve")
+from starlette.requests import Request  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from aotc.serve.app import ServeOptions, check_package, metadata  # noqa: E402
+from aotc.serve.completion_server import CompletionServer  # noqa: E402
+from aotc.serve.completions import max_body_bytes  # noqa: E402
+from aotc.serve.ingress import refusals_counter, route  # noqa: E402
+from aotc.serve.protocol import decode_request  # noqa: E402
+from aotc.serve.replica import ReplicaSettings  # noqa: E402
+from aotc.serve.shipping import PackageSource  # noqa: E402
+
+pytestmark = pytest.mark.slow  # builds the package
+
+
+def asgi(handler):
+    """An ASGI app answering every HTTP request with `handler(request)` (what Ray Serve's proxy
+    does with a deployment's __call__), lifespan included so one event loop serves them all."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        response = await handler(Request(scope, receive))
+        await response(scope, receive, send)
+
+    return app
+
+
+def completion_server(package: Path, max_body: int = 64 << 20) -> CompletionServer:
+    options = ServeOptions(package=package, max_body_bytes=max_body)
+    info = metadata(check_package(options), options, 1)
+    return CompletionServer(
+        PackageSource(path=str(package.resolve())), ReplicaSettings(), info, max_body, 30.0
+    )
+
+
+@pytest.fixture(scope="module")
+def lm(generation_packages):
+    return generation_packages.with_tokenizer()[0]
+
+
+@pytest.fixture(scope="module")
+def server(lm):
+    return completion_server(lm)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with TestClient(asgi(server)) as client:
+        yield client
+
+
+def assert_error(reply, status: int, message: str, param=None, code=None) -> None:
+    """The reply is `status` with OpenAI's error body, carrying exactly this one-line message."""
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.json() == {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def test_a_refusal_has_openais_error_shape(client):
+    reply = client.post("/v1/completions", json={"prompt": [5], "top_p": 2})
+    assert_error(reply, 400, "'top_p': top-p 2 is outside [1e-06, 1]", param="top_p")
+    reply = client.post("/v1/completions", json={"prompt": [5], "model": "another"})
+    assert_error(
+        reply, 404, "model 'another' is not served here; use 'gpt2_tok_pkg'", "model",
+        "model_not_found",
+    )  # fmt: skip
+    assert_error(client.get("/v1/completions"), 405, "/v1/completions takes POST, not GET")
+
+
+def test_the_openai_client_reads_the_message(client, server):
+    """The official client raises with `error.message` as the text (it read nothing before)."""
+    openai = pytest.importorskip("openai")
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client)
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.completions.create(model="gpt2_tok_pkg", prompt=[5], temperature=1e-39)
+    assert caught.value.message.startswith("Error code: 400 - ") or caught.value.body
+    assert caught.value.body["message"].startswith("'temperature': temperature 1e-39 is outside")
+
+
+@pytest.mark.parametrize(
+    "body, message, param",
+    [
+        # both were a plain-text 500 with a traceback in the replica's log
+        (
+            b'{"prompt": [5, 99999999999999999999]}',
+            "token id 99999999999999999999 is outside the vocabulary (0..511)",
+            "prompt",
+        ),
+        (
+            b'{"prompt": "w5 \\ud800"}',
+            "'prompt' holds a lone UTF-16 surrogate (\"\\ud800\" at character 3), which is not "
+            "text; send valid Unicode (a surrogate pair, or UTF-8)",
+            "prompt",
+        ),
+        # each passed parsing, and the client got 500 "the model failed"
+        (
+            b'{"prompt": [5], "temperature": 1e-39}',
+            "'temperature': temperature 1e-39 is outside the accepted values: 0 for greedy, or "
+            "0.01 to 100 to sample",
+            "temperature",
+        ),
+        (b'{"prompt": [5], "top_p": 1e-46}', "'top_p': top-p 1e-46 is outside [1e-06, 1]", "top_p"),
+        (
+            b'{"prompt": [5], "seed": 18446744073709551616}',
+            "'seed': seed 18446744073709551616 is not a whole number from 0 to 2**64-1",
+            "seed",
+        ),
+    ],
+)
+def test_what_was_a_500_is_a_400_with_one_line(client, body, message, param):
+    reply = client.post("/v1/completions", content=body)
+    assert_error(reply, 400, message, param)
+    ok = client.post("/v1/completions", json={"prompt": [5], "max_tokens": 1, "temperature": 0})
+    assert ok.status_code == 200, ok.text
+
+
+def test_nulls_mean_defaults_and_temperature_above_2_is_served(client):
+    nulls = dict.fromkeys(["top_p", "seed", "stop", "stream", "user", "n", "logprobs", "echo"])
+    reply = client.post("/v1/completions", json={"prompt": "w5", "max_tokens": None, **nulls})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] <= 16
+    reply = client.post(
+        "/v1/completions", json={"prompt": [5], "max_tokens": 2, "temperature": 50, "seed": 1}
+    )
+    assert reply.status_code == 200, reply.text
+
+
+def test_the_413_names_the_real_limit_and_fix(client, lm):
+    """The completion body limit is the package's (16 KiB + 64 B a cache token), so the 413 must
+    not send the user to --max-body-mb, which cannot raise it."""
+    limit = max_body_bytes(32)
+    reply = client.post("/v1/completions", content=b" " * (limit + 1))
+    assert_error(
+        reply, 413,
+        f"request body is {limit + 1} bytes, above the {limit} a prompt of at most 32 tokens "
+        "(this package's cache) needs; send a shorter prompt, or serve a package exported with "
+        "a larger --max-seq-len",
+        "prompt", "request_too_large",
+    )  # fmt: skip
+    # below the package's limit, --max-body-mb is the limit, and the flag is the fix
+    small = completion_server(lm, max_body=1000)
+    with TestClient(asgi(small)) as other:
+        reply = other.post("/v1/completions", content=b" " * 1001)
+    assert_error(
+        reply, 413,
+        "request body is 1001 bytes, above this server's limit of 1000; send smaller batches "
+        "(or start the server with a larger --max-body-mb)",
+        None, "request_too_large",
+    )  # fmt: skip
+
+
+def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, monkeypatch):
+    class Failing:
+        def stream(self, ids, max_new_tokens, **sampling):
+            yield [7]
+            raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(server._engine, "package", Failing())
+    body = {"prompt": [5], "max_tokens": 4, "temperature": 0.5, "seed": 1, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as reply:
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert reply.status_code == 200
+    assert json.loads(events[0])["choices"][0]["token_ids"] == [7]
+    assert json.loads(events[1]) == {
+        "error": {
+            "message": "the model failed on this request: RuntimeError: CUDA error: out of memory",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert events[2:] == ["[DONE]"]
+
+
+def test_health_metadata_and_models_say_nothing_of_the_host_or_paths(client, lm):
+    import os
+    import socket
+
+    secrets = [str(lm.resolve()), str(lm.resolve().parent), socket.gethostname(), str(os.getpid())]
+    health = client.get("/v1/health")
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok" and health.json()["model"] == lm.resolve().name
+    assert not {"host", "pid", "package", "reason"} & set(health.json())
+    for path in ("/v1/health", "/v1/metadata", "/v1/models"):
+        text = client.get(path).text
+        assert not [s for s in secrets if s in text], (path, text)
+    assert client.get("/v1/metadata").json()["model"] == lm.resolve().name
+
+
+def test_predict_refusals_have_openais_error_shape(lm):
+    """/v1/predict's route (the ingress's) answers the same shape: here a handler that decodes."""
+    signature = check_package(ServeOptions(package=lm)).signature
+
+    async def predict(request: Request):
+        decode_request(await request.body(), request.headers.get("content-type"), signature)
+        raise AssertionError("the body is refused first")
+
+    async def routed(request: Request):
+        return await route(request, {"/v1/predict": ("POST", predict)}, refusals_counter())
+
+    with TestClient(asgi(routed)) as client:
+        reply = client.post("/v1/predict", content=b"x", headers={"content-type": "text/plain"})
+        assert_error(
+            reply, 415,
+            "Content-Type text/plain is not served; use application/json or application/x-npz",
+        )  # fmt: skip
+        assert_error(client.post("/v1/nothing"), 404, "no route /v1/nothing; use /v1/predict")
