@@ -494,7 +494,10 @@ def test_runner_streams_one_line_per_step(runner, generation_packages):
         (["--prompt-ids", "5,x"], "is not a comma-separated list of token ids"),
         (["--prompt-ids", "5", "--prompt-ids", "6", "--prompt-ids", "7"], "at most 2 at once"),
         (["--prompt-ids", ","], "a prompt is empty"),
-        (["--prompt-ids", "5", "--top-p", "0"], "--top-p must be a number in (0"),
+        (
+            ["--prompt-ids", "5", "--top-p", "0"],
+            "--top-p must be a number from 1e-06 to 1, got '0'",
+        ),
     ],
 )
 def test_runner_refuses_bad_generation_requests_in_one_line(

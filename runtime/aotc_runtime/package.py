@@ -486,7 +486,21 @@ def _read_state(path: Path, manifest: Manifest) -> list:
                 f"package {path}: its {STATE_FILE} holds {spec.name} in a layout the model does not "
                 "read (not a dense contiguous tensor); rebuild it with `aotc build --force`"
             )
+        if tensor.is_floating_point() and bool(torch.isnan(_stored_values(tensor)).any()):
+            # the first step would carry it into every token after it (an inf may be a state's
+            # start: a running maximum's -inf)
+            raise PackageError(
+                f"package {path}: its {STATE_FILE} holds {spec.name} with NaN values; rebuild it "
+                "with `aotc build --force`"
+            )
     return state
+
+
+def _stored_values(tensor: torch.Tensor) -> torch.Tensor:
+    """The values on disk: one for a tensor of one value expanded, else the whole tensor."""
+    if tensor.numel() and all(stride == 0 for stride in tensor.stride()):
+        return tensor.as_strided((1,), (1,))
+    return tensor
 
 
 def _plain_layout(tensor: torch.Tensor) -> bool:

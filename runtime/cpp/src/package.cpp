@@ -40,23 +40,27 @@ std::string first_line(const std::string& text) {
 // tensor saved as one value expanded, an empty KV cache, is one element on disk whatever shape it
 // claims); a dense tensor laid out as the compiled program reads it, whole (contiguous) or one
 // value expanded (all strides 0, as aotc/build/pipeline.py's compact writes it), inside its
-// storage; and finite, or the first step would carry NaN into every token after it.
+// storage; and no NaN, which the first step would carry into every token after it (an inf may be
+// a state's start: a running maximum's -inf).
 void check_state_tensor(const std::string& folder, const TensorSpec& spec, const at::Tensor& t) {
   auto refuse = [&](const std::string& problem) {
     throw package_error("package " + folder + ": its " + kStateFile + " holds " + spec.name + " " + problem +
                         "; rebuild it with `aotc build --force`");
   };
-  if (t.layout() != at::kStrided || t.is_quantized()) refuse("as a " + std::string(c10::toString(t.layout())) + " tensor, not a dense one");
   std::vector<int64_t> expected;
   for (const auto& entry : spec.shape) expected.push_back(entry.size);
   if (t.sizes().vec() != expected || t.scalar_type() != scalar_type(spec.dtype)) refuse("in another shape or dtype than the manifest says");
+  // the compiled model reads and writes its state in place at contiguous strides: any other
+  // layout of the right values computes something else (aotc_runtime/package.py's _plain_layout)
+  const std::string layout = "in a layout the model does not read (not a dense contiguous tensor)";
+  if (t.layout() != at::kStrided || t.is_quantized() || t.is_conj() || t.is_neg()) refuse(layout);  // before strides(): a sparse one has none
   const auto strides = t.strides();
   const bool expanded = t.numel() > 0 && std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 0; });
-  if (!t.is_contiguous() && !expanded) refuse("with strides " + c10::str(strides) + ", neither contiguous nor one value expanded");
+  if (!t.is_contiguous() && !expanded) refuse(layout);
   at::Tensor stored = expanded ? t.as_strided({1}, {1}) : t;  // the values on disk
   auto needed = static_cast<size_t>(t.storage_offset() + stored.numel()) * t.element_size();
   if (!t.storage() || t.storage().nbytes() < needed) refuse("as a view past the end of its storage");
-  if (at::isFloatingType(t.scalar_type()) && !at::isfinite(stored).all().item<bool>()) refuse("with values that are not finite");
+  if (at::isFloatingType(t.scalar_type()) && at::isnan(stored).any().item<bool>()) refuse("with NaN values");
 }
 
 std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& manifest) {

@@ -61,6 +61,7 @@ struct Generation {
   std::vector<int64_t> eos_token_ids;  // generation stops at any of them
   std::optional<int64_t> pad_token_id;
   std::string tokenizer;  // "" when the package carries none
+  std::optional<int64_t> sliding_window;  // the fewest earlier positions a layer attends to (0: none)
 };
 
 // `shared_weights` (aotc build --specialize): one file of the constants of every program in
