@@ -123,7 +123,7 @@ def check_request(
         or max_new_tokens < 1
     ):
         raise GenerationInputError(
-            f"max_new_tokens is {max_new_tokens!r}; ask for a whole number >= 1"
+            f"max_new_tokens is {max_new_tokens!r}; ask for at least 1 (a whole number)"
         )
     if length + max_new_tokens > generation.max_seq_len:
         room = generation.max_seq_len - max_new_tokens
