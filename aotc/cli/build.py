@@ -218,7 +218,7 @@ def build(
 def time_breakdown(phases: dict) -> str:
     """'load 7.1s, lower 0.3s, compile 21.6s (C++ compiler 12.7s), check 3.2s' from build_phases,
     and Inductor's vector-ISA probe where it ran (the first build on a machine)."""
-    from aotc.build.pipeline import STAGE_PREFIX
+    from aotc.build.finish import STAGE_PREFIX
 
     def seconds(key: str) -> float | None:
         entry = phases.get(key)

@@ -1,6 +1,6 @@
 """The AOTInductor backend (`aotc build`, the default): load the artifact, place it on the
 device and precision, compile with AOTInductor, hash and write the manifest, load and run the
-package in a child process against eager, then the pipeline's `finish`.
+package in a child process against eager, then the shared `finish` (aotc/build/finish.py).
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from pathlib import Path
 
 from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
 from aotc.build.disk_space import check_space, full_device
+from aotc.build.finish import STAGE_PREFIX, BuildResult, finish
 from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import output_lock, staging_folder, write_manifest
-from aotc.build.pipeline import STAGE_PREFIX, BuildResult, finish, write_state
 from aotc.build.precision import place_program, signature_in_precision, tf32_matmuls
 from aotc.build.profile import TuningProgress, inductor_phase_times
 from aotc.build.ptxas import same_ptxas_as_workers
 from aotc.build.reproducible import normalize_archive
+from aotc.build.state_file import write_state
 from aotc.build.tolerances import tolerance
 from aotc.build.toolchain import compiler_options, use_compiler
 from aotc.build.verify import check_numerics, reference_program

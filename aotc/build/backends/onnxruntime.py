@@ -16,8 +16,10 @@ import json
 import time
 from pathlib import Path
 
+from aotc.build.finish import finish
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import output_lock, staging_folder, write_manifest
+from aotc.build.state_file import write_state
 from aotc.build.tolerances import tolerance
 from aotc.build.verify import CALLS_PER_CASE, check_numerics
 from aotc.config import BuildConfig, Mode, Precision
@@ -59,8 +61,6 @@ def check_config(cfg: BuildConfig) -> None:
 
 
 def build(cfg: BuildConfig, progress: Progress, started: float):
-    from aotc.build.pipeline import finish, write_state
-
     require_onnx()
     check_config(cfg)
     cfg = dataclasses.replace(cfg, device="cpu")
