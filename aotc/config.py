@@ -120,6 +120,9 @@ class ExportConfig:
 
 
 DEVICES = ("auto", "cpu", "cuda")
+# --cpu-isa: name -> (cpp.march, cpp.simdlen); native leaves Inductor's defaults (-march=native,
+# best vector ISA). aotc/build/cpu_isa.py applies them and records what the compiler was allowed.
+ISAS = {"native": (None, None), "avx2": ("x86-64-v3", 256), "avx512": ("x86-64-v4", 512)}
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,6 @@ class BuildConfig:
         for name, value in (("--atol", self.atol), ("--rtol", self.rtol)):
             if value is not None and value < 0:
                 problems.append(f"{name} must be >= 0, got {value}")
-        from aotc.build.cpu_isa import ISAS
-
         if self.cpu_isa not in ISAS:
             problems.append(f"--cpu-isa {self.cpu_isa} is not one of {', '.join(ISAS)}")
         if problems:

@@ -89,10 +89,10 @@ def bare_compile(args) -> None:
     began = time.perf_counter()
     import torch
 
-    from aotc.build.precision import place_program
     from aotc.build.toolchain import compiler_options
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
 
     ep, meta = load_artifact(Path(args.bare[0]))
     placed = place_program(ep, args.device, Precision(args.precision), meta.signature)

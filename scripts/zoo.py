@@ -316,8 +316,8 @@ def measure(
     import torch
 
     import aotc_runtime
-    from aotc.build.precision import strict_fp32
     from aotc.export.loading import load_model
+    from aotc.math_mode import strict_fp32
 
     cat = catalog()
     model_entry = next(m for m in cat.ZOO + cat.GPU_ZOO if m.name == name)

@@ -240,7 +240,7 @@ def test_bf16_package_keeps_the_exported_signature(packages, tmp_path):
 
 def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypatch):
     """The fp32 check on CUDA compares without TF32: in this process, and (by env) in the child."""
-    from aotc.build.precision import strict_fp32
+    from aotc.math_mode import strict_fp32
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     with strict_fp32():
@@ -262,7 +262,7 @@ def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypa
 
 def test_views_become_reshapes_before_a_move_to_another_device():
     """A CPU-traced `view` may not fit CUDA strides (vit_b_16); `reshape` means the same where it fits."""
-    from aotc.build.precision import reshape_instead_of_view
+    from aotc.export.placement import reshape_instead_of_view
 
     class Flatten(torch.nn.Module):
         def forward(self, x):

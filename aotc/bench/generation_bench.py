@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from aotc.bench.generation import BASELINES, COMPILE_WARMUP, PACKAGE, GenerationBench, measure
 from aotc.bench.harness import REPORT_VERSION, bench_device, package_summary, resolve_artifact
 from aotc.bench.options import BenchConfig, parse_against
-from aotc.build.precision import tf32_matmuls
 from aotc.errors import UserInputError
+from aotc.math_mode import tf32_matmuls
 
 if TYPE_CHECKING:
     from aotc_runtime import Manifest

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aotc.bench.options import BenchConfig, CallCounts, parse_against
-from aotc.build.precision import tf32_matmuls
 from aotc.errors import AotcError, AotcRuntimeError, BuildError, ModelError, UserInputError
 from aotc.export.user_frames import first_line
+from aotc.math_mode import tf32_matmuls
 from aotc.quiet import quiet_torch
 
 if TYPE_CHECKING:
@@ -346,9 +346,9 @@ def onnxruntime_package(artifact: Path, work: Path) -> Path:
 
 def place_baseline(artifact: Path, manifest: Manifest, device):
     """The ExportedProgram on the package's device and precision, so baselines compute alike."""
-    from aotc.build.precision import place_program
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
 
     ep, _meta = load_artifact(artifact)
     with quiet_torch():

@@ -72,8 +72,8 @@ def share_weights(cfg: BuildConfig, staging: Path, programs: list[tuple[str, Pat
 def placed_constants(artifact: Path, cfg: BuildConfig) -> dict:
     """The constants of `artifact` as its build compiled them (on the build's device, in its
     precision), by name, as contiguous CPU tensors."""
-    from aotc.build.precision import place_program
     from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
     from aotc.quiet import quiet_torch
 
     ep, meta = load_artifact(artifact)

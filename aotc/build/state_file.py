@@ -15,11 +15,11 @@ def write_state(ep, signature: dict, folder: Path, precision=None) -> None:
     to its shape: one element on disk, read back by both runtimes as a stride-0 view that their
     first clone makes whole. GPT-2 124M's cache for 1,024 positions would otherwise be 75 MB of
     zeros in a 500 MB package. A bf16/fp16 package keeps its floating state in that dtype
-    (aotc/build/precision.py: state_in_precision)."""
+    (aotc/export/placement.py: state_in_precision)."""
     import torch
 
-    from aotc.build.precision import state_in_precision
     from aotc.config import Precision
+    from aotc.export.placement import state_in_precision
 
     state = state_in_precision(initial_state(ep, signature, "cpu"), precision or Precision.FP32)
     torch.save([compact(t) for t in state], folder / STATE_FILE)

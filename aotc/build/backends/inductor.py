@@ -17,7 +17,6 @@ from aotc.build.finish import STAGE_PREFIX, BuildResult, finish
 from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import output_lock, staging_folder, write_manifest
-from aotc.build.precision import place_program, signature_in_precision, tf32_matmuls
 from aotc.build.profile import TuningProgress, inductor_phase_times
 from aotc.build.ptxas import same_ptxas_as_workers
 from aotc.build.reproducible import normalize_archive
@@ -28,7 +27,9 @@ from aotc.build.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
 from aotc.export.artifact import load_artifact, read_artifact_tokenizer
+from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
+from aotc.math_mode import tf32_matmuls
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
 from aotc_runtime import CONTRACT_KEY, MODEL_FILE, model_contract

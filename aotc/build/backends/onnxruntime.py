@@ -21,10 +21,11 @@ from aotc.build.manifest import new_manifest
 from aotc.build.package_writer import output_lock, staging_folder, write_manifest
 from aotc.build.state_file import write_state
 from aotc.build.tolerances import tolerance
-from aotc.build.verify import CALLS_PER_CASE, check_numerics
+from aotc.build.verify import check_numerics
 from aotc.config import BuildConfig, Mode, Precision
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import ArtifactMeta, load_artifact
+from aotc.export.eager_reference import CALLS_PER_CASE
 from aotc.export.onnx import (
     export_to_onnx,
     read_onnx_model,
@@ -107,7 +108,7 @@ def build(cfg: BuildConfig, progress: Progress, started: float):
         ):
             reference = None if ep is not None else onnx_reference(model)
             if ep is not None:
-                from aotc.build.precision import place_program
+                from aotc.export.placement import place_program
 
                 ep = place_program(ep, "cpu", Precision.FP32, program_signature)
             check = check_numerics(
