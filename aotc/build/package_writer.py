@@ -124,3 +124,17 @@ def commit(staging: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
     else:
         staging.rename(target)
+
+
+def write_tokenizer(artifact: Path, generation, staging: Path) -> None:
+    """The tokenizer a text-generation artifact carries, into the package under the name its
+    manifest gives (then hashed with the rest): every backend's package keeps it."""
+    from aotc.errors import UserInputError
+    from aotc.export.artifact import read_artifact_tokenizer
+
+    if generation is None or not generation.tokenizer:
+        return
+    tokenizer = read_artifact_tokenizer(artifact)
+    if tokenizer is None:
+        raise UserInputError(f"{artifact} says it carries a tokenizer but holds none; re-export it")
+    (staging / generation.tokenizer).write_text(tokenizer, encoding="utf-8")

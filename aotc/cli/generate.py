@@ -9,8 +9,11 @@ from pathlib import Path
 
 import click
 
+from aotc.cli.keys import required_key, signature_options
 from aotc.cli.types import exit_codes_epilog
 from aotc.errors import UserInputError
+
+MAX_SEED = 2**64 - 1  # aotc_runtime.sampling.MAX_SEED, without importing torch for --help
 
 
 def token_ids(text: str) -> list[int]:
@@ -21,6 +24,19 @@ def token_ids(text: str) -> list[int]:
             f"--prompt-ids {text!r} is not a comma-separated list of token ids (5,17,42)"
         ) from None
     return ids
+
+
+def utf8_text(text: str) -> str:
+    """A --prompt as the tokenizer gets it: bytes that are not UTF-8 reach Python as lone
+    surrogates, which no tokenizer encodes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserInputError(
+            f"--prompt {text.encode('utf-8', 'replace').decode()[:40]!r} is not valid UTF-8 text; "
+            "give UTF-8 (or the ids with --prompt-ids)"
+        ) from None
+    return text
 
 
 @click.command(epilog=exit_codes_epilog())
@@ -47,11 +63,28 @@ def token_ids(text: str) -> list[int]:
 )
 @click.option("--top-k", type=click.IntRange(min=1), default=None)
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
-@click.option("--seed", type=int, default=None, help="Makes a sampled run repeatable.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=None,
+    help="Makes a sampled run repeatable (0 to 2**64-1).",
+)
 @click.option("--stream", is_flag=True, help="Print each step's new tokens as they come.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@signature_options
 def generate(
-    package, texts, prompts, max_new_tokens, temperature, top_k, top_p, seed, stream, as_json
+    package,
+    texts,
+    prompts,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    stream,
+    as_json,
+    require_signature,
+    public_key,
 ):
     """New tokens for each prompt from PACKAGE (built from `aotc export --task text-generation`).
 
@@ -64,7 +97,9 @@ def generate(
         raise UserInputError(
             "give the prompts as --prompt TEXT or as --prompt-ids 5,17,42 (one of them)"
         )
-    loaded = aotc_runtime.load(package)
+    public_key = required_key(require_signature, public_key)
+    texts = [utf8_text(t) for t in texts]
+    loaded = aotc_runtime.load(package, public_key=public_key)
     tokenizer = loaded.tokenizer if texts else None
     ids = [tokenizer.encode(t).ids for t in texts] if tokenizer else [token_ids(p) for p in prompts]
     if any(not prompt for prompt in ids):

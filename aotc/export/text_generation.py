@@ -161,8 +161,11 @@ def generation_export(loaded: Any, cfg: Any) -> tuple:
             f"--max-seq-len {max_len} is more than the {positions} positions "
             f"{type(model).__name__} was made for (max_position_embeddings); use at most {positions}"
         )
-    step = cache_step(model, batch, max_len)
     vocab = model.config.get_text_config().vocab_size
+    if cfg.tokenizer is not None:
+        check_tokenizer_vocabulary(cfg.tokenizer, vocab)
+    check_cache_fits(model, batch, max_len)
+    step = cache_step(model, batch, max_len)
     prompt = max(2, min(8, max_len // 2))  # the traced S: torch.export specializes 0 and 1
 
     def example_inputs():
@@ -192,6 +195,42 @@ def read_tokenizer(folder: Any) -> str:
             f"reads ({str(exc).splitlines()[0][:160]}); save it with a fast tokenizer"
         ) from None
     return text
+
+
+def check_tokenizer_vocabulary(folder: Any, vocab: int) -> None:
+    """The tokenizer must name the model's tokens: one that knows ids the model has not would feed
+    it ids outside its embedding, and one that knows far fewer decodes most tokens to nothing.
+    Trained models often round their vocabulary up past the tokenizer's (Qwen2.5: 151,936 rows
+    for 151,665 tokens; Phi-3: 32,064 for 32,011), so a few percent fewer is expected."""
+    from tokenizers import Tokenizer
+
+    known = Tokenizer.from_str(read_tokenizer(folder)).get_vocab_size(with_added_tokens=True)
+    if known > vocab or known < TOKENIZER_COVERAGE * vocab:
+        raise UserInputError(
+            f"--tokenizer {folder} knows {known} tokens, but the model has {vocab} "
+            f"({'ids the model does not have' if known > vocab else 'most of its tokens would decode to nothing'}); "
+            "export with the model's own tokenizer"
+        )
+
+
+TOKENIZER_COVERAGE = 0.95  # the least share of the model's vocabulary a tokenizer must know
+
+
+def check_cache_fits(model: Any, batch: int, max_len: int) -> None:
+    """Refuse a KV cache this machine cannot hold before it is allocated (a mistyped --batch-size
+    would otherwise end the export with an allocation failure)."""
+    import os
+
+    heads, head_dim = cache_shape(model)
+    layers = getattr(model.config.get_text_config(), "num_hidden_layers", 1)
+    cache_bytes = 2 * layers * batch * heads * max_len * head_dim * model.dtype.itemsize
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if cache_bytes > memory:
+        raise UserInputError(
+            f"--batch-size {batch} with --max-seq-len {max_len} needs a KV cache of "
+            f"{cache_bytes / 2**30:.1f} GiB, more than this machine's {memory / 2**30:.1f} GiB of "
+            "memory; use a smaller --batch-size or --max-seq-len"
+        )
 
 
 def task_record(model: Any, cfg: Any) -> dict:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from .errors import (
     AotcRuntimeError,
+    GenerationBusyError,
+    GenerationInputError,
     InputMismatchError,
     InputTooLargeError,
     MissingDependencyError,
@@ -89,6 +91,8 @@ _LAZY = {
 
 __all__ = [
     "AotcRuntimeError",
+    "GenerationInputError",
+    "GenerationBusyError",
     "PackageError",
     "InputMismatchError",
     "InputTooLargeError",

@@ -42,3 +42,8 @@ class GenerationInputError(AotcRuntimeError):
     vocabulary, more prompts than the package's batch, or more tokens than its KV cache holds."""
 
     exit_code = 2
+
+
+class GenerationBusyError(GenerationInputError):
+    """A call that would move a package's KV cache while one of its generations is open and
+    paused: a stream nobody reads, or one open in the calling thread itself."""

@@ -71,7 +71,14 @@ def load_tokenizer(package: Package) -> Any:  # a tokenizers.Tokenizer
         raise MissingDependencyError(
             "text prompts need the `tokenizers` library; pip install tokenizers"
         ) from None
-    return Tokenizer.from_file(str(package.path / generation.tokenizer))
+    try:
+        return Tokenizer.from_file(str(package.path / generation.tokenizer))
+    except Exception as exc:  # the library raises plain Exceptions with its parser's text
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise PackageError(
+            f"package {package.path}: its tokenizer {generation.tokenizer} is not one the "
+            f"`tokenizers` library reads ({first}); rebuild it with `aotc build --force`"
+        ) from None
 
 
 def check_request(
@@ -81,7 +88,14 @@ def check_request(
     max_new_tokens: int,
     sampling: Sampling,
 ) -> None:
-    """One line naming what the package cannot serve, and the fix."""
+    """One line naming what the package cannot serve, and the fix. Every id the loop feeds the
+    model (the prompts, the mask's positions, the pad and end-of-sequence ids it feeds back) is
+    checked here: the compiled model's own bounds checks end the process."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise GenerationInputError(
+            f"input_ids must be a 2-D tensor of token ids [prompts, tokens], got a "
+            f"{type(input_ids).__name__}; pass torch.tensor(ids)"
+        )
     if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
         raise GenerationInputError(
             f"input_ids must be a 2-D tensor of token ids [prompts, tokens], got "
@@ -95,21 +109,22 @@ def check_request(
             f"{prompts} prompts, but the package generates for at most {generation.batch_size} at "
             "once; split them, or export with a larger --batch-size"
         )
-    if attention_mask is not None and attention_mask.shape != input_ids.shape:
-        raise GenerationInputError(
-            f"attention_mask is {list(attention_mask.shape)}, input_ids {list(input_ids.shape)}; "
-            "give one mask entry per token"
-        )
-    if attention_mask is not None and bool((attention_mask.sum(-1) == 0).any()):
-        raise GenerationInputError("a prompt is empty (its attention mask is all 0)")
+    if attention_mask is not None:
+        check_mask(attention_mask, input_ids)
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= generation.vocab_size:
         bad = low if low < 0 else high
         raise GenerationInputError(
             f"token id {bad} is outside the vocabulary (0..{generation.vocab_size - 1})"
         )
-    if max_new_tokens < 1:
-        raise GenerationInputError(f"max_new_tokens is {max_new_tokens}; ask for at least 1")
+    if (
+        not isinstance(max_new_tokens, int)
+        or isinstance(max_new_tokens, bool)
+        or max_new_tokens < 1
+    ):
+        raise GenerationInputError(
+            f"max_new_tokens is {max_new_tokens!r}; ask for a whole number >= 1"
+        )
     if length + max_new_tokens > generation.max_seq_len:
         room = generation.max_seq_len - max_new_tokens
         fix = (
@@ -125,6 +140,48 @@ def check_request(
     problem = sampling.check()
     if problem:
         raise GenerationInputError(problem)
+
+
+def check_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
+    """A mask of 0s and 1s, one per token, with a 1 in every prompt: its running count becomes
+    each token's position id, which indexes the model's position tables."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        shape = list(getattr(attention_mask, "shape", [])) or type(attention_mask).__name__
+        raise GenerationInputError(
+            f"attention_mask is {shape}, input_ids {list(input_ids.shape)}; give one mask entry "
+            "(0 or 1) per token"
+        )
+    if attention_mask.is_complex() or not bool(
+        ((attention_mask == 0) | (attention_mask == 1)).all()
+    ):
+        raise GenerationInputError(
+            "attention_mask holds values other than 0 and 1; give 1 for a token and 0 for padding"
+        )
+    if bool((attention_mask.sum(-1) == 0).any()):
+        raise GenerationInputError("a prompt is empty (its attention mask is all 0)")
+
+
+def feedback_ids(generation: Generation, eos_token_ids: Sequence[int] | None) -> tuple[list, int]:
+    """The end-of-sequence ids a generation stops at and the pad id it feeds back after them, each
+    inside the vocabulary (the caller's eos ids are checked here, the package's at load)."""
+    if eos_token_ids is None:
+        eos = list(generation.eos_token_ids)
+    else:
+        try:
+            eos = list(eos_token_ids)
+        except TypeError:
+            eos = [eos_token_ids]
+        vocab = generation.vocab_size
+        for token in eos:
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
+                raise GenerationInputError(
+                    f"end-of-sequence id {token!r} is outside the vocabulary (0..{vocab - 1}); "
+                    "give token ids of this model"
+                )
+    pad = generation.pad_token_id
+    if pad is None:
+        pad = eos[0] if eos else 0  # transformers pads with the eos token then
+    return eos, pad
 
 
 class DecodeStep:
@@ -302,19 +359,16 @@ def stream(
     if prompts < batch:  # the package's batch is fixed: fill it with one-token-repeated rows
         filler = torch.zeros(batch - prompts, length, dtype=torch.int64, device=device)
         ids, mask = torch.cat([ids, filler]), torch.cat([mask, torch.ones_like(filler)])
-    eos_list = generation.eos_token_ids if eos_token_ids is None else list(eos_token_ids)
+    eos_list, pad = feedback_ids(generation, eos_token_ids)
     eos = torch.tensor(eos_list, dtype=torch.int64, device=device)
     eos_host = torch.tensor(eos_list, dtype=torch.int64)
-    pad = generation.pad_token_id
-    if pad is None:
-        pad = eos_list[0] if eos_list else 0  # transformers pads with the eos token then
     generator = None
     if not sampling.greedy:
         generator = torch.Generator(device)
         generator.manual_seed(0 if sampling.seed is None else sampling.seed)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     finished_host = torch.zeros(batch, dtype=torch.bool)
-    with package._generating, torch.inference_mode():
+    with package._generating.generation(), torch.inference_mode():
         package.reset_state()
         prefill = step_inputs(ids, mask, 0, max_len)
         logits = package.call_without_graphs(*prefill)
@@ -356,7 +410,8 @@ def stream(
                 if overlap and not last:
                     logits = decode.step(tokens)
             new = host.result()
-            yield new[:prompts]
+            with package._generating.paused():
+                yield new[:prompts]
             if eos_host.numel():
                 finished_host |= torch.isin(new, eos_host)
             if last or bool(finished_host[:prompts].all()):
@@ -368,6 +423,13 @@ def stream(
 def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask) [prompts, longest] of token-id lists of different lengths,
     left-padded with 0 as transformers pads a batch for generation."""
+    for prompt in prompts:
+        for token in prompt:
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < 2**63:
+                raise GenerationInputError(
+                    f"token id {token!r} is not a token id (a whole number from 0 below the "
+                    "vocabulary's size)"
+                )
     longest = max(len(prompt) for prompt in prompts)
     ids = torch.zeros(len(prompts), longest, dtype=torch.int64)
     mask = torch.zeros_like(ids)
@@ -380,4 +442,5 @@ def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.T
 def with_prompts(input_ids: torch.Tensor, steps: Iterator[torch.Tensor]) -> torch.Tensor:
     """The prompts [prompts, tokens] followed by the new tokens `stream` yields, [prompts, tokens
     + new] (on the CPU), as transformers' `generate` returns them."""
-    return torch.cat([input_ids.cpu().to(torch.int64), torch.stack(list(steps), 1)], dim=1)
+    new = torch.stack(list(steps), 1)  # first: the steps check the request
+    return torch.cat([input_ids.cpu().to(torch.int64), new], dim=1)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .errors import PackageError
 from .fields import FieldError, Fields, shown
+from .generation_record import check_generation_record
 from .signature import Signature
 
 FORMAT_VERSION = 4
@@ -716,11 +717,13 @@ def read_manifest(folder: Path, signed: bytes | None = None) -> Manifest:
         )
     _check_manifest_hash(path, text, data)
     try:
-        return Manifest.from_json(data)
+        manifest = Manifest.from_json(data)
     except FieldError as exc:
         raise PackageError(
             f"{path} is not a valid manifest: {exc}; rebuild the package with `aotc build --force`"
         ) from None
+    check_generation_record(folder, manifest)  # before anything is allocated from its numbers
+    return manifest
 
 
 def check_finished(folder: Path, manifest: Manifest) -> None:

@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 from .environment import check_compatible
 from .errors import PackageError
 from .extraction import private_extraction
+from .generation_gate import GenerationGate
 from .manifest import (
     MODEL_FILE,
     STATE_FILE,
@@ -67,7 +68,7 @@ class Package:
         self._initial_state = [t.to(self.device) for t in initial_state]
         self._state = [t.clone() for t in self._initial_state]
         self._state_lock = threading.Lock()
-        self._generating = threading.Lock()  # one generate at a time: the KV cache is the state
+        self._generating = GenerationGate()  # one generation at a time: the KV cache is the state
         self._decode_graph: Any = None  # generation's decode step as a CUDA graph, once made
         self._tokenizer: Any = None
         self._n_outputs = len(self.signature.outputs)
@@ -119,7 +120,8 @@ class Package:
         device = self.device
         flat = [t if t.device == device else t.to(device) for t in tensors]
         if self._state:
-            with self._state_lock:  # each call reads the state the previous one left
+            # each call reads the state the previous one left; an open generation owns it
+            with self._generating.other_work("a call of the package"), self._state_lock:
                 outputs = self._call_with_state(flat, key)
         else:
             with self.run_settings():
@@ -258,6 +260,10 @@ class Package:
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""
+        with self._generating.other_work("reset_state()"):
+            self._reset_state()
+
+    def _reset_state(self) -> None:
         if not self.signature.state_in_place:
             self._state = [t.clone() for t in self._initial_state]
             return
@@ -473,4 +479,19 @@ def _read_state(path: Path, manifest: Manifest) -> list:
                 f"{str(tensor.dtype).split('.')[-1]}{list(tensor.shape)}, but the manifest says "
                 f"{spec.dtype}{list(spec.shape)}; rebuild it with `aotc build --force`"
             )
+        if not _plain_layout(tensor):
+            # the compiled model reads and writes its state in place at contiguous strides: any
+            # other layout of the right values computes something else
+            raise PackageError(
+                f"package {path}: its {STATE_FILE} holds {spec.name} in a layout the model does not "
+                "read (not a dense contiguous tensor); rebuild it with `aotc build --force`"
+            )
     return state
+
+
+def _plain_layout(tensor: torch.Tensor) -> bool:
+    """Dense and contiguous, or one value expanded to its shape (aotc build saves a state of one
+    value throughout that way; the first clone makes it whole)."""
+    if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_conj() or tensor.is_neg():
+        return False
+    return tensor.is_contiguous() or all(stride == 0 for stride in tensor.stride())

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # The accepted ranges, the same in the Python API, `aotc generate`, the C++ runner and HTTP
 # (docs/reliability.md). Below MIN_TEMPERATURE, logits / temperature overflows float32 for large
 # logits and softmax gives NaN (vLLM raises such temperatures to 0.01 for the same reason); below
@@ -46,7 +45,9 @@ class Sampling:
                 f"temperature {t!r} is outside the accepted values: 0 for greedy, or "
                 f"{MIN_TEMPERATURE} to {MAX_TEMPERATURE:g} to sample"
             )
-        if self.top_k is not None and not (_is_integer(self.top_k) and 1 <= self.top_k <= MAX_TOP_K):
+        if self.top_k is not None and not (
+            _is_integer(self.top_k) and 1 <= self.top_k <= MAX_TOP_K
+        ):
             return f"top-k {self.top_k!r} is not a whole number from 1 to {MAX_TOP_K}"
         p = self.top_p
         if p is not None and not (_is_number(p) and MIN_TOP_P <= p <= 1.0):

@@ -16,7 +16,12 @@ from aotc.build.disk_space import check_space, full_device
 from aotc.build.finish import STAGE_PREFIX, BuildResult, finish
 from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
 from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import output_lock, staging_folder, write_manifest
+from aotc.build.package_writer import (
+    output_lock,
+    staging_folder,
+    write_manifest,
+    write_tokenizer,
+)
 from aotc.build.profile import TuningProgress, inductor_phase_times
 from aotc.build.ptxas import same_ptxas_as_workers
 from aotc.build.reproducible import normalize_archive
@@ -26,7 +31,7 @@ from aotc.build.toolchain import compiler_options, use_compiler
 from aotc.build.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
-from aotc.export.artifact import load_artifact, read_artifact_tokenizer
+from aotc.export.artifact import load_artifact
 from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
 from aotc.math_mode import tf32_matmuls
@@ -123,13 +128,7 @@ def _build(
             "calls": probes.runs,
         }
         normalize_archive(staging / MODEL_FILE)  # the same inputs give the same bytes
-        if manifest.generation is not None and manifest.generation.tokenizer:
-            tokenizer = read_artifact_tokenizer(cfg.artifact)
-            if tokenizer is None:
-                raise UserInputError(
-                    f"{cfg.artifact} says it carries a tokenizer but holds none; re-export it"
-                )
-            (staging / manifest.generation.tokenizer).write_text(tokenizer, encoding="utf-8")
+        write_tokenizer(cfg.artifact, manifest.generation, staging)
         if signature.get("state"):
             write_state(ep, signature, staging, cfg.precision)
         compile_seconds = time.perf_counter() - started

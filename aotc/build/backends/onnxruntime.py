@@ -18,7 +18,12 @@ from pathlib import Path
 
 from aotc.build.finish import finish
 from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import output_lock, staging_folder, write_manifest
+from aotc.build.package_writer import (
+    output_lock,
+    staging_folder,
+    write_manifest,
+    write_tokenizer,
+)
 from aotc.build.state_file import write_state
 from aotc.build.tolerances import tolerance
 from aotc.build.verify import check_numerics
@@ -97,6 +102,7 @@ def build(cfg: BuildConfig, progress: Progress, started: float):
             optimize(model, staging / manifest.model_file)
         if ep is not None and meta.signature.get("state"):
             write_state(ep, meta.signature, staging)
+        write_tokenizer(cfg.artifact, manifest.generation, staging)
         manifest = dataclasses.replace(
             manifest, build_seconds=round(time.perf_counter() - started, 2)
         )

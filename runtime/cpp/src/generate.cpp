@@ -30,6 +30,19 @@ std::string shape_list(at::IntArrayRef sizes) {
   return out + "]";
 }
 
+// The caller's end-of-sequence ids and sampling: ids the embedding has rows for, values the
+// sampler turns into probabilities (never NaN).
+void check_options(const Generation& g, const GenerateOptions& options) {
+  for (int64_t id : options.eos_token_ids.value_or(std::vector<int64_t>{})) {
+    if (id < 0 || id >= g.vocab_size) {
+      throw usage_error("end-of-sequence id " + std::to_string(id) + " is outside the vocabulary (0.." + std::to_string(g.vocab_size - 1) +
+                        ")");
+    }
+  }
+  std::string problem = sampling_problem(options.sampling);
+  if (!problem.empty()) throw usage_error(problem);
+}
+
 void check_request(const Generation& g, const at::Tensor& ids, const at::Tensor& mask, const GenerateOptions& options) {
   if (ids.dim() != 2 || (ids.scalar_type() != at::kLong && ids.scalar_type() != at::kInt)) {
     throw usage_error("input_ids must be a 2-D tensor of token ids [prompts, tokens], got " + dtype_name(ids.scalar_type()) +
@@ -53,7 +66,7 @@ void check_request(const Generation& g, const at::Tensor& ids, const at::Tensor&
   }
   int64_t wanted = options.max_new_tokens;
   if (wanted < 1) throw usage_error("max_new_tokens is " + std::to_string(wanted) + "; ask for at least 1");
-  if (length + wanted > g.max_seq_len) {
+  if (wanted > g.max_seq_len - length) {  // length + wanted could overflow
     int64_t room = g.max_seq_len - wanted;
     std::string fix = room >= 1 ? "shorten the prompt to at most " + std::to_string(room) + " tokens, ask for fewer new tokens,"
                                 : "ask for at most " + std::to_string(g.max_seq_len - length) + " new tokens";
@@ -61,31 +74,7 @@ void check_request(const Generation& g, const at::Tensor& ids, const at::Tensor&
                       std::to_string(length + wanted) + " positions, but the package's KV cache holds " +
                       std::to_string(g.max_seq_len) + "; " + fix + " or export with a larger --max-seq-len");
   }
-  const Sampling& s = options.sampling;
-  if (s.temperature < 0) {
-    throw usage_error("temperature " + std::to_string(s.temperature) + " is negative; use 0 for greedy or a positive value");
-  }
-  if (s.top_k < 0) throw usage_error("top-k " + std::to_string(s.top_k) + " is below 1");
-  if (!(s.top_p > 0.0 && s.top_p <= 1.0)) throw usage_error("top-p " + std::to_string(s.top_p) + " is outside (0, 1]");
-}
-
-// The next token of each sequence from [B, vocab] logits: aotc_runtime/sampling.py's next_tokens.
-at::Tensor next_tokens(const at::Tensor& logits, const Sampling& s, at::Generator& generator) {
-  if (s.greedy()) return logits.argmax(-1);
-  at::Tensor scores = logits.to(at::kFloat) / s.temperature;
-  const double minus_inf = -std::numeric_limits<double>::infinity();
-  if (s.top_k > 0 && s.top_k < scores.size(-1)) {
-    at::Tensor kth = std::get<0>(at::topk(scores, s.top_k, -1)).narrow(-1, s.top_k - 1, 1);
-    scores = scores.masked_fill(scores < kth, minus_inf);
-  }
-  if (s.top_p < 1.0) {
-    auto [ordered, order] = at::sort(scores, -1, /*descending=*/true);
-    at::Tensor probabilities = ordered.softmax(-1);
-    // drop a token once the ones before it already hold top_p; the first always stays
-    at::Tensor drop = (probabilities.cumsum(-1) - probabilities) >= s.top_p;
-    scores = scores.scatter(-1, order, ordered.masked_fill(drop, minus_inf));
-  }
-  return at::multinomial(scores.softmax(-1), 1, false, generator).squeeze(-1);
+  check_options(g, options);
 }
 
 // A step's new tokens on the host, copied while the device runs the next step: the copy is queued

@@ -36,6 +36,29 @@ std::string first_line(const std::string& text) {
   return text.substr(start, text.find('\n', start) - start);
 }
 
+// One tensor of state.pt, before anything is cloned from it: the manifest's shape and dtype (a
+// tensor saved as one value expanded, an empty KV cache, is one element on disk whatever shape it
+// claims); a dense tensor laid out as the compiled program reads it, whole (contiguous) or one
+// value expanded (all strides 0, as aotc/build/pipeline.py's compact writes it), inside its
+// storage; and finite, or the first step would carry NaN into every token after it.
+void check_state_tensor(const std::string& folder, const TensorSpec& spec, const at::Tensor& t) {
+  auto refuse = [&](const std::string& problem) {
+    throw package_error("package " + folder + ": its " + kStateFile + " holds " + spec.name + " " + problem +
+                        "; rebuild it with `aotc build --force`");
+  };
+  if (t.layout() != at::kStrided || t.is_quantized()) refuse("as a " + std::string(c10::toString(t.layout())) + " tensor, not a dense one");
+  std::vector<int64_t> expected;
+  for (const auto& entry : spec.shape) expected.push_back(entry.size);
+  if (t.sizes().vec() != expected || t.scalar_type() != scalar_type(spec.dtype)) refuse("in another shape or dtype than the manifest says");
+  const auto strides = t.strides();
+  const bool expanded = t.numel() > 0 && std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 0; });
+  if (!t.is_contiguous() && !expanded) refuse("with strides " + c10::str(strides) + ", neither contiguous nor one value expanded");
+  at::Tensor stored = expanded ? t.as_strided({1}, {1}) : t;  // the values on disk
+  auto needed = static_cast<size_t>(t.storage_offset() + stored.numel()) * t.element_size();
+  if (!t.storage() || t.storage().nbytes() < needed) refuse("as a view past the end of its storage");
+  if (at::isFloatingType(t.scalar_type()) && !at::isfinite(stored).all().item<bool>()) refuse("with values that are not finite");
+}
+
 std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& manifest) {
   const auto& specs = manifest.signature.state;
   if (specs.empty()) return {};
@@ -59,16 +82,7 @@ std::vector<at::Tensor> read_state(const std::string& folder, const Manifest& ma
     throw package_error("package " + folder + ": its " + kStateFile + " does not hold the " + std::to_string(specs.size()) +
                         " tensor(s) the manifest lists; rebuild it");
   }
-  // before anything is cloned: a tensor saved as one value expanded (an empty KV cache) is one
-  // element on disk whatever shape it claims, so the shape must be the manifest's
-  for (size_t i = 0; i < specs.size(); ++i) {
-    std::vector<int64_t> expected;
-    for (const auto& entry : specs[i].shape) expected.push_back(entry.size);
-    if (state[i].sizes().vec() != expected || state[i].scalar_type() != scalar_type(specs[i].dtype)) {
-      throw package_error("package " + folder + ": its " + kStateFile + " holds " + specs[i].name +
-                          " in another shape or dtype than the manifest says; rebuild it with `aotc build --force`");
-    }
-  }
+  for (size_t i = 0; i < specs.size(); ++i) check_state_tensor(folder, specs[i], state[i]);
   return state;
 }
 
@@ -274,6 +288,7 @@ Package Package::load(const std::string& folder, const LoadOptions& options) {
                         "; rebuild it with `aotc build --force`");
   }
   check_contract(folder, package.manifest_, package.loader_->get_metadata());
+  check_generation(folder, package.manifest_);  // the signature is now the model's: the record must agree
   const auto& shared = package.manifest_.shared_weights;
   if (shared) package.shared_weights_ = read_shared_weights(folder, package.manifest_, package.device_);
   if (shared && std::find(shared->programs.begin(), shared->programs.end(), ".") != shared->programs.end()) {

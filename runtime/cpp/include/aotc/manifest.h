@@ -119,4 +119,11 @@ void check_device(const std::string& folder, const Manifest& manifest);
 void check_contract(const std::string& folder, const Manifest& manifest,
                     const std::unordered_map<std::string, std::string>& metadata);
 
+// Refuse a text-generation package whose `generation` record disagrees with its signature (which
+// check_contract has compared with the compiled model): vocab_size, batch_size and max_seq_len
+// against the sizes of the step's inputs, logits and KV cache, and pad / end-of-sequence ids
+// inside the vocabulary (exit 7). A lie there would reach a kernel as an out-of-range index (an
+// embedding's bounds check aborts the process) or ask for memory the package never needs.
+void check_generation(const std::string& folder, const Manifest& manifest);
+
 }  // namespace aotc

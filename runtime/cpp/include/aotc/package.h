@@ -23,6 +23,7 @@
 
 #include "aotc/error.h"
 #include "aotc/manifest.h"
+#include "aotc/sampling.h"
 
 namespace torch::inductor {
 class AOTIModelPackageLoader;
@@ -53,20 +54,10 @@ struct LoadOptions {
 class CudaGraphs;
 class CapturedStep;
 
-// How the next token is picked, as aotc_runtime's Sampling: greedy (temperature 0, or top_k 1), or
-// sampled after temperature, then top-k, then top-p, from a generator seeded with `seed`.
-struct Sampling {
-  double temperature = 0.0;
-  int64_t top_k = 0;   // 0: no top-k
-  double top_p = 1.0;  // 1: no top-p
-  uint64_t seed = 0;
-  bool greedy() const { return temperature == 0.0 || top_k == 1; }
-};
-
 struct GenerateOptions {
   int64_t max_new_tokens = 16;
   Sampling sampling;
-  std::optional<std::vector<int64_t>> eos_token_ids;  // unset: the package's own
+  std::optional<std::vector<int64_t>> eos_token_ids;  // unset: the package's own; each in [0, vocab_size)
 };
 
 // Each step's new tokens, one per prompt, as they come (aotc-runner --stream).

@@ -1,0 +1,85 @@
+"""A text-generation package's record (manifest `generation`) held against its compiled model.
+
+The record is what the decode loop trusts: the batch it fills, the cache length it counts to, the
+vocabulary it checks prompts against, the pad and end-of-sequence ids it feeds back. Nothing in
+the compiled model bounds-checks an index without killing the process (the embedding's check is
+an abort on the CPU and a device-side assert on CUDA), so a record that disagrees with the model is
+refused when the manifest is read, before anything is allocated from its numbers.
+
+The model's side is the signature, which load() compares with the description the compiled model
+carries (manifest.check_contract):
+
+    input_ids [B, S] (value_range [0, vocab - 1])   attention_mask [B, max_len]   logits [B, vocab]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import PackageError
+
+if TYPE_CHECKING:
+    from .manifest import Generation, Manifest
+    from .signature import Signature
+
+STEP_INPUTS = ("input_ids", "position_ids", "cache_position", "attention_mask")
+
+
+def check_generation_record(folder: Path, manifest: Manifest) -> None:
+    """Refuse (PackageError, exit 7) a package whose generation record disagrees with its model."""
+    generation = manifest.generation
+    if generation is None:
+        return
+    problem = _disagreement(generation, manifest.signature) or _tokenizer_problem(
+        generation, manifest.files
+    )
+    if problem:
+        raise PackageError(
+            f"package {folder}: its generation record does not match its compiled model: "
+            f"{problem}; rebuild it with `aotc build --force`"
+        )
+
+
+def _disagreement(generation: Generation, signature: Signature) -> str | None:
+    inputs = {spec.name: spec for spec in signature.inputs}
+    missing = [name for name in STEP_INPUTS if name not in inputs]
+    if missing or len(signature.outputs) != 1:
+        return (
+            f"the model is not one generation step (it lacks {', '.join(missing)})"
+            if missing
+            else f"the model has {len(signature.outputs)} outputs, a generation step has 1 (logits)"
+        )
+    ids, mask, logits = inputs["input_ids"], inputs["attention_mask"], signature.outputs[0]
+    if len(ids.shape) != 2 or len(mask.shape) != 2 or len(logits.shape) != 2:
+        return "input_ids, attention_mask and the logits are not 2-D"
+    for what, size, expected in (
+        ("batch_size", ids.shape[0], generation.batch_size),
+        ("batch_size", mask.shape[0], generation.batch_size),
+        ("batch_size", logits.shape[0], generation.batch_size),
+        ("max_seq_len", mask.shape[1], generation.max_seq_len),
+        ("vocab_size", logits.shape[1], generation.vocab_size),
+    ):
+        if size != expected:
+            return f"{what} is {expected} but the model's is {size}"
+    if ids.value_range is not None and ids.value_range[1] != generation.vocab_size - 1:
+        return (
+            f"vocab_size is {generation.vocab_size} but the model's token ids go up to "
+            f"{ids.value_range[1]}"
+        )
+    named = [("pad_token_id", generation.pad_token_id)] + [
+        ("eos_token_ids", eos) for eos in generation.eos_token_ids
+    ]
+    for what, token in named:
+        if token is not None and not 0 <= token < generation.vocab_size:
+            return f"{what} holds {token}, outside the vocabulary (0..{generation.vocab_size - 1})"
+    if generation.sliding_window is not None and generation.sliding_window < 0:
+        return f"sliding_window is {generation.sliding_window}, below 0"
+    return None
+
+
+def _tokenizer_problem(generation: Generation, files: dict) -> str | None:
+    # a tokenizer the hashes do not cover could be anything the folder happens to hold
+    if generation.tokenizer is not None and generation.tokenizer not in files:
+        return f"its tokenizer {generation.tokenizer} is not one of the package's hashed files"
+    return None
