@@ -121,7 +121,7 @@ class ExportConfig:
 
 DEVICES = ("auto", "cpu", "cuda")
 # --cpu-isa: name -> (cpp.march, cpp.simdlen); native leaves Inductor's defaults (-march=native,
-# best vector ISA). aotc/build/cpu_isa.py applies them and records what the compiler was allowed.
+# best vector ISA). aotc/compiler/cpu_isa.py applies them and records what the compiler was allowed.
 ISAS = {"native": (None, None), "avx2": ("x86-64-v3", 256), "avx512": ("x86-64-v4", 512)}
 
 
@@ -139,12 +139,12 @@ class BuildConfig:
     rtol: float | None = None
     allow_mismatch: bool = False
     force: bool = False
-    # Link the model .so with -Wl,-Bsymbolic (see aotc/build/toolchain.py); on by default, harmless where not needed.
+    # Link the model .so with -Wl,-Bsymbolic (see aotc/compiler/toolchain.py); on by default, harmless where not needed.
     bsymbolic: bool = True
-    # The CPU instruction set the C++ code is compiled for (aotc/build/cpu_isa.py): native is the
+    # The CPU instruction set the C++ code is compiled for (aotc/compiler/cpu_isa.py): native is the
     # build machine's; avx2 and avx512 are portable x86-64 levels.
     cpu_isa: str = "native"
-    # aotinductor, or onnxruntime (aotc/build/backends/onnxruntime.py): what compiles and runs the model
+    # aotinductor, or onnxruntime (aotc/compiler/backends/onnxruntime.py): what compiles and runs the model
     backend: str = "aotinductor"
     # --tune: build the candidates of configs/tune/<device>.yaml, keep the fastest that passes
     tune: bool = False

@@ -29,7 +29,7 @@ FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
     "bench": (("aotc.bench",),),
     "deploy": (("aotc.deploy",),),
     # explain beside the compiler: both read what export makes; explain writes nothing
-    "build": (("aotc.build",), ("aotc.explain",)),
+    "compiler": (("aotc.compiler",), ("aotc.explain",)),
     "export": (("aotc.export",),),
     # small shared leaves: one wing, so they may use each other (the circle test still applies)
     "base": (

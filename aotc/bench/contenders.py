@@ -75,7 +75,7 @@ def setup_contender(name: str, ep, package_path: Path) -> Contender:
 
 def onnxruntime_package(artifact: Path, work: Path) -> Path:
     """The artifact built with --backend onnxruntime (numeric check included) into `work`."""
-    from aotc.build.backends import backend
+    from aotc.compiler.backends import backend
     from aotc.config import BuildConfig
     from aotc.progress import Progress
 

@@ -1,5 +1,5 @@
 """What a package is checked against: the check's input cases and the exported program's eager
-outputs on them. The build's numeric check (aotc/build/verify.py), `aotc verify` and the ONNX
+outputs on them. The build's numeric check (aotc/compiler/verify.py), `aotc verify` and the ONNX
 conversion's own check all compare with these.
 """
 

@@ -14,12 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from aotc.build.finish import BuildResult
-from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
-from aotc.build.pipeline import prepare
-from aotc.build.shared_weights import share_weights
-from aotc.build.specialize import check_specialize, derivation_problem, specialized_artifact
 from aotc.cache_dir import private_cache_root
+from aotc.compiler.finish import BuildResult
+from aotc.compiler.package_writer import commit, output_lock, staging_folder, write_manifest
+from aotc.compiler.pipeline import prepare
+from aotc.compiler.shared_weights import share_weights
+from aotc.compiler.specialize import check_specialize, derivation_problem, specialized_artifact
 from aotc.config import BuildConfig
 from aotc.errors import AotcError, BuildError, NumericMismatchError, UserInputError
 from aotc.export.artifact import read_artifact_meta

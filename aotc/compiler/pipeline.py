@@ -1,7 +1,7 @@
 """`aotc build` without tuning: export artifact -> package folder (compiled model + manifest.json).
 
 The device resolved and the config checked, then the backend the config names
-(aotc/build/backends/: AOTInductor, ONNX Runtime) builds the package. Tuned and specialized builds
+(aotc/compiler/backends/: AOTInductor, ONNX Runtime) builds the package. Tuned and specialized builds
 are aotc/tune's: it builds each candidate this way and packages the winners; aotc/api.py chooses.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from aotc.build.backends import backend
-from aotc.build.finish import BuildResult
+from aotc.compiler.backends import backend
+from aotc.compiler.finish import BuildResult
 from aotc.config import BuildConfig, Mode, resolve_device
 from aotc.progress import Progress
 

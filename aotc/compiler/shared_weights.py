@@ -18,8 +18,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from aotc.build.package_writer import write_manifest
-from aotc.build.reproducible import normalize_archive
+from aotc.compiler.package_writer import write_manifest
+from aotc.compiler.reproducible import normalize_archive
 from aotc.config import BuildConfig
 from aotc_runtime import MODEL_FILE, read_manifest
 from aotc_runtime.shared_weights import OVERRIDE
@@ -85,7 +85,7 @@ def placed_constants(artifact: Path, cfg: BuildConfig) -> dict:
 
 def constant_names(package: Path) -> list | None:
     """The names of the constants the compiled program in `package` takes (loaded in a child
-    process: aotc/build/constant_names_child.py); None if it cannot be loaded there."""
+    process: aotc/compiler/constant_names_child.py); None if it cannot be loaded there."""
     import json
     import subprocess
 
@@ -93,7 +93,7 @@ def constant_names(package: Path) -> list | None:
 
     try:
         done = subprocess.run(
-            child_command("aotc.build.constant_names_child", str(package)),
+            child_command("aotc.compiler.constant_names_child", str(package)),
             capture_output=True,
             text=True,
             timeout=600,

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aotc.build.package_writer import VERIFY_PREFIX
 from aotc.child_process import CHILD_TIMEOUT_S, child_command, child_env, failure_line
+from aotc.compiler.package_writer import VERIFY_PREFIX
 from aotc.errors import BuildError, NumericMismatchError
 from aotc.export.eager_reference import eager_outputs, input_cases
 from aotc.quiet import verbose
@@ -44,7 +44,7 @@ def reference_program(ep, signature: dict, device: str, precision):
 
 def check_command(package_dir: Path, inputs_path: Path, outputs_path: Path) -> list:
     return child_command(
-        "aotc.build.verify_child", str(package_dir), str(inputs_path), str(outputs_path)
+        "aotc.compiler.verify_child", str(package_dir), str(inputs_path), str(outputs_path)
     )
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotc.build.package_writer import commit, write_manifest
+from aotc.compiler.package_writer import commit, write_manifest
 from aotc_runtime import Manifest
 
 

@@ -16,17 +16,17 @@ import json
 import time
 from pathlib import Path
 
-from aotc.build.finish import finish
-from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import (
+from aotc.compiler.finish import finish
+from aotc.compiler.manifest import new_manifest
+from aotc.compiler.package_writer import (
     output_lock,
     staging_folder,
     write_manifest,
     write_tokenizer,
 )
-from aotc.build.state_file import write_state
-from aotc.build.tolerances import tolerance
-from aotc.build.verify import check_numerics
+from aotc.compiler.state_file import write_state
+from aotc.compiler.tolerances import tolerance
+from aotc.compiler.verify import check_numerics
 from aotc.config import BuildConfig, Mode, Precision
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import ArtifactMeta, load_artifact
