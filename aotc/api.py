@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aotc.bench.options import BenchConfig
-from aotc.build.pipeline import BuildResult, build_package
+from aotc.compiler.finish import BuildResult
+from aotc.compiler.pipeline import build_package
 from aotc.config import BuildConfig, ExportConfig
 from aotc.deploy.bundle import BundleResult
 from aotc.explain.report import ExplainConfig, ExplainReport, explain_model
@@ -43,7 +44,15 @@ def export_onnx(artifact: str | Path, output: str | Path, force: bool = False) -
 
 
 def build(cfg: BuildConfig, progress: Progress | None = None) -> BuildResult:
-    """Compile an export artifact ahead of time into a package folder."""
+    """Compile an export artifact ahead of time into a package folder.
+
+    With `cfg.tune` or `cfg.specialize`, aotc.tune builds the candidates (each a plain build),
+    times them and packages the winners; otherwise it is one plain build (aotc.compiler)."""
+    progress = progress or Progress()
+    if cfg.tune or cfg.specialize:
+        from aotc.tune.driver import build_tuned
+
+        return build_tuned(cfg, progress)
     return build_package(cfg, progress)
 
 

@@ -1,7 +1,7 @@
 """aotc's cache folder: $AOTC_CACHE_DIR, else $XDG_CACHE_HOME/aotc, else ~/.cache/aotc.
 
 It holds what builds reuse (tuned and specialized builds, aotc/tune/cache.py; the CPU vector-ISA
-probe's answer, aotc/build/cpu_isa.py). Whoever can write it can change what a build produces,
+probe's answer, aotc/compiler/cpu_isa.py). Whoever can write it can change what a build produces,
 so it is created private (0700) and refused when another user owns it or others can write it.
 """
 

@@ -120,6 +120,9 @@ class ExportConfig:
 
 
 DEVICES = ("auto", "cpu", "cuda")
+# --cpu-isa: name -> (cpp.march, cpp.simdlen); native leaves Inductor's defaults (-march=native,
+# best vector ISA). aotc/compiler/cpu_isa.py applies them and records what the compiler was allowed.
+ISAS = {"native": (None, None), "avx2": ("x86-64-v3", 256), "avx512": ("x86-64-v4", 512)}
 
 
 @dataclass(frozen=True)
@@ -136,12 +139,12 @@ class BuildConfig:
     rtol: float | None = None
     allow_mismatch: bool = False
     force: bool = False
-    # Link the model .so with -Wl,-Bsymbolic (see aotc/build/toolchain.py); on by default, harmless where not needed.
+    # Link the model .so with -Wl,-Bsymbolic (see aotc/compiler/toolchain.py); on by default, harmless where not needed.
     bsymbolic: bool = True
-    # The CPU instruction set the C++ code is compiled for (aotc/build/cpu_isa.py): native is the
+    # The CPU instruction set the C++ code is compiled for (aotc/compiler/cpu_isa.py): native is the
     # build machine's; avx2 and avx512 are portable x86-64 levels.
     cpu_isa: str = "native"
-    # aotinductor, or onnxruntime (aotc/build/backends/onnxruntime.py): what compiles and runs the model
+    # aotinductor, or onnxruntime (aotc/compiler/backends/onnxruntime.py): what compiles and runs the model
     backend: str = "aotinductor"
     # --tune: build the candidates of configs/tune/<device>.yaml, keep the fastest that passes
     tune: bool = False
@@ -191,8 +194,6 @@ class BuildConfig:
         for name, value in (("--atol", self.atol), ("--rtol", self.rtol)):
             if value is not None and value < 0:
                 problems.append(f"{name} must be >= 0, got {value}")
-        from aotc.build.cpu_isa import ISAS
-
         if self.cpu_isa not in ISAS:
             problems.append(f"--cpu-isa {self.cpu_isa} is not one of {', '.join(ISAS)}")
         if problems:

@@ -56,7 +56,8 @@ def measure(model, args, scratch: Path) -> dict:
     probe = manifest["build_phases"].get("aotc.cpu_isa_probe", {})
     # the wall time outside build_package: interpreter and imports before, teardown after
     startup_s, _ = timed(
-        [sys.executable, "-c", "import torch, aotc.cli.main, aotc.build.pipeline"], dict(os.environ)
+        [sys.executable, "-c", "import torch, aotc.cli.main, aotc.compiler.pipeline"],
+        dict(os.environ),
     )
     bare = [sys.executable, __file__, "--bare", str(artifact), str(scratch / "bare.pt2")]
     bare += ["--device", args.device, "--precision", args.precision]
@@ -89,10 +90,10 @@ def bare_compile(args) -> None:
     began = time.perf_counter()
     import torch
 
-    from aotc.build.precision import place_program
-    from aotc.build.toolchain import compiler_options
+    from aotc.compiler.toolchain import compiler_options
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
 
     ep, meta = load_artifact(Path(args.bare[0]))
     placed = place_program(ep, args.device, Precision(args.precision), meta.signature)

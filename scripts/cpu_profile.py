@@ -62,7 +62,7 @@ def inductor_ms(artifact: Path, inputs, calls: int) -> dict:
 def onnxruntime_ms(artifact: Path, inputs, calls: int) -> dict:
     import onnxruntime
 
-    from aotc.bench.harness import onnxruntime_package
+    from aotc.bench.contenders import onnxruntime_package
 
     with tempfile.TemporaryDirectory() as work:
         package = onnxruntime_package(artifact, Path(work))

@@ -71,7 +71,7 @@ if [ -d .gpu/wheels ]; then
 fi
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" >> "$RESULTS/gpu.txt" 2>&1
-python3 -c "from aotc.build import toolchain as t; print('compiler choice:', t.choose_compiler())" >> "$RESULTS/gpu.txt" 2>&1
+python3 -c "from aotc.compiler import toolchain as t; print('compiler choice:', t.choose_compiler())" >> "$RESULTS/gpu.txt" 2>&1
 
 gpt2_file() {  # GPT-2 124M as people write it, random weights
   cat > "$WORK/gpt2_124m.py" <<'PY'

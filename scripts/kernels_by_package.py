@@ -90,7 +90,7 @@ def compiled_artifact(package, mode: str):
     """torch.compile(mode) of the program the package was built from, on the package's device."""
     import torch
 
-    from aotc.bench.harness import place_baseline
+    from aotc.bench.contenders import place_baseline
 
     ep = place_baseline(Path(package.manifest.source.artifact), package.manifest, package.device)
     return torch.compile(ep.module(), mode=mode, dynamic=False)  # one compile per size, as bench
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--compile", metavar="MODE", help="also profile torch.compile(mode=MODE)")
     args = parser.parse_args()
     import aotc_runtime
-    from aotc.bench.harness import batch_axis
+    from aotc.bench.target import batch_axis
 
     packages = {folder: aotc_runtime.load(folder) for folder in args.packages}
     for folder, package in packages.items():

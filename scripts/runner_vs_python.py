@@ -81,7 +81,8 @@ def steady(
     work: Path,
     runner_warmup: int = 10,
 ) -> dict:
-    from aotc.bench.harness import batch_axis, place_baseline
+    from aotc.bench.contenders import place_baseline
+    from aotc.bench.target import batch_axis
 
     loaded = aotc_runtime.load(package)
     signature, device = loaded.signature, loaded.device
@@ -174,7 +175,7 @@ def main() -> int:
         result["steady"] = {}
         for batch in sizes:
             if batch is None:
-                from aotc.bench.harness import batch_axis
+                from aotc.bench.target import batch_axis
 
                 batch = batch_axis(aotc_runtime.read_manifest(args.package).signature)[1]
             result["steady"][str(batch)] = steady(

@@ -11,7 +11,7 @@ Per model, each step in a fresh process: `aotc export` (the catalog's --dim flag
 (status, seconds, package size, the build's own numeric check), then `python scripts/zoo.py _measure NAME PKG`:
 eager vs the package on the file's example_inputs() (max abs error over all outputs, TF32 off on CUDA),
 and latency of eager, the package and on CUDA torch.compile(mode="reduce-overhead"), interleaved in one
-process (aotc bench's rounds: aotc.bench.harness.interleaved). A failing step keeps the model in the table with
+process (aotc bench's rounds: aotc.bench.contenders.interleaved). A failing step keeps the model in the table with
 aotc's one-line `error:`; later steps show `-`. --jobs N runs the export+build of N models at once; the
 measurements always run one at a time. Records go to JSON (default: --out with .json, one record per
 model per device); --merge keeps the other records of that file, so CPU and GPU runs share one page.
@@ -316,8 +316,8 @@ def measure(
     import torch
 
     import aotc_runtime
-    from aotc.build.precision import strict_fp32
     from aotc.export.loading import load_model
+    from aotc.math_mode import strict_fp32
 
     cat = catalog()
     model_entry = next(m for m in cat.ZOO + cat.GPU_ZOO if m.name == name)
@@ -370,12 +370,12 @@ def interleaved_latency(
     """{name: latency summary + first_call_ms} of callables `fn()`, measured in this process.
 
     Each callable's first call and `warmup` untimed calls, then `iters` timed calls split into `rounds`
-    interleaved rounds: aotc bench's own timing (aotc.bench.harness.interleaved, aotc_runtime.time_calls).
+    interleaved rounds: aotc bench's own timing (aotc.bench.contenders.interleaved, aotc_runtime.time_calls).
     """
     import torch
 
     import aotc_runtime
-    from aotc.bench.harness import Contender, interleaved
+    from aotc.bench.contenders import Contender, interleaved
     from aotc.progress import ProgressBar
 
     first_call = {}

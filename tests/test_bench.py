@@ -6,9 +6,9 @@ import pytest
 from conftest import invoke
 
 from aotc.api import BenchConfig, bench
-from aotc.bench.harness import resolve_batch_sizes
 from aotc.bench.plot import write_plot
 from aotc.bench.report import format_table
+from aotc.bench.target import resolve_batch_sizes
 from aotc.errors import UserInputError
 from aotc_runtime import Signature
 

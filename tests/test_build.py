@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import invoke
 
-import aotc.build.backends.inductor
-import aotc.build.verify
+import aotc.compiler.backends.inductor
+import aotc.compiler.verify
 import aotc.errors
 from aotc_runtime import hash_package_files
 
@@ -58,7 +58,7 @@ def test_manifest_records_the_build(packages):
     }
     assert isinstance(device["cpu_features"], list)
     # the default mode adds nothing to Inductor's defaults but how the weights are packaged
-    from aotc.build.inductor_options import PACKAGING_OPTIONS
+    from aotc.compiler.inductor_options import PACKAGING_OPTIONS
 
     assert manifest["mode"] == "default" and manifest["inductor_options"] == PACKAGING_OPTIONS
     check = manifest["numeric_check"]
@@ -84,7 +84,7 @@ def test_manifest_says_where_the_build_time_went(packages):
 def compiled_once(packages, monkeypatch) -> Path:
     """The MLP's artifact, whose builds here take their compiled model from the session's MLP
     package instead of compiling it again (the same artifact, mode and device, and a build gives
-    the same bytes from the same inputs: aotc/build/reproducible.py). For tests of what a build
+    the same bytes from the same inputs: aotc/compiler/reproducible.py). For tests of what a build
     does after the compile (the check, the write); the compile itself is the session package's,
     built and checked for real. `monkeypatch.undo()` brings the real compile back."""
     built = packages.get("mlp")
@@ -92,15 +92,15 @@ def compiled_once(packages, monkeypatch) -> Path:
     def copy_compiled(ep, package_path, options, precision):
         shutil.copyfile(built.package / "model.pt2", package_path)
 
-    monkeypatch.setattr(aotc.build.backends.inductor, "compile_aoti", copy_compiled)
+    monkeypatch.setattr(aotc.compiler.backends.inductor, "compile_aoti", copy_compiled)
     return built.artifact
 
 
 def test_numeric_mismatch_fails_and_writes_nothing(compiled_once, tmp_path, monkeypatch):
     artifact = compiled_once  # built before the check is sabotaged
-    real = aotc.build.verify.eager_outputs
+    real = aotc.compiler.verify.eager_outputs
     monkeypatch.setattr(
-        aotc.build.verify,
+        aotc.compiler.verify,
         "eager_outputs",
         lambda ep, cases, signature: [[t + 0.5 for t in out] for out in real(ep, cases, signature)],
     )
@@ -118,7 +118,7 @@ def test_numeric_mismatch_fails_and_writes_nothing(compiled_once, tmp_path, monk
 def test_crash_in_child_becomes_a_build_error(compiled_once, tmp_path, monkeypatch):
     artifact = compiled_once
     crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
-    monkeypatch.setattr(aotc.build.verify, "check_command", lambda *args: crash)
+    monkeypatch.setattr(aotc.compiler.verify, "check_command", lambda *args: crash)
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 5
     assert "crashed when loaded and run in a child process (SIGSEGV)" in result.stderr
@@ -131,7 +131,7 @@ def test_interrupted_build_leaves_nothing(packages, tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(aotc.build.backends.inductor, "compile_aoti", interrupt)
+    monkeypatch.setattr(aotc.compiler.backends.inductor, "compile_aoti", interrupt)
     result = invoke("build", artifact, "-o", tmp_path / "pkg", "--quiet")
     assert result.exit_code == 130 and "interrupted" in result.stderr
     assert not (tmp_path / "pkg").exists() and not leftovers(tmp_path)
@@ -145,7 +145,9 @@ def test_force_replaces_a_package_only_when_the_new_one_is_whole(
     target.mkdir()
     (target / "old.txt").write_text("old")
     monkeypatch.setattr(
-        aotc.build.verify, "check_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"]
+        aotc.compiler.verify,
+        "check_command",
+        lambda *a: [sys.executable, "-c", "raise SystemExit(3)"],
     )
     result = invoke("build", artifact, "-o", target, "--force", "--quiet")
     assert result.exit_code == 5
@@ -181,7 +183,7 @@ def test_config_file_and_flags_precedence(packages, tmp_path):
 
 def test_compiler_choice_skips_a_gxx_with_newer_headers(tmp_path, monkeypatch):
     """$CXX naming a g++ whose headers are newer than the loaded libstdc++ is passed over (it would crash on load)."""
-    from aotc.build import toolchain
+    from aotc.compiler import toolchain
 
     library = toolchain.loaded_libstdcxx()
     if library is None or toolchain.compiler_gcc_release("g++") is None:
@@ -203,7 +205,7 @@ def test_compiler_choice_skips_a_gxx_with_newer_headers(tmp_path, monkeypatch):
 
 
 def test_compiler_beside_the_loaded_libstdcxx_comes_first(tmp_path, monkeypatch):
-    from aotc.build import toolchain
+    from aotc.compiler import toolchain
 
     library = toolchain.loaded_libstdcxx()
     beside = toolchain.compiler_beside(library)
@@ -240,7 +242,7 @@ def test_bf16_package_keeps_the_exported_signature(packages, tmp_path):
 
 def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypatch):
     """The fp32 check on CUDA compares without TF32: in this process, and (by env) in the child."""
-    from aotc.build.precision import strict_fp32
+    from aotc.math_mode import strict_fp32
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     with strict_fp32():
@@ -251,18 +253,18 @@ def test_strict_fp32_check_turns_tf32_off_on_both_sides_and_restores_it(monkeypa
 
     def fake_run(command, **kwargs):
         seen["env"] = kwargs["env"]
-        raise aotc.build.verify.subprocess.TimeoutExpired(command, 1)
+        raise aotc.compiler.verify.subprocess.TimeoutExpired(command, 1)
 
-    monkeypatch.setattr(aotc.build.verify.subprocess, "run", fake_run)
+    monkeypatch.setattr(aotc.compiler.verify.subprocess, "run", fake_run)
     for strict, flag in ((True, "1"), (False, "0")):
         with pytest.raises(aotc.errors.BuildError):
-            aotc.build.verify.run_in_child("unused", [("example", [torch.zeros(1)])], strict)
-        assert seen["env"][aotc.build.verify.STRICT_FP32_ENV] == flag
+            aotc.compiler.verify.run_in_child("unused", [("example", [torch.zeros(1)])], strict)
+        assert seen["env"][aotc.compiler.verify.STRICT_FP32_ENV] == flag
 
 
 def test_views_become_reshapes_before_a_move_to_another_device():
     """A CPU-traced `view` may not fit CUDA strides (vit_b_16); `reshape` means the same where it fits."""
-    from aotc.build.precision import reshape_instead_of_view
+    from aotc.export.placement import reshape_instead_of_view
 
     class Flatten(torch.nn.Module):
         def forward(self, x):
@@ -332,7 +334,7 @@ def test_a_killed_builds_leftovers_are_removed_by_the_next_build(packages, tmp_p
 
 
 def test_two_builds_into_one_folder_at_once_are_refused(packages, tmp_path):
-    from aotc.build.package_writer import output_lock
+    from aotc.compiler.package_writer import output_lock
 
     with output_lock(tmp_path / "pkg"):  # what a running build holds
         result = invoke(

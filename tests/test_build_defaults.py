@@ -11,9 +11,9 @@ import torch
 from conftest import MODELS, invoke
 
 import aotc.api
-from aotc.build.precision import move_program, name_graph_devices, target_device
 from aotc.config import BuildConfig, default_package_folder, resolve_device
 from aotc.errors import UserInputError
+from aotc.export.placement import move_program, name_graph_devices, target_device
 from aotc.optional import require
 
 NO_GPU = not torch.cuda.is_available()

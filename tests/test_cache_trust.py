@@ -19,7 +19,7 @@ import torch
 from conftest import eager_model, invoke
 
 import aotc_runtime
-from aotc.build.package_writer import write_manifest
+from aotc.compiler.package_writer import write_manifest
 
 BUILD = ["--device", "cpu", "--tune", "--tune-candidates", "inductor", "--specialize", "B=8"]
 

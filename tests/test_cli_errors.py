@@ -224,7 +224,7 @@ def test_a_failing_check_child_says_why_and_verbose_prints_all_of_it(
 ):
     """The check's child made to fail on purpose: the error names its cause, --verbose prints the
     child's whole stderr, and the exit code is 5 either way."""
-    import aotc.build.verify as verify
+    import aotc.compiler.verify as verify
 
     artifact = packages.get("mlp").artifact  # built (with its real check) before the patch
     script = tmp_path / "failing_child.py"

@@ -417,7 +417,7 @@ def test_a_state_file_claiming_a_huge_expanded_shape_is_refused_by_both_runtimes
     from one element, and the first clone would allocate it. Both runtimes compare each state
     tensor's shape and dtype with the manifest first (the manifest rehashed, as an attacker of an
     unsigned package would)."""
-    from aotc.build.package_writer import write_manifest
+    from aotc.compiler.package_writer import write_manifest
 
     package = tmp_path / "counter_pkg"
     shutil.copytree(packages.get("counter").package, package)

@@ -16,7 +16,7 @@ import torch
 from conftest import MLP, invoke
 
 import aotc_runtime
-from aotc.build.cpu_isa import compiled_features
+from aotc.compiler.cpu_isa import compiled_features
 from aotc.deploy.cpp_runner import runner_path
 from aotc.errors import UserInputError
 
@@ -107,7 +107,7 @@ def test_unknown_isa_is_a_usage_error(tmp_path):
 PROBE_COUNT = """
 import json, sys
 from torch._inductor import cpu_vec_isa
-from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
+from aotc.compiler.cpu_isa import compiled_features, remembered_vec_isa_probes
 
 probes = []
 real = cpu_vec_isa.VecISA.check_build

@@ -61,7 +61,7 @@ def test_a_build_that_plainly_does_not_fit_is_refused_before_compiling(tmp_path,
 def _build_in_a_child(artifact: Path, output: Path, preflight: bool) -> subprocess.CompletedProcess:
     # A child process: what the CLI does after a native failure (leave at once) must be its own exit.
     code = (
-        "import aotc.build.backends.inductor as p\n"
+        "import aotc.compiler.backends.inductor as p\n"
         + ("" if preflight else "p.check_space = lambda *a: None\n")
         + "from aotc.cli.main import main\n"
         + f"main(['build', {str(artifact)!r}, '--device', 'cpu', '-o', {str(output)!r}])\n"

@@ -292,7 +292,7 @@ def test_a_bf16_package_keeps_its_kv_cache_in_bf16_and_follows_transformers(
     artifact = Path(package).parent / "gpt2.pt2"
     bf16 = tmp_path / "gpt2_bf16"
     # the default bf16 check: these sharpened LMs' logits reach 12, transformers in bf16 is 0.12
-    # from fp32 at prefill, and the check bounds errors by the logits' scale (aotc/build/verify.py)
+    # from fp32 at prefill, and the check bounds errors by the logits' scale (aotc/compiler/verify.py)
     done = invoke(
         "build", artifact, "--device", "cpu", "--precision", "bf16", "-o", bf16, "--quiet"
     )

@@ -142,7 +142,7 @@ def test_two_inputs_on_gpu(gpu_workdir):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "tf32"])
 def test_reduced_precision_package(gpu_workdir, precision):
-    from aotc.build.tolerances import DEFAULTS
+    from aotc.compiler.tolerances import DEFAULTS
 
     artifact = export_once(
         gpu_workdir, "cnn_bn", MODELS / "cnn_bn.py", "--input-shape", "16x3x128x128"

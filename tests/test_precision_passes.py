@@ -1,13 +1,14 @@
-"""The graph passes a bf16/fp16 build applies to a program traced in fp32 (aotc/build/precision.py),
-on small programs run eagerly: fast, no package built."""
+"""The graph passes a bf16/fp16 build applies to a program traced in fp32
+(aotc/export/reduced_precision.py, applied by aotc/export/placement.py), on small programs run
+eagerly: fast, no package built."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from aotc.build.precision import place_program
 from aotc.config import Precision
+from aotc.export.placement import place_program
 
 FLOAT32_MIN = torch.finfo(torch.float32).min
 

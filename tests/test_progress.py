@@ -3,7 +3,7 @@
 import io
 import time
 
-from aotc.build.profile import TuningProgress
+from aotc.compiler.profile import TuningProgress
 from aotc.progress import Progress
 
 

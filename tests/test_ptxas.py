@@ -1,11 +1,11 @@
-"""The build process gets the ptxas Inductor's compile workers use (aotc/build/ptxas.py)."""
+"""The build process gets the ptxas Inductor's compile workers use (aotc/compiler/ptxas.py)."""
 
 import os
 from pathlib import Path
 
 import pytest
 
-from aotc.build import ptxas
+from aotc.compiler import ptxas
 
 
 @pytest.fixture

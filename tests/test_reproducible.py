@@ -8,7 +8,7 @@ import json
 
 from conftest import MLP, invoke
 
-from aotc.build.reproducible import last_commands_only
+from aotc.compiler.reproducible import last_commands_only
 
 BUILD_EVENT_FIELDS = {"created", "build_seconds", "build_phases", "manifest_sha256"}
 

@@ -200,7 +200,7 @@ def test_runtime_source_never_imports_aotc():
 
 
 def test_model_so_is_linked_bsymbolic(packages, tmp_path):
-    """The deliberate -Wl,-Bsymbolic link (aotc/build/toolchain.py) reaches the compiled model."""
+    """The deliberate -Wl,-Bsymbolic link (aotc/compiler/toolchain.py) reaches the compiled model."""
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf not installed")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import aotc_runtime
-from aotc.build.package_writer import write_manifest
+from aotc.compiler.package_writer import write_manifest
 
 RUN = [sys.executable, "-m", "aotc_runtime"]
 

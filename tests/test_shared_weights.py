@@ -1,5 +1,5 @@
 """`aotc build --specialize`: the package and its members share one copy of the weights, on disk
-and in memory (manifest `shared_weights`; aotc/build/shared_weights.py), in both runtimes."""
+and in memory (manifest `shared_weights`; aotc/compiler/shared_weights.py), in both runtimes."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def test_a_weights_file_whose_tensor_claims_more_than_it_holds_is_refused(specia
 
     from test_cpp_runner import built_runner, run_cpp
 
-    from aotc.build.package_writer import write_manifest
+    from aotc.compiler.package_writer import write_manifest
 
     copy = tmp_path / "pkg"
     shutil.copytree(specialized, copy)

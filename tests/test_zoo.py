@@ -237,7 +237,7 @@ def test_zoo_model_on_cuda_reduce_overhead(tmp_path, name):
     module, inputs = eager(model)
     module = module.cuda()
     inputs = {k: v.cuda() for k, v in inputs.items()}
-    from aotc.build.precision import strict_fp32
+    from aotc.math_mode import strict_fp32
 
     with strict_fp32():
         for _call in range(3):  # capture, then replays

@@ -61,8 +61,8 @@ def load_contender(spec: dict, device):
         # The same placement the build's eager reference gets: reduced precision, and on a GPU the
         # CPU-traced views made reshapes (vit_b_16's attention strides differ there). Importing
         # aotc for it adds about 11 ms to the baseline's seconds-long cold start.
-        from aotc.build.precision import place_program
         from aotc.config import Precision
+        from aotc.export.placement import place_program
 
         program = place_program(
             program, device.type, Precision(spec["precision"]), spec["signature"]

@@ -113,8 +113,8 @@ def torch_dtype(precision: str) -> Any:
     """The dtype transformers' model runs in for a package of this precision (tf32: float32)."""
     import torch
 
-    from aotc.build.precision import REDUCED
     from aotc.config import Precision
+    from aotc.math_mode import REDUCED
 
     return getattr(torch, REDUCED.get(Precision(precision), "float32"))
 

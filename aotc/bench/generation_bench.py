@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aotc.bench.generation import BASELINES, COMPILE_WARMUP, PACKAGE, GenerationBench, measure
-from aotc.bench.harness import REPORT_VERSION, bench_device, package_summary, resolve_artifact
 from aotc.bench.options import BenchConfig, parse_against
-from aotc.build.precision import tf32_matmuls
+from aotc.bench.report import REPORT_VERSION, package_summary
+from aotc.bench.target import bench_device, resolve_artifact
 from aotc.errors import UserInputError
+from aotc.math_mode import tf32_matmuls
 
 if TYPE_CHECKING:
     from aotc_runtime import Manifest

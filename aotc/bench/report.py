@@ -1,9 +1,16 @@
-"""What `aotc bench` reports: the table (stdout) and the JSON file; the plot is aotc/bench/plot.py."""
+"""What `aotc bench` reports: the table (stdout) and the JSON file, and what they say of the
+package benched; the plot is aotc/bench/plot.py."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aotc_runtime import Manifest
+
+REPORT_VERSION = 1
 
 
 def format_ms(value) -> str:
@@ -205,3 +212,28 @@ def headline_batch(report: dict) -> int:
 def measured_cold_starts(report: dict) -> list:
     """The cold-start entries that have figures (a baseline that failed to start has an error instead)."""
     return [c for c in report.get("cold_start") or [] if "error" not in c]
+
+
+def package_summary(package: Path, manifest: Manifest) -> dict:
+    """The report's "package": what was benched, as its manifest says."""
+    return {
+        "path": str(package),
+        "model": manifest.model,
+        "device": manifest.device.to_json(),
+        "mode": manifest.mode,
+        "precision": manifest.precision,
+        "build_seconds": manifest.build_seconds,
+        "size_bytes": manifest.size_bytes,
+        "backend": manifest.backend,
+        "tuning": tuning_summary(manifest),
+    }
+
+
+def tuning_summary(manifest: Manifest) -> str | None:
+    """'dynamic: onnxruntime; B=8: freezing' for a tuned or specialized package, else None."""
+    if not manifest.tuning:
+        return None
+    return "; ".join(
+        f"{variant.get('label', '')}: {variant['chosen']}"
+        for variant in manifest.tuning.get("variants", [])
+    )

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from aotc.build.backends import BACKENDS
 from aotc.cli.types import duration_type, exit_codes_epilog, option_type, specialize_type
+from aotc.compiler.backends import BACKENDS
 
 
 @click.command(epilog=exit_codes_epilog())
@@ -218,7 +218,7 @@ def build(
 def time_breakdown(phases: dict) -> str:
     """'load 7.1s, lower 0.3s, compile 21.6s (C++ compiler 12.7s), check 3.2s' from build_phases,
     and Inductor's vector-ISA probe where it ran (the first build on a machine)."""
-    from aotc.build.pipeline import STAGE_PREFIX
+    from aotc.compiler.finish import STAGE_PREFIX
 
     def seconds(key: str) -> float | None:
         entry = phases.get(key)

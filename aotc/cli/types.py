@@ -29,7 +29,7 @@ class ParsedType(click.ParamType):
 
 
 def _inductor_option(text: str):
-    from aotc.build.inductor_options import parse_option
+    from aotc.compiler.inductor_options import parse_option
 
     return parse_option(text)
 
@@ -96,7 +96,7 @@ def duration_type() -> ParsedType:
 
 
 def specialize_type() -> ParsedType:
-    from aotc.build.specialize import parse_specialize
+    from aotc.compiler.specialize import parse_specialize
 
     return ParsedType("DIM=SIZE[,SIZE...]", parse_specialize)
 

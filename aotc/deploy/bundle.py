@@ -144,7 +144,7 @@ def make_bundle(
 ) -> BundleResult:
     """`public_key`: the bundle requires the package to be signed by its private key, and carries
     the key; the package is checked against it here first (exit 7 if it fails)."""
-    from aotc.build.package_writer import commit, staging_folder
+    from aotc.compiler.package_writer import commit, staging_folder
     from aotc.deploy.cpp_runner import runner_path
     from aotc_runtime import read_manifest, verify_files
 

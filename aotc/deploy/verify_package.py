@@ -158,7 +158,7 @@ class _Verification:
         would be checked against itself."""
         import torch
 
-        from aotc.build.precision import state_in_precision
+        from aotc.export.placement import state_in_precision
         from aotc.config import Precision
         from aotc.export.artifact import load_artifact
         from aotc.export.call_structure import initial_state
@@ -204,7 +204,7 @@ class _Verification:
         """Each --specialize member was run above through the package's routing, against the user's
         artifact. Its own record is checked too: the static artifact it names must be the package's
         artifact re-exported at the member's sizes (a planted file is refused, not trusted)."""
-        from aotc.build.specialize import derivation_problem
+        from aotc.compiler.specialize import derivation_problem
         from aotc_runtime import read_manifest, sha256_file
 
         if not manifest.specializations:
@@ -262,13 +262,13 @@ class _Verification:
 
 
 def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> NumericCheck:
-    """The build's numeric check (aotc/build/pipeline.py), run again on the finished package: the
+    """The build's numeric check (aotc/compiler/pipeline.py), run again on the finished package: the
     fp32 program as reference, the build's tolerance, TF32 off on both sides for fp32 on CUDA.
     A --specialize package is also run at each member's sizes, where it routes the call to the
     member, against the same program: every model in the folder answers to the user's artifact,
     never to a static artifact that was kept in the cache."""
-    from aotc.build.tolerances import tolerance
-    from aotc.build.verify import check_numerics, reference_program
+    from aotc.compiler.tolerances import tolerance
+    from aotc.compiler.verify import check_numerics, reference_program
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
     from aotc.quiet import quiet_torch
@@ -278,7 +278,7 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
     device = manifest.device.type
     member_sizes = [dict(spec.dims) for spec in manifest.specializations]
     if Path(artifact).suffix == ".onnx":  # an ONNX Runtime package built from an .onnx export
-        from aotc.build.backends.onnxruntime import onnx_reference
+        from aotc.compiler.backends.onnxruntime import onnx_reference
         from aotc.export.onnx import read_onnx_model
 
         model, info = read_onnx_model(Path(artifact))

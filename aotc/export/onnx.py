@@ -102,7 +102,7 @@ def state_returned(ep, signature: dict) -> tuple:
         return ep, signature
     import torch
 
-    from aotc.build.precision import dynamic_shapes
+    from aotc.export.shapes import signature_dynamic_shapes
     from aotc.quiet import quiet_torch
     from aotc_runtime import flatten_outputs
 
@@ -122,7 +122,7 @@ def state_returned(ep, signature: dict) -> tuple:
         returned = torch.export.export(
             StateReturned(),
             tuple(ep.example_inputs[0]),
-            dynamic_shapes=dynamic_shapes(signature),
+            dynamic_shapes=signature_dynamic_shapes(signature),
             strict=False,
         )
     return returned, {k: v for k, v in signature.items() if k != "state_in_place"}
@@ -197,7 +197,7 @@ def metadata(model) -> dict:
 def check_against_eager(model, ep, signature: dict) -> dict:
     """The ONNX model (ONNX Runtime, no graph optimization) against the program run eagerly, on the
     build check's cases; {output name: max abs difference}."""
-    from aotc.build.verify import eager_outputs, input_cases
+    from aotc.export.eager_reference import eager_outputs, input_cases
 
     cases = input_cases(ep, signature, "cpu")
     references = eager_outputs(ep, cases, signature, calls=1)

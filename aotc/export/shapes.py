@@ -197,5 +197,16 @@ def export_dynamic_shapes(shapes, dims: dict, extra_static: int = 0):
     return (tuple(per_input + [None] * extra_static),)
 
 
+def signature_dynamic_shapes(signature: dict):
+    """The artifact's dynamic_shapes again, from its signature (state inputs are static): for a
+    program exported once more (placed in a reduced precision, or returning its state for ONNX)."""
+    dims = {
+        name: DimSpec(name, info["min"], info["max"])
+        for name, info in (signature.get("dims") or {}).items()
+    }
+    shapes = [spec["shape"] for spec in signature["inputs"]]
+    return export_dynamic_shapes(shapes, dims, extra_static=len(signature.get("state", ())))
+
+
 def format_shape(shape) -> str:
     return "x".join(str(d) for d in shape) if shape else "scalar"

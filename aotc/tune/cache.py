@@ -31,11 +31,11 @@ def key_of(data: dict) -> str:
 
 def machine_versions(device: str) -> dict:
     """The versions and hardware a build's bytes and speed depend on: what a package records of
-    the machine it is built on (aotc/build/manifest.py), and the CPU's features or the GPU."""
+    the machine it is built on (aotc/compiler/manifest.py), and the CPU's features or the GPU."""
     import torch
 
     from aotc import __version__
-    from aotc.build.manifest import triton_version
+    from aotc.compiler.manifest import triton_version
     from aotc_runtime import running_environment
 
     versions = {"aotc": __version__, **running_environment()}

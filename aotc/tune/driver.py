@@ -14,13 +14,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from aotc.build.package_writer import commit, output_lock, staging_folder, write_manifest
-from aotc.build.pipeline import BuildResult
-from aotc.build.shared_weights import share_weights
-from aotc.build.specialize import check_specialize, derivation_problem, specialized_artifact
 from aotc.cache_dir import private_cache_root
+from aotc.compiler.finish import BuildResult
+from aotc.compiler.package_writer import commit, output_lock, staging_folder, write_manifest
+from aotc.compiler.pipeline import prepare
+from aotc.compiler.shared_weights import share_weights
+from aotc.compiler.specialize import check_specialize, derivation_problem, specialized_artifact
 from aotc.config import BuildConfig
-from aotc.errors import AotcError, BuildError, NumericMismatchError
+from aotc.errors import AotcError, BuildError, NumericMismatchError, UserInputError
+from aotc.export.artifact import read_artifact_meta
 from aotc.tune.cache import TuneCache, key_of, machine_versions
 from aotc.tune.candidates import BASELINE, Candidate, load_candidates, select, skip_reason
 from aotc.tune.search import Trial, Variant, build_trials, choose, time_variant, trial_key
@@ -30,6 +32,14 @@ MEMBERS_DIR = "specialized"
 
 
 def build_tuned(cfg: BuildConfig, progress) -> BuildResult:
+    """The package of the winners (aotc/api.py sends a --tune or --specialize build here)."""
+    cfg = prepare(cfg, progress)
+    if Path(cfg.artifact).suffix == ".pt2" and read_artifact_meta(Path(cfg.artifact)).task:
+        # its members would be other generation steps, with a loop of their own to check
+        raise UserInputError(
+            f"{cfg.artifact} is a text-generation artifact: --tune and --specialize do not "
+            "build those yet; build it without them"
+        )
     try:
         return _build_tuned(cfg, progress)
     except UntrustedCacheEntries as failed:
@@ -106,8 +116,6 @@ def _build_tuned(cfg: BuildConfig, progress, retry: bool = False) -> BuildResult
 
 def make_variants(cfg: BuildConfig, base: dict, root: Path, progress) -> list[Variant]:
     """The dynamic model, then one static artifact per --specialize size (kept in the cache)."""
-    from aotc.export.artifact import read_artifact_meta
-
     meta = read_artifact_meta(cfg.artifact)
     signature = Signature.from_json(meta.signature)
     variants = [Variant("dynamic" if signature.dims else "static", cfg.artifact, {}, signature)]

@@ -6,7 +6,7 @@ a hang costs that candidate, never the search, and the budget can stop it mid-co
 process group). Builds go round-robin, candidate by candidate over the variants, so a budget that
 runs out leaves every variant with its cheapest candidates done rather than one variant with all.
 
-Timing is the same interleaved loop as `aotc bench` (aotc/bench/harness.py): every passing
+Timing is the same interleaved loop as `aotc bench` (aotc/bench/contenders.py): every passing
 candidate of a variant loaded in this process, on the variant's example inputs, slices of calls
 in rotating order, medians compared.
 """
@@ -317,7 +317,7 @@ def measure(trials: list[Trial], device_type: str) -> list[dict]:
     import torch
 
     import aotc_runtime
-    from aotc.bench.harness import Contender, first_call_and_warmup, interleaved
+    from aotc.bench.contenders import Contender, first_call_and_warmup, interleaved
     from aotc.progress import ProgressBar
 
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")

@@ -39,7 +39,7 @@ std::string first_line(const std::string& text) {
 // One tensor of state.pt, before anything is cloned from it: the manifest's shape and dtype (a
 // tensor saved as one value expanded, an empty KV cache, is one element on disk whatever shape it
 // claims); a dense tensor laid out as the compiled program reads it, whole (contiguous) or one
-// value expanded (all strides 0, as aotc/build/pipeline.py's compact writes it), inside its
+// value expanded (all strides 0, as aotc/compiler/state_file.py's compact writes it), inside its
 // storage; and no NaN, which the first step would carry into every token after it (an inf may be
 // a state's start: a running maximum's -inf).
 void check_state_tensor(const std::string& folder, const TensorSpec& spec, const at::Tensor& t) {

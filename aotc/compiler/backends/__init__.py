@@ -4,10 +4,10 @@ with the same entry point,
     build(cfg: BuildConfig, progress: Progress, started: float) -> BuildResult
 
 which loads the artifact, compiles, writes the manifest and runs the numeric check, and ends with
-the shared `aotc.build.pipeline.finish` (check record, final manifest, rename into place). The
-pipeline picks one by `cfg.backend` (`aotc build --backend NAME`); a new backend is a new module
-and one line in BACKENDS. Modules are imported when used: a backend's libraries (onnxruntime) are
-optional extras, and naming the backends must not import them.
+the shared `aotc.compiler.finish.finish` (check record, final manifest, rename into place).
+aotc/compiler/pipeline.py picks one by `cfg.backend` (`aotc build --backend NAME`); a new backend is a
+new module and one line in BACKENDS. Modules are imported when used: a backend's libraries
+(onnxruntime) are optional extras, and naming the backends must not import them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from aotc.errors import UserInputError
 
 if TYPE_CHECKING:
-    from aotc.build.pipeline import BuildResult
+    from aotc.compiler.finish import BuildResult
     from aotc.config import BuildConfig
     from aotc.progress import Progress
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Backend:
     name: str
-    module: str  # under aotc.build.backends, holding build()
+    module: str  # under aotc.compiler.backends, holding build()
     summary: str
 
     def build(self, cfg: BuildConfig, progress: Progress, started: float) -> BuildResult:

@@ -29,10 +29,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from aotc.config import ISAS
 from aotc.errors import UserInputError
-
-# name -> (cpp.march, cpp.simdlen); native leaves Inductor's defaults (-march=native, best vector ISA)
-ISAS = {"native": (None, None), "avx2": ("x86-64-v3", 256), "avx512": ("x86-64-v4", 512)}
 
 # The compiler's macro for each x86 extension -> the flag /proc/cpuinfo shows when the CPU has it.
 # Only extensions the compiler emits on its own (vector code, bit manipulation) or that Inductor's

@@ -1,6 +1,6 @@
 """The AOTInductor backend (`aotc build`, the default): load the artifact, place it on the
 device and precision, compile with AOTInductor, hash and write the manifest, load and run the
-package in a child process against eager, then the pipeline's `finish`.
+package in a child process against eager, then the shared `finish` (aotc/compiler/finish.py).
 """
 
 from __future__ import annotations
@@ -11,28 +11,30 @@ import time
 import zipfile
 from pathlib import Path
 
-from aotc.build.cpu_isa import compiled_features, remembered_vec_isa_probes
-from aotc.build.disk_space import check_space, full_device
-from aotc.build.inductor_options import PACKAGING_OPTIONS, resolve_options
-from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import (
+from aotc.compiler.cpu_isa import compiled_features, remembered_vec_isa_probes
+from aotc.compiler.disk_space import check_space, full_device
+from aotc.compiler.finish import STAGE_PREFIX, BuildResult, finish
+from aotc.compiler.inductor_options import PACKAGING_OPTIONS, resolve_options
+from aotc.compiler.manifest import new_manifest
+from aotc.compiler.package_writer import (
     output_lock,
     staging_folder,
     write_manifest,
     write_tokenizer,
 )
-from aotc.build.pipeline import STAGE_PREFIX, BuildResult, finish, write_state
-from aotc.build.precision import place_program, signature_in_precision, tf32_matmuls
-from aotc.build.profile import TuningProgress, inductor_phase_times
-from aotc.build.ptxas import same_ptxas_as_workers
-from aotc.build.reproducible import normalize_archive
-from aotc.build.tolerances import tolerance
-from aotc.build.toolchain import compiler_options, use_compiler
-from aotc.build.verify import check_numerics, reference_program
+from aotc.compiler.profile import TuningProgress, inductor_phase_times
+from aotc.compiler.ptxas import same_ptxas_as_workers
+from aotc.compiler.reproducible import normalize_archive
+from aotc.compiler.state_file import write_state
+from aotc.compiler.tolerances import tolerance
+from aotc.compiler.toolchain import compiler_options, use_compiler
+from aotc.compiler.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
 from aotc.export.artifact import load_artifact
+from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
+from aotc.math_mode import tf32_matmuls
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
 from aotc_runtime import CONTRACT_KEY, MODEL_FILE, model_contract
@@ -53,7 +55,7 @@ def build(cfg: BuildConfig, progress: Progress, started: float) -> BuildResult:
     compiler, compiler_record = compiler_options(cfg.bsymbolic)
     # Inductor's worker processes read $CXX when they start: name the compiler before anything
     # imports torch._inductor (see toolchain.use_compiler); on CUDA, give this process the ptxas
-    # they give Triton, or max-autotune compiles every template twice (aotc/build/ptxas.py).
+    # they give Triton, or max-autotune compiles every template twice (aotc/compiler/ptxas.py).
     with use_compiler(compiler["cpp.cxx"][1]), same_ptxas_as_workers(cfg.device == "cuda") as ptxas:
         if cfg.device == "cuda":
             compiler_record = {**compiler_record, "ptxas": ptxas or "triton's bundled ptxas"}

@@ -2,7 +2,7 @@
 
 Runs in its own process so that a crash in native code (a segfault in the model .so) kills this
 child, not the CLI; the parent turns the exit status into a BuildError.
-usage: python -m aotc.build.verify_child PACKAGE INPUTS.pt OUTPUTS.pt
+usage: python -m aotc.compiler.verify_child PACKAGE INPUTS.pt OUTPUTS.pt
 """
 
 import contextlib
@@ -14,8 +14,9 @@ def main(package_path: str, inputs_path: str, outputs_path: str) -> int:
     import torch
 
     import aotc_runtime
-    from aotc.build.precision import strict_fp32
-    from aotc.build.verify import CALLS_PER_CASE, STRICT_FP32_ENV
+    from aotc.compiler.verify import STRICT_FP32_ENV
+    from aotc.export.eager_reference import CALLS_PER_CASE
+    from aotc.math_mode import strict_fp32
     from aotc_runtime import flatten_outputs
 
     cases = torch.load(inputs_path, weights_only=True)

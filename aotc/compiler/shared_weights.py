@@ -18,8 +18,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from aotc.build.package_writer import write_manifest
-from aotc.build.reproducible import normalize_archive
+from aotc.compiler.package_writer import write_manifest
+from aotc.compiler.reproducible import normalize_archive
 from aotc.config import BuildConfig
 from aotc_runtime import MODEL_FILE, read_manifest
 from aotc_runtime.shared_weights import OVERRIDE
@@ -72,8 +72,8 @@ def share_weights(cfg: BuildConfig, staging: Path, programs: list[tuple[str, Pat
 def placed_constants(artifact: Path, cfg: BuildConfig) -> dict:
     """The constants of `artifact` as its build compiled them (on the build's device, in its
     precision), by name, as contiguous CPU tensors."""
-    from aotc.build.precision import place_program
     from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
     from aotc.quiet import quiet_torch
 
     ep, meta = load_artifact(artifact)
@@ -85,7 +85,7 @@ def placed_constants(artifact: Path, cfg: BuildConfig) -> dict:
 
 def constant_names(package: Path) -> list | None:
     """The names of the constants the compiled program in `package` takes (loaded in a child
-    process: aotc/build/constant_names_child.py); None if it cannot be loaded there."""
+    process: aotc/compiler/constant_names_child.py); None if it cannot be loaded there."""
     import json
     import subprocess
 
@@ -93,7 +93,7 @@ def constant_names(package: Path) -> list | None:
 
     try:
         done = subprocess.run(
-            child_command("aotc.build.constant_names_child", str(package)),
+            child_command("aotc.compiler.constant_names_child", str(package)),
             capture_output=True,
             text=True,
             timeout=600,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 
-from aotc.build.cpu_isa import isa_options
+from aotc.compiler.cpu_isa import isa_options
 from aotc.config import BuildConfig, preset_inductor_options
 from aotc.errors import UserInputError
 

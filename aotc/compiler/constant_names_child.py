@@ -3,7 +3,7 @@
 Loading a program runs its native code, and a package assembled from the build cache is checked
 before the build trusts it (aotc/tune/driver.py), so it is loaded here, in a process of its own,
 never in the build's.
-usage: python -m aotc.build.constant_names_child PACKAGE  ->  a JSON list on stdout
+usage: python -m aotc.compiler.constant_names_child PACKAGE  ->  a JSON list on stdout
 """
 
 import json

@@ -39,7 +39,7 @@ from aotc_runtime import write_text_atomically
 LINK_FLAG = "-Wl,-Bsymbolic"
 
 _WRAPPER = """#!/bin/sh
-# Written by aotc (aotc/build/toolchain.py): link shared objects with {flag}, compile everything else as is.
+# Written by aotc (aotc/compiler/toolchain.py): link shared objects with {flag}, compile everything else as is.
 for arg in "$@"; do
   if [ "$arg" = "-shared" ]; then exec "{real}" "$@" {flag}; fi
 done

@@ -16,18 +16,21 @@ import json
 import time
 from pathlib import Path
 
-from aotc.build.manifest import new_manifest
-from aotc.build.package_writer import (
+from aotc.compiler.finish import finish
+from aotc.compiler.manifest import new_manifest
+from aotc.compiler.package_writer import (
     output_lock,
     staging_folder,
     write_manifest,
     write_tokenizer,
 )
-from aotc.build.tolerances import tolerance
-from aotc.build.verify import CALLS_PER_CASE, check_numerics
+from aotc.compiler.state_file import write_state
+from aotc.compiler.tolerances import tolerance
+from aotc.compiler.verify import check_numerics
 from aotc.config import BuildConfig, Mode, Precision
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import ArtifactMeta, load_artifact
+from aotc.export.eager_reference import CALLS_PER_CASE
 from aotc.export.onnx import (
     export_to_onnx,
     read_onnx_model,
@@ -64,8 +67,6 @@ def check_config(cfg: BuildConfig) -> None:
 
 
 def build(cfg: BuildConfig, progress: Progress, started: float):
-    from aotc.build.pipeline import finish, write_state
-
     require_onnx()
     check_config(cfg)
     cfg = dataclasses.replace(cfg, device="cpu")
@@ -113,7 +114,7 @@ def build(cfg: BuildConfig, progress: Progress, started: float):
         ):
             reference = None if ep is not None else onnx_reference(model)
             if ep is not None:
-                from aotc.build.precision import place_program
+                from aotc.export.placement import place_program
 
                 ep = place_program(ep, "cpu", Precision.FP32, program_signature)
             check = check_numerics(

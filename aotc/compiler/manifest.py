@@ -34,7 +34,7 @@ def new_manifest(
     cpu_features: tuple[str, ...] = (),
 ) -> Manifest:
     """The manifest of a package about to be compiled: no files, no timings, numeric check pending.
-    `cpu_features`: the CPU extensions its C++ is compiled to use (aotc/build/cpu_isa.py)."""
+    `cpu_features`: the CPU extensions its C++ is compiled to use (aotc/compiler/cpu_isa.py)."""
     running = running_environment()
     build_tools = dict(compiler_record)
     # CUDA packages carry host C++ too (the wrapper that launches the kernels), compiled alike.
