@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import ServeError, UserInputError
-from aotc.serve.protocol import DEFAULT_MAX_BODY_BYTES
+from aotc.serve.protocol import (
+    COMPLETIONS_DEPLOYMENT,
+    DEFAULT_MAX_BODY_BYTES,
+    MODEL_DEPLOYMENT,
+)
 
 APP_NAME = "aotc"
-MODEL_DEPLOYMENT = "aotc-model"  # a package answering one call per request (replica.py)
-COMPLETIONS_DEPLOYMENT = "aotc-completions"  # a text-generation package (completion_server.py)
 REPLICA_LOGS = "the replica logs under /tmp/ray/session_latest/logs/serve/"
 REFUSAL_TIMEOUT_S = 30.0
 logger = logging.getLogger("aotc.serve")

@@ -26,7 +26,6 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from aotc.serve.app import COMPLETIONS_DEPLOYMENT
 from aotc.serve.completion_engine import CompletionEngine
 from aotc.serve.completions import (
     DONE_EVENT,
@@ -37,7 +36,7 @@ from aotc.serve.completions import (
     sse_event,
 )
 from aotc.serve.ingress import json_response, read_body, refusals_counter, route
-from aotc.serve.protocol import RequestError, body_too_large, error_body
+from aotc.serve.protocol import COMPLETIONS_DEPLOYMENT, RequestError, body_too_large, error_body
 from aotc.serve.replica import ReplicaSettings
 from aotc.serve.shipping import PackageSource
 

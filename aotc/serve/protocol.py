@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 JSON_TYPE = "application/json"
 NPZ_TYPE = "application/x-npz"
 FORM_TYPE = "application/x-www-form-urlencoded"
+# the Ray Serve deployments aotc serve makes: a package answering one call per request
+# (replica.py), and a text-generation package (completion_server.py)
+MODEL_DEPLOYMENT, COMPLETIONS_DEPLOYMENT = "aotc-model", "aotc-completions"
 DEFAULT_MAX_BODY_BYTES = 64 << 20  # `aotc serve --max-body-mb`
 # Lists and values (a comma each) a JSON body may hold beyond its inputs': other keys, and commas or
 # brackets inside the names

@@ -40,7 +40,7 @@ _LAZY = {
     "NumericCheck": "manifest",
     "OutputCheck": "manifest",
     "Specialization": "manifest",
-    "Generation": "manifest",
+    "Generation": "generation_record",
     "SharedWeights": "manifest",
     "read_manifest": "manifest",
     "verify_files": "manifest",
@@ -164,6 +164,7 @@ if TYPE_CHECKING:
     )
     from .fields import FieldError
     from .files import replaced_atomically, write_text_atomically
+    from .generation_record import Generation
     from .manifest import (
         CONTRACT_KEY,
         FORMAT_VERSION,
@@ -174,7 +175,6 @@ if TYPE_CHECKING:
         SIGNATURE_FILE,
         STATE_FILE,
         Device,
-        Generation,
         Manifest,
         NumericCheck,
         OutputCheck,

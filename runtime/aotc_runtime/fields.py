@@ -131,3 +131,14 @@ class Fields:
         """An object of name -> value, each value read by `read(fields_of_parent, name)`."""
         inner = self.object(key, default)
         return {name: read(inner, name) for name in inner.data}
+
+
+def inside_package(rel: str) -> bool:
+    """A relative POSIX path that stays in the package: no absolute path, no `..`, no empty part."""
+    parts = rel.split("/")
+    return (
+        bool(rel)
+        and not rel.startswith("/")
+        and "\\" not in rel
+        and all(p not in ("", ".", "..") for p in parts)
+    )

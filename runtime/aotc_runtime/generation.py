@@ -25,7 +25,7 @@ from .errors import GenerationInputError, MissingDependencyError, PackageError
 from .sampling import Sampling, next_tokens
 
 if TYPE_CHECKING:
-    from .manifest import Generation
+    from .generation_record import Generation
     from .package import Package
 
 GREEDY = Sampling()

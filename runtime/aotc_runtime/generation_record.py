@@ -1,4 +1,5 @@
-"""A text-generation package's record (manifest `generation`) held against its compiled model.
+"""A text-generation package's record (manifest `generation`): what it holds, and how it is held
+against its compiled model.
 
 The record is what the decode loop trusts: the batch it fills, the cache length it counts to, the
 vocabulary it checks prompts against, the pad and end-of-sequence ids it feeds back. Nothing in
@@ -14,26 +15,73 @@ carries (manifest.check_contract):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import PackageError
-
-if TYPE_CHECKING:
-    from .manifest import Generation, Manifest
-    from .signature import Signature
+from .fields import Fields, inside_package
+from .signature import Signature
 
 STEP_INPUTS = ("input_ids", "position_ids", "cache_position", "attention_mask")
 
 
-def check_generation_record(folder: Path, manifest: Manifest) -> None:
+@dataclass(frozen=True)
+class Generation:
+    """A text-generation package (`aotc export --task text-generation`): its program is one step
+    of generation over a static KV cache, the package's state, of batch_size x max_seq_len."""
+
+    batch_size: int
+    max_seq_len: int
+    vocab_size: int
+    eos_token_ids: tuple = ()  # generation stops at any of them
+    pad_token_id: int | None = None
+    tokenizer: str | None = None  # the package's tokenizers JSON file, when it carries one
+    # the fewest positions a layer's attention looks back over, 0 for none limited; None in
+    # packages from before it was recorded (aotc_runtime/continuous.py reads it)
+    sliding_window: int | None = None
+
+    @classmethod
+    def read(cls, fields: Fields) -> Generation:
+        eos = fields.value("eos_token_ids", [])
+        if not isinstance(eos, list) or not all(
+            isinstance(e, int) and not isinstance(e, bool) for e in eos
+        ):
+            fields.fail("eos_token_ids", "is not a list of integers")
+        generation = cls(
+            fields.integer("batch_size"),
+            fields.integer("max_seq_len"),
+            fields.integer("vocab_size"),
+            tuple(eos),
+            fields.integer("pad_token_id", None),
+            fields.optional_text("tokenizer"),
+            fields.integer("sliding_window", None),
+        )
+        if generation.tokenizer is not None and not inside_package(generation.tokenizer):
+            fields.fail("tokenizer", "is not a plain path inside the package")
+        for key in ("batch_size", "max_seq_len", "vocab_size"):
+            if getattr(generation, key) < 1:
+                fields.fail(key, "is not a positive integer")
+        return generation
+
+    def to_json(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "max_seq_len": self.max_seq_len,
+            "vocab_size": self.vocab_size,
+            "eos_token_ids": list(self.eos_token_ids),
+            "pad_token_id": self.pad_token_id,
+            "tokenizer": self.tokenizer,
+            **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
+        }
+
+
+def check_generation_record(
+    folder: Path, generation: Generation | None, signature: Signature, files: dict
+) -> None:
     """Refuse (PackageError, exit 7) a package whose generation record disagrees with its model."""
-    generation = manifest.generation
     if generation is None:
         return
-    problem = _disagreement(generation, manifest.signature) or _tokenizer_problem(
-        generation, manifest.files
-    )
+    problem = _disagreement(generation, signature) or _tokenizer_problem(generation, files)
     if problem:
         raise PackageError(
             f"package {folder}: its generation record does not match its compiled model: "

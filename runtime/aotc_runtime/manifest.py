@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PackageError
-from .fields import FieldError, Fields, shown
-from .generation_record import check_generation_record
+from .fields import FieldError, Fields, inside_package, shown
+from .generation_record import Generation, check_generation_record
 from .signature import Signature
 
 FORMAT_VERSION = 4
@@ -56,56 +56,6 @@ class Source:
 
     def to_json(self) -> dict:
         return {"artifact": self.artifact, "sha256": self.sha256}
-
-
-@dataclass(frozen=True)
-class Generation:
-    """A text-generation package (`aotc export --task text-generation`): its program is one step
-    of generation over a static KV cache, the package's state, of batch_size x max_seq_len."""
-
-    batch_size: int
-    max_seq_len: int
-    vocab_size: int
-    eos_token_ids: tuple = ()  # generation stops at any of them
-    pad_token_id: int | None = None
-    tokenizer: str | None = None  # the package's tokenizers JSON file, when it carries one
-    # the fewest positions a layer's attention looks back over, 0 for none limited; None in
-    # packages from before it was recorded (aotc_runtime/continuous.py reads it)
-    sliding_window: int | None = None
-
-    @classmethod
-    def read(cls, fields: Fields) -> Generation:
-        eos = fields.value("eos_token_ids", [])
-        if not isinstance(eos, list) or not all(
-            isinstance(e, int) and not isinstance(e, bool) for e in eos
-        ):
-            fields.fail("eos_token_ids", "is not a list of integers")
-        generation = cls(
-            fields.integer("batch_size"),
-            fields.integer("max_seq_len"),
-            fields.integer("vocab_size"),
-            tuple(eos),
-            fields.integer("pad_token_id", None),
-            fields.optional_text("tokenizer"),
-            fields.integer("sliding_window", None),
-        )
-        if generation.tokenizer is not None and not _inside_package(generation.tokenizer):
-            fields.fail("tokenizer", "is not a plain path inside the package")
-        for key in ("batch_size", "max_seq_len", "vocab_size"):
-            if getattr(generation, key) < 1:
-                fields.fail(key, "is not a positive integer")
-        return generation
-
-    def to_json(self) -> dict:
-        return {
-            "batch_size": self.batch_size,
-            "max_seq_len": self.max_seq_len,
-            "vocab_size": self.vocab_size,
-            "eos_token_ids": list(self.eos_token_ids),
-            "pad_token_id": self.pad_token_id,
-            "tokenizer": self.tokenizer,
-            **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
-        }
 
 
 @dataclass(frozen=True)
@@ -290,7 +240,7 @@ class Specialization:
         ):
             fields.fail("dims", "is not a non-empty object of dim name -> size")
         package = fields.text("package")
-        if not _inside_package(package):
+        if not inside_package(package):
             fields.fail("package", f"is {package!r}, not a plain path inside the package")
         return cls(dict(dims), package)
 
@@ -317,11 +267,11 @@ class SharedWeights:
     @classmethod
     def read(cls, fields: Fields) -> SharedWeights:
         file = fields.text("file")
-        if not _inside_package(file):
+        if not inside_package(file):
             fields.fail("file", f"is {file!r}, not a plain path inside the package")
         programs = fields.value("programs")
         if not isinstance(programs, list) or not all(
-            isinstance(p, str) and (p == "." or _inside_package(p)) for p in programs
+            isinstance(p, str) and (p == "." or inside_package(p)) for p in programs
         ):
             fields.fail("programs", "is not a list of '.' and member folders")
         return cls(file, tuple(programs))
@@ -393,7 +343,7 @@ class Manifest:
         if MODEL_FILES[backend] not in files:
             fields.fail("files", f"does not list {MODEL_FILES[backend]}")
         for rel in files:
-            if not _inside_package(rel):
+            if not inside_package(rel):
                 fields.fail("files", f"names {rel!r}, which is not a plain path inside the package")
         source = fields.value("source", None)
         signature = Signature.from_json(fields.object("signature"))
@@ -510,17 +460,6 @@ def sha256_file(path: Path) -> str:
 
 
 MAX_MANIFEST_BYTES = 16 << 20  # far above any real manifest (a few KB); read no more than this
-
-
-def _inside_package(rel: str) -> bool:
-    """A relative POSIX path that stays in the package: no absolute path, no `..`, no empty part."""
-    parts = rel.split("/")
-    return (
-        bool(rel)
-        and not rel.startswith("/")
-        and "\\" not in rel
-        and all(p not in ("", ".", "..") for p in parts)
-    )
 
 
 def package_files(folder: Path) -> list[str]:
@@ -722,7 +661,8 @@ def read_manifest(folder: Path, signed: bytes | None = None) -> Manifest:
         raise PackageError(
             f"{path} is not a valid manifest: {exc}; rebuild the package with `aotc build --force`"
         ) from None
-    check_generation_record(folder, manifest)  # before anything is allocated from its numbers
+    # before anything is allocated from its numbers
+    check_generation_record(folder, manifest.generation, manifest.signature, manifest.files)
     return manifest
 
 
