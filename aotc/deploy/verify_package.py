@@ -158,10 +158,10 @@ class _Verification:
         would be checked against itself."""
         import torch
 
-        from aotc.export.placement import state_in_precision
         from aotc.config import Precision
         from aotc.export.artifact import load_artifact
         from aotc.export.call_structure import initial_state
+        from aotc.export.placement import state_in_precision
         from aotc_runtime import STATE_FILE, PackageError
 
         manifest = self._built()
