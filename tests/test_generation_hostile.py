@@ -336,3 +336,12 @@ def test_an_onnx_runtime_package_keeps_its_tokenizer(generation_packages, tmp_pa
     assert ours.exit_code == 0, ours.stderr
     inductor = invoke("generate", source, *args)
     assert json.loads(ours.stdout)["generated_ids"] == json.loads(inductor.stdout)["generated_ids"]
+
+
+def test_serve_refuses_a_lying_record_before_ray_starts(gpt2, tmp_path):
+    """Served, a pad id outside the vocabulary killed the replica at the first request (through the
+    hidden filler row) and the client got a plain-text 500."""
+    package = tampered(gpt2, tmp_path / "lying", generation("pad_token_id", 100000))
+    refused(
+        invoke("serve", package, "--check"), 7, "pad_token_id holds 100000, outside the vocabulary"
+    )
