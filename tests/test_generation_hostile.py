@@ -342,6 +342,8 @@ def test_serve_refuses_a_lying_record_before_ray_starts(gpt2, tmp_path):
     """Served, a pad id outside the vocabulary killed the replica at the first request (through the
     hidden filler row) and the client got a plain-text 500."""
     package = tampered(gpt2, tmp_path / "lying", generation("pad_token_id", 100000))
-    refused(
-        invoke("serve", package, "--check"), 7, "pad_token_id holds 100000, outside the vocabulary"
-    )
+    result = invoke("serve", package, "--check")
+    assert result.exit_code == 7, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "pad_token_id holds 100000, outside the vocabulary" in errors[0]
+    assert "Traceback" not in result.stderr
