@@ -138,3 +138,23 @@ def test_bad_generation_bench_requests_are_one_line(
 def test_a_one_call_package_refuses_generation_flags(packages):
     result = invoke("bench", packages.get("mlp").package, "--new-tokens", 8, "--no-cold-start")
     assert_one_line_error(result, 2, "--new-tokens", "one-call package")
+
+
+def test_bench_and_generate_give_the_same_percentiles_for_the_same_tokens():
+    """`aotc bench` of a generation package and `aotc generate` summarize inter-token gaps one
+    way (they printed different p99s for the same data: linear against nearest-rank)."""
+    from types import SimpleNamespace
+
+    from aotc.bench.generation import summarize
+    from aotc.cli.generate import timings
+
+    gaps = [1.0 + (i % 7) * 0.25 + (40.0 if i in (3, 50) else 0.0) for i in range(60)]  # ms
+    stamps = [2.0]
+    for gap in gaps:
+        stamps.append(stamps[-1] + gap / 1e3)
+    bench = summarize([SimpleNamespace(began=1.9, stamps=stamps)], new=len(stamps))
+    cli = timings(1.9, stamps)
+    assert bench["inter_token_ms"]["p99"] == round(cli["decode_p99_ms"], 3)
+    assert bench["inter_token_ms"]["p50"] == round(cli["decode_p50_ms"], 3)
+    # nearest rank: the 60th of 60 sorted gaps (linear interpolation gave 41.455)
+    assert bench["inter_token_ms"]["p99"] == 41.75

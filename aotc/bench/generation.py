@@ -270,28 +270,24 @@ def contender_error(name: str, exc: Exception) -> AotcError:
     )
 
 
-def percentile(values: list, q: float) -> float:
-    """The q-th percentile (0..100), linear between the closest ranks."""
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def summarize(timed: list, new: int) -> dict:
-    """Medians over rounds of first-token time and decode rate; percentiles over all gaps."""
+    """Medians over rounds of first-token time and decode rate; the gaps between tokens of every
+    round summarized as `aotc generate` and `aotc run` summarize theirs (aotc_runtime.summarize:
+    the median, and nearest-rank percentiles), so the same data prints the same p99 everywhere."""
+    from aotc_runtime import summarize as summarize_samples
+
     firsts, rates, gaps = [], [], []
     for run in timed:
         firsts.append(run.stamps[0] - run.began)
         rates.append((new - 1) / (run.stamps[-1] - run.stamps[0]))
-        gaps += [b - a for a, b in zip(run.stamps, run.stamps[1:])]
+        gaps += [(b - a) * 1e3 for a, b in zip(run.stamps, run.stamps[1:])]
+    spread = summarize_samples(gaps)
     return {
         "first_token_ms": round(statistics.median(firsts) * 1e3, 3),
         "decode_tokens_per_s": round(statistics.median(rates), 1),
         "inter_token_ms": {
-            "p50": round(percentile(gaps, 50) * 1e3, 3),
-            "p99": round(percentile(gaps, 99) * 1e3, 3),
+            "p50": round(spread["median_ms"], 3),
+            "p99": round(spread["p99_ms"], 3),
         },
     }
 
