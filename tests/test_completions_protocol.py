@@ -41,7 +41,7 @@ def test_a_request_with_ids_and_the_defaults_openai_documents():
     assert request.prompt_ids == [5, 17, 42] and request.model == "lm"
     assert (request.max_tokens, request.temperature, request.top_p) == (16, 1.0, 1.0)
     assert request.seed is None and request.stop == () and request.stream is False
-    assert request.sampling() == {"temperature": 1.0, "top_p": None, "seed": None}
+    assert request.sampling() == {"temperature": 1.0, "top_p": None, "top_k": None, "seed": None}
 
 
 def test_text_is_tokenized_and_stop_strings_need_the_tokenizer(tokenizer):
@@ -118,6 +118,9 @@ def test_answers_and_events_have_openais_shape():
         ("temperature", True, "temperature True is outside"),  # a boolean is not a number
         ("top_p", "0.5", "top-p '0.5' is outside"),
         ("seed", 1.0, "seed 1.0 is not a whole number"),
+        ("top_k", 0, "top-k 0 is not a whole number from 1 to 2147483647"),
+        ("top_k", 2.7, "top-k 2.7 is not a whole number"),
+        ("top_k", True, "top-k True is not a whole number"),
     ],
 )
 def test_sampling_values_outside_the_runtimes_ranges_are_400_naming_the_field(field, value, words):
@@ -137,6 +140,12 @@ def test_sampling_accepts_exactly_the_runtimes_ranges():
         assert parse({"prompt": [1], "temperature": temperature}).temperature == temperature
     assert parse({"prompt": [1], "top_p": MIN_TOP_P}).top_p == MIN_TOP_P
     assert parse({"prompt": [1], "seed": MAX_SEED}).seed == MAX_SEED
+
+
+def test_top_k_reaches_the_runtime_as_the_cli_gives_it():
+    request = parse({"prompt": [1], "temperature": 0.7, "top_k": 50})
+    assert request.top_k == 50 and request.sampling()["top_k"] == 50
+    assert parse({"prompt": [1]}).sampling()["top_k"] is None
 
 
 def test_an_explicit_null_means_the_fields_default(tokenizer):

@@ -230,3 +230,13 @@ def test_predict_refusals_have_openais_error_shape(lm):
             "Content-Type text/plain is not served; use application/json or application/x-npz",
         )  # fmt: skip
         assert_error(client.post("/v1/nothing"), 404, "no route /v1/nothing; use /v1/predict")
+
+
+def test_top_k_is_accepted_and_top_k_1_is_greedy(client):
+    """`top_k` over HTTP, as `aotc generate --top-k` and the Python API take it."""
+    ask = {"prompt": [5, 17, 42], "max_tokens": 6}
+    greedy = client.post("/v1/completions", json={**ask, "temperature": 0})
+    top1 = client.post("/v1/completions", json={**ask, "temperature": 0.9, "top_k": 1, "seed": 3})
+    assert greedy.status_code == 200 and top1.status_code == 200, top1.text
+    tokens = [reply.json()["choices"][0]["token_ids"] for reply in (greedy, top1)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 6

@@ -5,9 +5,10 @@ server-sent events. No server and no model here, so every check is tested withou
 `POST /v1/completions`, a subset of OpenAI's (served by aotc/serve/completion_server.py with
 aotc/serve/completion_engine.py; the protocol is tested on its own here):
 - `prompt`: text (with the package's tokenizer) or a list of token ids; `max_tokens` (16);
-  `temperature` (1.0, as OpenAI's: 0 is greedy); `top_p` (1.0); `seed`; `stop`: a string or a list of
+  `temperature` (1.0, as OpenAI's: 0 is greedy); `top_p` (1.0); `top_k` (none; vLLM's and
+  llama.cpp's servers take it too, as `aotc generate --top-k` does); `seed`; `stop`: a string or a list of
   up to 4 (text only); `stream`; `model` (any string: a server serves one package).
-- temperature, top_p and seed accept what `aotc generate`, the Python API and the C++ runner accept
+- temperature, top_p, top_k and seed accept what `aotc generate`, the Python API and the C++ runner accept
   (aotc_runtime.sampling: temperature 0 or 0.01 to 100, top_p 1e-6 to 1, seed 0 to 2**64-1), one
   definition for all of them; a boolean is not a number.
 - An explicit null in any field but `prompt` means its default, as OpenAI reads it.
@@ -48,7 +49,8 @@ NEUTRAL = {
     "logit_bias": None,
     "stream_options": None,
 }
-FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "model", "user")
+FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "model",
+          "user")  # fmt: skip
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 # bytes of a request beyond its prompt: every other field at its longest, with room to spare
 BODY_ALLOWANCE = 16 << 10
@@ -65,12 +67,14 @@ class CompletionRequest:
     stop: tuple
     stream: bool
     model: str | None
+    top_k: int | None = None
 
     def sampling(self) -> dict:
         """The keyword arguments of Package.generate / stream that pick tokens as asked."""
         return {
             "temperature": self.temperature,
             "top_p": None if self.top_p == 1.0 else self.top_p,
+            "top_k": self.top_k,
             "seed": self.seed,
         }
 
@@ -113,6 +117,7 @@ def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> Com
         max_tokens=_integer(data, "max_tokens", DEFAULTS["max_tokens"], low=1),
         temperature=_sampling(data, "temperature", DEFAULTS["temperature"]),
         top_p=_sampling(data, "top_p", DEFAULTS["top_p"]),
+        top_k=_sampling(data, "top_k", None),
         seed=_sampling(data, "seed", None),
         stop=stop,
         stream=_boolean(data, "stream", False),
@@ -267,7 +272,7 @@ def _integer(data: dict, key: str, default: Any, low: int) -> Any:
 
 
 def _sampling(data: dict, key: str, default: Any) -> Any:
-    """temperature, top_p or seed, checked by aotc_runtime.sampling: the ranges `aotc generate`,
+    """temperature, top_p, top_k or seed, checked by aotc_runtime.sampling: the ranges `aotc generate`,
     the Python API and the C++ runner accept too."""
     from aotc_runtime.sampling import Sampling
 
@@ -277,7 +282,7 @@ def _sampling(data: dict, key: str, default: Any) -> Any:
     why = Sampling(**{key: value}).check()
     if why is not None:
         raise RequestError(400, f"'{key}': {why}", param=key)
-    return value if key == "seed" else float(value)
+    return value if key in ("seed", "top_k") else float(value)
 
 
 def _boolean(data: dict, key: str, default: bool) -> bool:
