@@ -11,9 +11,12 @@ round, all from the same weights:
   static-compile  transformers' `generate` with cache_implementation="static" and the model's
                   forward under torch.compile(fullgraph=True; reduce-overhead on CUDA, default on
                   CPU); if it raises, its row holds the error's first line and the others go on
+  gpt-fast        a gpt-fast-style decoder of the Llama family (aotc/bench/gpt_fast.py): static
+                  cache in buffers, fused q/k/v and gate/up, the decode step compiled whole; the
+                  PyTorch-native decode a package must beat (a GPT-2 row holds its refusal)
 
 This script adds what `aotc bench` leaves out: models given as files (or GPT-2 124M's and
-Llama-3.2-1B's shapes), several precisions in one run, build times and package sizes, and on CUDA
+Llama-3.2-1B's and Qwen3-0.6B's shapes), several precisions in one run, build times and package sizes, and on CUDA
 the package's GPU memory (always) and, with --bandwidth, decode as a fraction of the
 memory-bandwidth floor. One JSON line per model and precision; --out collects them.
 
@@ -24,6 +27,8 @@ GPU targets (H100), one run each:
     python scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc,eager \
         --prompt-tokens 512 --new 128 --max-seq-len 1024 --rounds 5 --bandwidth \
         --out docs/bench/generate_llama1b_h100.json
+    python scripts/generate_bench.py --llama-1b --qwen3-0.6b --device cuda --precision bf16 \
+        --contenders aotc,gpt-fast --prompt-tokens 32 --new 288 --rounds 3 --bandwidth
 
 CPU (the zoo's small LMs have 64 positions: prompt and new tokens must fit in them):
 
@@ -46,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 AOTC = [sys.executable, "-m", "aotc"]
-CONTENDERS = ("aotc", "eager", "static-compile")
+CONTENDERS = ("aotc", "eager", "static-compile", "gpt-fast")
 MB = 1e6  # sizes are reported in MB (10^6 bytes)
 
 GPT2_124M = """
@@ -70,6 +75,27 @@ def get_model():  # Llama-3.2-1B's shape (GQA, tied embeddings), random weights
             num_hidden_layers=16,
             num_attention_heads=32,
             num_key_value_heads=8,
+            tie_word_embeddings=True,
+        )
+    )
+"""
+
+
+QWEN3_06B = """
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+
+def get_model():  # Qwen3-0.6B's shape (28 layers, head_dim 128, q/k norms), random weights
+    return Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
             tie_word_embeddings=True,
         )
     )
@@ -164,6 +190,9 @@ def main() -> None:
     parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--gpt2-124m", action="store_true", help="add GPT2Config() (124M)")
     parser.add_argument("--llama-1b", action="store_true", help="add Llama-3.2-1B's shape")
+    parser.add_argument(
+        "--qwen3-0.6b", dest="qwen3_0_6b", action="store_true", help="add Qwen3-0.6B's shape"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
         "--precision", default="fp32", help="comma list of fp32, bf16, fp16: a package each"
@@ -233,6 +262,7 @@ def main() -> None:
         for flag, name, source in (
             (args.gpt2_124m, "gpt2_124m", GPT2_124M),
             (args.llama_1b, "llama_1b", LLAMA_1B),
+            (args.qwen3_0_6b, "qwen3_06b", QWEN3_06B),
         ):
             if flag:
                 models.append(work / f"{name}.py")

@@ -158,3 +158,41 @@ def test_bench_and_generate_give_the_same_percentiles_for_the_same_tokens():
     assert bench["inter_token_ms"]["p50"] == round(cli["decode_p50_ms"], 3)
     # nearest rank: the 60th of 60 sorted gaps (linear interpolation gave 41.455)
     assert bench["inter_token_ms"]["p99"] == 41.75
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2", "mistral"])
+def test_the_gpt_fast_style_decoder_gives_transformers_tokens(generation_packages, family):
+    """The contender is the same model: greedy tokens equal transformers' `generate` (eager here;
+    the bench compiles its decode step)."""
+    import torch
+    from conftest import load_model_file
+
+    from aotc.bench.gpt_fast import GptFastDecoder
+
+    generation_packages._files(family, family)  # writes the model file
+    model = load_model_file(generation_packages.root / f"{family}_lm.py")
+    ids = torch.randint(3, 500, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                  min_new_tokens=12, do_sample=False, pad_token_id=0)  # fmt: skip
+    got = GptFastDecoder(model, max_len=24, compiled=False).generate(ids, 12)
+    assert got.tolist() == expected.tolist()
+    assert len(set(got[0, 7:].tolist())) > 4, "a degenerate sequence tests little"
+
+
+def test_bench_against_gpt_fast_times_it_and_refuses_other_families_in_its_row(
+    generation_packages,
+):
+    from aotc.api import BenchConfig, bench
+
+    package, _model = generation_packages["llama"]
+    report = bench(BenchConfig(package=package, prompt_tokens=6, new_tokens=5, rounds=1,
+                               against=("eager", "gpt-fast")))  # fmt: skip
+    rows = {row["contender"]: row for row in report["results"]}
+    assert rows["gpt-fast"]["tokens_equal"] is True and rows["gpt-fast"]["decode_tokens_per_s"] > 0
+    package, _model = generation_packages["gpt2"]
+    report = bench(BenchConfig(package=package, prompt_tokens=6, new_tokens=5, rounds=1,
+                               against=("gpt-fast",)))  # fmt: skip
+    rows = {row["contender"]: row for row in report["results"]}
+    assert "written for LlamaForCausalLM" in rows["gpt-fast"]["error"]
+    assert rows["package"]["decode_tokens_per_s"] > 0

@@ -8,6 +8,9 @@ stop at no end-of-sequence token (every run makes exactly the tokens asked for):
   static-compile  transformers' `generate` with cache_implementation="static" and the model's
                   forward under torch.compile(fullgraph=True; mode reduce-overhead on CUDA, default
                   on CPU); if it raises, its row holds the error's first line and the others go on
+  gpt-fast        a gpt-fast-style hand-written decoder of the Llama family on the same weights,
+                  its decode step compiled whole (aotc/bench/gpt_fast.py); asked for by name
+                  (`--against gpt-fast`); a model it is not written for costs only its row
 
 Every token's arrival on the host is time-stamped (transformers' through a streamer). That gives
 the time to first token (prefill and first sample), the decode rate (new - 1) / (last token - first
@@ -38,7 +41,10 @@ from aotc.errors import AotcError, AotcRuntimeError, BuildError, ModelError
 from aotc.export.user_frames import first_line
 
 PACKAGE = "package"
-BASELINES = ("eager", "static-compile")
+BASELINES = ("eager", "static-compile", "gpt-fast")  # what --against takes
+DEFAULT_BASELINES = ("eager", "static-compile")
+# baselines whose failure (a compiler's crash, an architecture not covered) costs only their row
+MAY_FAIL = ("static-compile", "gpt-fast")
 # static-compile's untimed generations before its warm-up: the compile (prefill and decode
 # shapes), then on CUDA the recording of its graphs
 COMPILE_WARMUP = 2
@@ -215,7 +221,28 @@ def contender_runs(package: Any, models: dict, ids: Any, device: str) -> dict:
         runs["static-compile"] = transformers_run(
             models["static-compile"], cache_implementation="static"
         )
+    if "gpt-fast" in models:
+        runs["gpt-fast"] = gpt_fast_run(models["gpt-fast"], ids, device)
     return runs
+
+
+def gpt_fast_run(model: Any, ids: Any, device: str) -> Callable[[int], Timed]:
+    """The gpt-fast-style decoder on `model`'s weights, made at its first generation (so that a
+    model it is not written for fails its row, not the bench), its cache as long as the run."""
+    from aotc.bench.gpt_fast import GptFastDecoder
+
+    decoders: dict = {}
+
+    def run(n: int) -> Timed:
+        if n not in decoders:
+            decoders[n] = GptFastDecoder(model, ids.shape[1] + n, compiled=True)
+        stamps: list = []
+        sync(device)
+        began = time.perf_counter()
+        tokens = decoders[n].generate(ids, n, lambda: stamps.append(time.perf_counter()))
+        return Timed(tokens, began, stamps)
+
+    return run
 
 
 def measure_rounds(runs: dict, new: int, rounds: int, warmup: int, bar: Any = None) -> Measured:
@@ -233,7 +260,7 @@ def measure_rounds(runs: dict, new: int, rounds: int, warmup: int, bar: Any = No
         except (AotcError, AotcRuntimeError):
             raise
         except Exception as exc:
-            if name != "static-compile":
+            if name not in MAY_FAIL:
                 raise contender_error(name, exc) from exc
             measured.errors[name] = one_line(exc)
             measured.samples.pop(name, None)
@@ -242,7 +269,7 @@ def measure_rounds(runs: dict, new: int, rounds: int, warmup: int, bar: Any = No
         return True
 
     for name in runs:
-        extra = COMPILE_WARMUP if name == "static-compile" else 0
+        extra = COMPILE_WARMUP if name in MAY_FAIL else 0
         for index in range(warmup + extra):
             step(f"warm-up {index + 1}/{warmup + extra}: {name}")
             if not attempt(name):
@@ -450,8 +477,8 @@ def measure(spec: GenerationBench, bar: Any = None) -> dict:
     # must not include ours)
     del runs, models, sized, measured, package
     gc.collect()
-    if "static-compile" in spec.against:
-        torch._dynamo.reset()  # its compiled code and CUDA-graph pools
+    if set(MAY_FAIL) & set(spec.against):
+        torch._dynamo.reset()  # compiled code and CUDA-graph pools
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

@@ -6,7 +6,7 @@ the artifact (checked by its sha256; `--artifact` for a moved copy), the artifac
 model file, which is loaded as `aotc export` loads it (seed 0 before get_model(), so random weights
 are the package's), in the package's precision on its device.
 
-Options: --against takes eager and static-compile (default both), --prompt-tokens and
+Options: --against takes eager, static-compile (default both) and gpt-fast, --prompt-tokens and
 --new-tokens (default 32 and 64, or what the package's cache holds: the prompt at most half of
 it, the new tokens the rest), --rounds, --warmup (untimed generations per contender, default 1),
 --seed (the prompt's ids), --json, --artifact. A one-call package's options (--iters,
@@ -20,7 +20,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aotc.bench.generation import BASELINES, COMPILE_WARMUP, PACKAGE, GenerationBench, measure
+from aotc.bench.generation import (
+    BASELINES,
+    COMPILE_WARMUP,
+    DEFAULT_BASELINES,
+    MAY_FAIL,
+    PACKAGE,
+    GenerationBench,
+    measure,
+)
 from aotc.bench.options import BenchConfig, parse_against
 from aotc.bench.report import REPORT_VERSION, package_summary
 from aotc.bench.target import bench_device, resolve_artifact
@@ -65,7 +73,7 @@ def bench_generation(cfg: BenchConfig, manifest: Manifest, bar: Any = None) -> d
     )
     bar = bar or ProgressBar(enabled=False)
     contenders = (PACKAGE, *against)
-    compiles = COMPILE_WARMUP * ("static-compile" in against)
+    compiles = COMPILE_WARMUP * len(set(MAY_FAIL) & set(against))
     bar.begin(len(contenders) * (1 + warmup + cfg.rounds) + compiles)
     with tf32_matmuls(manifest.precision == "tf32"):  # a tf32 package's baselines use TF32 too
         measured = measure(spec, bar)
@@ -95,9 +103,9 @@ def bench_generation(cfg: BenchConfig, manifest: Manifest, bar: Any = None) -> d
 
 
 def generation_against(cfg: BenchConfig) -> tuple:
-    """The baselines (default: eager and static-compile); refuses every one-call option given,
-    all in one line."""
-    against = BASELINES if cfg.against is None else parse_against(cfg.against_text())
+    """The baselines (default: eager and static-compile; gpt-fast when asked for); refuses every
+    one-call option given, all in one line."""
+    against = DEFAULT_BASELINES if cfg.against is None else parse_against(cfg.against_text())
     given = [f"--against {name}" for name in against if name not in BASELINES]
     given += [
         flag

@@ -29,7 +29,8 @@ from aotc.cli.types import ParsedType, exit_codes_epilog
     default=None,
     help="Baselines, comma-separated: eager, compile:default, compile:reduce-overhead, compile:max-autotune, "
     "onnxruntime, cpp, or none [default: eager, compile:default and compile at the package's mode]; "
-    "a text-generation package: eager, static-compile, or none [default: both].",
+    "a text-generation package: eager, static-compile, gpt-fast (the Llama family), or none "
+    "[default: eager and static-compile].",
 )
 @click.option(
     "--artifact",
