@@ -10,28 +10,37 @@ import torch
 
 import aotc_runtime
 from aotc_runtime.continuous import RunningBatch
+from aotc_runtime.sampling import GREEDY, Sampling
 
 pytestmark = pytest.mark.slow
 
 
-def alone(package, prompt: list, new_tokens: int) -> list:
-    out = package.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, eos_token_ids=[])
+def alone(package, prompt: list, new_tokens: int, sampling: Sampling = GREEDY) -> list:
+    out = package.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=new_tokens,
+        eos_token_ids=[],
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+    )
     return out[0, len(prompt) :].tolist()
 
 
 def run(batch: RunningBatch, plan: dict) -> dict:
-    """plan: step at which each sequence joins -> (key, prompt, new tokens). Steps until every
-    sequence has all its tokens; returns key -> tokens."""
+    """plan: step at which each sequence joins -> (key, prompt, new tokens[, sampling]). Steps
+    until every sequence has all its tokens; returns key -> tokens."""
     made: dict = {}
     step = 0
     while step == 0 or batch.active or any(at >= step for at in plan):
-        for key, prompt, new in [plan[at] for at in plan if at == step]:
+        for key, prompt, new, *sampling in [plan[at] for at in plan if at == step]:
             assert batch.fits(len(prompt), new), (key, batch.column)
-            batch.join(key, prompt, new)
+            batch.join(key, prompt, new, *sampling)
             made[key] = []
         for key, token in batch.step():
             made[key].append(token)
-            if len(made[key]) == dict((k, n) for k, _p, n in plan.values())[key]:
+            if len(made[key]) == dict((k, n) for k, _p, n, *_s in plan.values())[key]:
                 batch.leave(key)
         step += 1
         assert step < 100
@@ -61,6 +70,23 @@ def test_sequences_joining_a_running_batch_get_their_own_tokens(
         assert made[key] == alone(package, prompt, new), key
     # the batch gave the package back: generate runs again
     assert alone(package, [5, 6], 2) == alone(package, [5, 6], 2)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "step-ahead"])
+def test_greedy_and_sampled_sequences_share_a_running_batch(generation_packages, overlap):
+    """Each row picks by its own settings from a generator of its own: a seeded sequence's tokens
+    are its lone `generate`'s whatever its neighbours, greedy or sampled, join or leave."""
+    package = aotc_runtime.load(generation_packages["gpt2"][0])
+    hot = Sampling(temperature=0.9, top_k=50, top_p=0.95, seed=7)
+    plan = {
+        0: ("a", [5, 17, 42, 9, 100], 14, hot),
+        2: ("b", [7, 8, 300], 6),  # greedy beside the sampled a
+        9: ("c", [11, 12, 13, 14], 5, Sampling(temperature=1.3, seed=3)),  # into b's row
+    }
+    made = run(RunningBatch(package, overlap=overlap), plan)
+    for key, prompt, new, *sampling in plan.values():
+        assert made[key] == alone(package, prompt, new, *sampling), key
+    assert made["a"] != alone(package, [5, 17, 42, 9, 100], 14), "sampling was not used"
 
 
 def test_a_sequence_waits_when_the_cache_columns_left_cannot_hold_it(generation_packages):

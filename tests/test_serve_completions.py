@@ -228,7 +228,7 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
         def fits(self, _prompt, _new):
             return True
 
-        def join(self, _key, _prompt, _new):
+        def join(self, _key, _prompt, _new, _sampling):
             raise RuntimeError("CUDA error: out of memory")
 
         def release(self):
@@ -291,8 +291,9 @@ def test_a_seeded_sampled_request_repeats_and_equals_the_runtimes(server, lm):
 
 def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     """The engine's admission (a fake batch of 3 rows that holds 32 columns of prompt plus new
-    tokens): waiting greedy requests join in arrival order; one that does not fit waits, and those
-    behind it wait too; a sampled one stops admission (it runs alone); a gone one is dropped."""
+    tokens): waiting requests join in arrival order, greedy or sampled (each row samples from its
+    own generator); one that does not fit waits, and those behind it wait too; a gone one is
+    dropped."""
     import asyncio
     import collections
 
@@ -308,6 +309,7 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     class Batch:
         def __init__(self):
             self.joined: list = []
+            self.sampling: list = []
 
         @property
         def active(self):
@@ -317,8 +319,9 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
             used = sum(p + n for p, n in self.joined)
             return len(self.joined) < 3 and used + prompt + new <= 32
 
-        def join(self, _key, prompt, new):
+        def join(self, _key, prompt, new, sampling):
             self.joined.append((len(prompt), new))
+            self.sampling.append(sampling)
 
     engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
     engine.tokenizer = None
@@ -330,5 +333,8 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     engine._admit(batch, rows)
     assert [rows[key].job for key in rows] == [a]  # b does not fit beside a, and c waits behind b
     assert list(engine._pending) == [b, c, d]
-    engine._admit(Batch(), rows)  # an empty batch: b and c join, the sampled d stops admission
-    assert [rows[key].job for key in rows] == [a, b, c] and list(engine._pending) == [d]
+    second = Batch()
+    engine._admit(second, rows)  # an empty batch: b, c and the sampled d join
+    assert [rows[key].job for key in rows] == [a, b, c, d] and not engine._pending
+    greedy, sampled = second.sampling[0], second.sampling[2]
+    assert greedy.greedy and sampled.temperature == 0.8 and sampled.seed is not None

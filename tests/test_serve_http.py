@@ -175,12 +175,35 @@ def test_the_413_names_the_real_limit_and_fix(client, lm):
 
 
 def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, monkeypatch):
+    import aotc_runtime.continuous
+
     class Failing:
-        def stream(self, ids, max_new_tokens, **sampling):
-            yield [7]
+        """A running batch whose second step fails on the device."""
+
+        def __init__(self, _package):
+            self.keys: list = []
+
+        active = property(lambda self: len(self.keys))
+
+        def fits(self, _prompt, _new):
+            return True
+
+        def join(self, key, _prompt, _new, _sampling):
+            self.keys.append(key)
+
+        def step(self):
+            if not hasattr(self, "stepped"):
+                self.stepped = True
+                return [(self.keys[0], 7)]
             raise RuntimeError("CUDA error: out of memory")
 
-    monkeypatch.setattr(server._engine, "package", Failing())
+        def leave(self, _key):
+            pass
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(aotc_runtime.continuous, "RunningBatch", Failing)
     body = {"prompt": [5], "max_tokens": 4, "temperature": 0.5, "seed": 1, "stream": True}
     with client.stream("POST", "/v1/completions", json=body) as reply:
         events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]

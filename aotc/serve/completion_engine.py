@@ -9,13 +9,12 @@ aotc/serve/completion_server.py, in the same process (a token crosses no process
 since the previous item was taken. A request the package failed on ends with `{"error": 500,
 "message": ...}` instead.
 
-Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Greedy requests
-run as one running batch (continuous batching, aotc_runtime/continuous.py): a request that waits
+Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Every request
+runs in one running batch (continuous batching, aotc_runtime/continuous.py): a request that waits
 joins at the next step if a row is free and the cache's columns left hold it, and leaves at its own
-max_tokens, end-of-sequence or stop string; each row is answered as if alone. A sampled request
-runs alone once the batch has emptied (a seed draws from one generator per generation: sharing it
-would change its tokens), and requests behind it wait their turn. A client that disconnects marks
-its row gone; the row is freed at the next step.
+max_tokens, end-of-sequence or stop string; each row is answered as if alone, greedy or sampled
+(each row samples from a generator of its own, so a seed gives the same tokens whatever the
+neighbours). A client that disconnects marks its row gone; the row is freed at the next step.
 """
 
 from __future__ import annotations
@@ -185,8 +184,8 @@ class CompletionEngine:
             self._worker = asyncio.get_running_loop().create_task(self._work())
 
     async def _work(self) -> None:
-        """Runs the package for what waits: greedy requests in a running batch that takes each new
-        one at its next step, a sampled one alone once the batch has emptied."""
+        """Runs the package for what waits: a running batch that takes each new request at its
+        next step."""
         assert self._wake is not None
         loop = asyncio.get_running_loop()
         while True:
@@ -197,33 +196,22 @@ class CompletionEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._pending[0].request.temperature != 0:
-                job = self._pending.popleft()
-                self._active.set(1)
-                try:
-                    await loop.run_in_executor(self._executor, self._generate, job)
-                finally:
-                    self._active.set(0)
-                continue
             await loop.run_in_executor(self._executor, self._run_batch)
 
     def _admit(self, batch: Any, rows: dict) -> None:
-        """In the package's thread: the waiting greedy requests that fit the running batch, in
-        order, up to the first sampled one (it runs once the batch has emptied)."""
+        """In the package's thread: the waiting requests that fit the running batch, in order."""
         for job in list(self._pending):
             if job.gone:
                 self._pending.remove(job)
                 continue
             request = job.request
-            if request.temperature != 0:
-                return
             if not batch.fits(len(request.prompt_ids), request.max_tokens):
                 if batch.active == 0:  # cannot happen (requests are checked against the cache)
                     raise RuntimeError("a request that fits the cache does not fit an empty batch")
                 return  # in order: a later request does not overtake this one
             self._pending.remove(job)
             rows[id(job)] = Answer(job, self.tokenizer)  # first: a failing join is told to it
-            batch.join(id(job), request.prompt_ids, request.max_tokens)
+            batch.join(id(job), request.prompt_ids, request.max_tokens, row_sampling(request))
 
     def _deliver(self, answer: Answer, token: int) -> None:
         """One new token of a request: its time to first token, its text, whether it ends the
@@ -257,7 +245,7 @@ class CompletionEngine:
                 answer.job.send({"error": 500, "message": message})
 
     def _run_batch(self) -> None:
-        """In the package's thread: greedy requests as one running batch (continuous batching,
+        """In the package's thread: the requests as one running batch (continuous batching,
         aotc_runtime/continuous.py), each token sent as it comes, until no request is left."""
         batch = None
         rows: dict = {}  # row key -> its request's Answer
@@ -290,36 +278,6 @@ class CompletionEngine:
                 batch.release()
             self._active.set(0)
 
-    def _generate(self, job: Job) -> None:
-        """In the package's thread: a sampled request, generated alone, each token sent as it
-        comes."""
-        import torch
-
-        answer = Answer(job, self.tokenizer)
-        self.counts["generations"] += 1
-        sampling = job.request.sampling()
-        if sampling["seed"] is None:
-            # as OpenAI's: an unseeded sampled request draws anew (the runtime's default seed
-            # would give every such request the same text)
-            sampling["seed"] = secrets.randbits(63)
-        steps = self.package.stream(
-            torch.tensor([job.request.prompt_ids]),
-            max_new_tokens=job.request.max_tokens,
-            **sampling,
-        )
-        try:
-            for tokens in steps:
-                if job.gone:
-                    break
-                self._deliver(answer, int(tokens[0]))
-                self._count_step([answer])
-                if job.finished:
-                    break
-        except Exception as exc:
-            self._fail([answer], exc)
-        finally:
-            steps.close()  # ends the generation: the package is free for the next
-
     def health(self) -> dict:
         """What /v1/health tells anyone who asks: ready or not, and how busy."""
         return {
@@ -334,3 +292,15 @@ class CompletionEngine:
         # getattr: an engine whose __init__ did not run (or failed) has nothing to release
         if getattr(self, "_folder", None) is not None:
             self._source.release(self._folder)
+
+
+def row_sampling(request: CompletionRequest) -> Any:
+    """How a request's row picks its tokens (aotc_runtime.sampling.Sampling). As OpenAI's, an
+    unseeded sampled request draws anew: the runtime's default seed would give every such request
+    the same text."""
+    from aotc_runtime.sampling import Sampling
+
+    settings = request.sampling()
+    if settings["seed"] is None and settings["temperature"] != 0:
+        settings["seed"] = secrets.randbits(63)
+    return Sampling(**settings)

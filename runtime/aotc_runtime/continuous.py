@@ -1,5 +1,8 @@
-"""Continuous batching over a text-generation package: greedy sequences join a running batch and
-leave it at step boundaries, each answered as if alone (what `aotc serve` runs).
+"""Continuous batching over a text-generation package: sequences join a running batch and leave
+it at step boundaries, each answered as if alone (what `aotc serve` runs). Each row picks its
+tokens by its own settings, greedy or sampled from a generator of its own (sampling.RowPicker), so
+greedy and sampled sequences share the batch and a seeded one's tokens do not depend on its
+neighbours.
 
 The package's program (aotc/export/text_generation.py) feeds S tokens to every row of its KV cache
 at the same cache columns, and each row's attention mask over the cache says which columns are its
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .generation import HostCopy, decoder, generation_of
+from .sampling import GREEDY, RowPicker, Sampling
 
 if TYPE_CHECKING:
     from .package import Package
@@ -48,7 +52,7 @@ class _Row:
 
 
 class RunningBatch:
-    """Greedy generation for up to the package's batch of sequences at once, joining and leaving
+    """Generation for up to the package's batch of sequences at once, joining and leaving
     between steps (see above). The package is held (no `generate` on it) from the first join until
     the last row leaves. One thread uses it at a time."""
 
@@ -68,6 +72,7 @@ class RunningBatch:
         # on the CPU a step queued ahead would run there and then, before its tokens are sent
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._host = HostCopy(torch.zeros(self.size, dtype=torch.int64, device=self.device))
+        self.picker = RowPicker(self.size, self.device)
         # a decode step queued by the previous call: (the key of each row it runs for, its
         # tokens on the device once it has run)
         self._ahead: tuple[list, torch.Tensor] | None = None
@@ -88,8 +93,15 @@ class RunningBatch:
         after = max([max_new_tokens, *(r.left for r in self.rows if r is not None)]) - 1
         return self.column + window + after <= self.max_len
 
-    def join(self, key: Hashable, prompt: Sequence[int], max_new_tokens: int) -> None:
-        """Queue a sequence for the next step (check `fits` first)."""
+    def join(
+        self,
+        key: Hashable,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: Sampling = GREEDY,
+    ) -> None:
+        """Queue a sequence for the next step (check `fits` first), its tokens picked by
+        `sampling` (a seeded generator of its own when sampled)."""
         if not self.fits(len(prompt), max_new_tokens):
             raise ValueError("the sequence does not fit the running batch; check fits() first")
         if self.active == 0:  # a new timeline
@@ -100,13 +112,16 @@ class RunningBatch:
             self.column, self._decoder = 0, None
             self.mask.zero_()
             self.fed.zero_()
-        self.rows[self.rows.index(None)] = _Row(key, max_new_tokens, list(prompt))
+        slot = self.rows.index(None)
+        self.rows[slot] = _Row(key, max_new_tokens, list(prompt))
+        self.picker.set(slot, sampling)
 
     def leave(self, key: Hashable) -> None:
         """The sequence's row is free from the next step (finished, or its client left)."""
         for slot, row in enumerate(self.rows):
             if row is not None and row.key == key:
                 self.rows[slot] = None
+                self.picker.set(slot, GREEDY)  # a free row draws from no generator
         if self.active == 0:
             self.release()
 
@@ -132,7 +147,7 @@ class RunningBatch:
                 keys = self._keys()
                 joining = [slot for slot, r in enumerate(self.rows) if r is not None and r.prompt]
                 if joining:
-                    picked = self._join(joining).argmax(dim=-1)
+                    picked = self.picker(self._join(joining))
                 else:
                     picked = self._decode(self.last.to(self.device))
             self._host.start(picked)
@@ -205,13 +220,13 @@ class RunningBatch:
             self._decoder = decoder(self.package, first)
             if self._decoder.pick is not None:
                 self._decoder.pick.start([], 0)  # rows end here, not at an end-of-sequence id
-        pick = self._decoder.pick
+        pick = self._decoder.pick if self.picker.all_greedy else None
         if pick is not None and tokens is pick.tokens:  # the graph wrote them as the step's ids
             self._decoder.replay()
             picked = pick.tokens
         else:
             logits = self._decoder.step(tokens)
-            picked = pick.tokens if pick is not None else logits.argmax(dim=-1)
+            picked = pick.tokens if pick is not None else self.picker(logits)
         # what the step's own advance does to its buffers, mirrored here for the next join
         self.fed += 1
         self.column = column + 1

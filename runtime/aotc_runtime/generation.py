@@ -22,13 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GenerationInputError, MissingDependencyError, PackageError
-from .sampling import Sampling, next_tokens
+from .sampling import GREEDY, RowPicker, Sampling
 
 if TYPE_CHECKING:
     from .generation_record import Generation
     from .package import Package
-
-GREEDY = Sampling()
 
 
 def step_inputs(
@@ -362,10 +360,11 @@ def stream(
     eos_list, pad = feedback_ids(generation, eos_token_ids)
     eos = torch.tensor(eos_list, dtype=torch.int64, device=device)
     eos_host = torch.tensor(eos_list, dtype=torch.int64)
-    generator = None
-    if not sampling.greedy:
-        generator = torch.Generator(device)
-        generator.manual_seed(0 if sampling.seed is None else sampling.seed)
+    # each prompt's row draws from a generator of its own, seeded alike: a prompt's sampled
+    # tokens are the same alone, beside others, or in a served running batch
+    picker = RowPicker(batch, device)
+    for row in range(prompts):
+        picker.set(row, sampling)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     finished_host = torch.zeros(batch, dtype=torch.bool)
     with package._generating.generation(), torch.inference_mode():
@@ -402,7 +401,7 @@ def stream(
                 if not last:
                     decode.replay()
             else:
-                tokens = next_tokens(logits, sampling, generator)
+                tokens = picker(logits)
                 tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad))
                 if eos.numel():
                     unfinished &= ~torch.isin(tokens, eos)

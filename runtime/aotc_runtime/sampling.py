@@ -76,3 +76,40 @@ def next_tokens(
         scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
     probabilities = scores.softmax(dim=-1)
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
+
+
+GREEDY = Sampling()
+
+
+class RowPicker:
+    """The next token of every row of a batch, each row by its own settings and its own generator:
+    greedy and sampled rows share a batch, and a seeded row's tokens are the same whatever its
+    neighbours (vLLM's sampler keeps a generator per seeded request the same way). A row's
+    generator draws once per token of that row, nothing else draws from it."""
+
+    def __init__(self, rows: int, device: torch.device):
+        self.device = device
+        self.settings: list[Sampling] = [GREEDY] * rows
+        self.generators: list[torch.Generator | None] = [None] * rows
+
+    def set(self, row: int, sampling: Sampling) -> None:
+        """Row `row` picks by `sampling` from now on (a seeded generator of its own: seed 0 when
+        none is given, as `generate` does)."""
+        self.settings[row] = sampling
+        self.generators[row] = None
+        if not sampling.greedy:
+            generator = torch.Generator(self.device)
+            generator.manual_seed(0 if sampling.seed is None else sampling.seed)
+            self.generators[row] = generator
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(s.greedy for s in self.settings)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B] tokens from [B, vocab] logits, on the logits' device (no host round trip)."""
+        tokens = logits.argmax(dim=-1)
+        for row, (sampling, generator) in enumerate(zip(self.settings, self.generators)):
+            if generator is not None:
+                tokens[row] = next_tokens(logits[row : row + 1], sampling, generator)[0]
+        return tokens

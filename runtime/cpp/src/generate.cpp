@@ -9,7 +9,6 @@
 // with the same line.
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -173,9 +172,8 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   std::vector<int64_t> eos_list = options.eos_token_ids ? *options.eos_token_ids : g.eos_token_ids;
   at::Tensor eos = at::tensor(eos_list, at::kLong).to(device_);
   int64_t pad = g.pad_token_id ? *g.pad_token_id : (eos_list.empty() ? 0 : eos_list[0]);  // transformers pads with eos then
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.sampling.seed);
-  if (device_.is_cuda()) generator = at::globalContext().defaultGenerator(device_).clone();
-  if (device_.is_cuda()) generator.set_current_seed(options.sampling.seed);
+  // each prompt's row draws from a generator of its own, seeded alike (the Python runtime's RowPicker)
+  std::vector<at::Generator> generators = row_generators(options.sampling.greedy() ? 0 : prompts, options.sampling.seed, device_);
 
   reset_state();
   // prefill: each token's position in its own sequence, cache positions 0..S-1, the mask over the cache
@@ -209,7 +207,7 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   if (in_graph) {
     tokens = pick_next(logits);  // the prefill's logits, picked the way the graph picks
   } else {
-    tokens = next_tokens(logits, options.sampling, generator);
+    tokens = next_tokens_per_row(logits, options.sampling, generators);
     tokens = at::where(unfinished, tokens, at::full_like(tokens, pad));
     if (eos.numel()) unfinished &= at::isin(tokens, eos).logical_not();
   }
@@ -248,7 +246,7 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   }
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     if (step > 0) {
-      tokens = next_tokens(logits, options.sampling, generator);
+      tokens = next_tokens_per_row(logits, options.sampling, generators);
       tokens = at::where(unfinished, tokens, at::full_like(tokens, pad));
       if (eos.numel()) unfinished &= at::isin(tokens, eos).logical_not();
     }

@@ -2,6 +2,7 @@
 #include "aotc/sampling.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <cstdio>
@@ -55,6 +56,27 @@ at::Tensor next_tokens(const at::Tensor& logits, const Sampling& s, at::Generato
     scores = scores.scatter(-1, order, ordered.masked_fill(drop, minus_inf));
   }
   return at::multinomial(scores.softmax(-1), 1, false, generator).squeeze(-1);
+}
+
+at::Tensor next_tokens_per_row(const at::Tensor& logits, const Sampling& sampling, std::vector<at::Generator>& generators) {
+  at::Tensor tokens = logits.argmax(-1);
+  if (sampling.greedy()) return tokens;
+  for (size_t row = 0; row < generators.size(); ++row) {
+    const auto r = static_cast<int64_t>(row);
+    tokens.narrow(0, r, 1).copy_(next_tokens(logits.narrow(0, r, 1), sampling, generators[row]));
+  }
+  return tokens;
+}
+
+std::vector<at::Generator> row_generators(int64_t rows, uint64_t seed, const at::Device& device) {
+  std::vector<at::Generator> generators;
+  for (int64_t row = 0; row < rows; ++row) {
+    at::Generator generator = device.is_cuda() ? at::globalContext().defaultGenerator(device).clone()
+                                               : at::make_generator<at::CPUGeneratorImpl>(seed);
+    if (device.is_cuda()) generator.set_current_seed(seed);
+    generators.push_back(generator);
+  }
+  return generators;
 }
 
 }  // namespace aotc

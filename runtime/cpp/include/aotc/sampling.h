@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace aotc {
 
@@ -35,5 +36,13 @@ std::string sampling_problem(const Sampling& sampling);
 
 // The next token of each sequence from [B, vocab] logits, on the logits' device.
 at::Tensor next_tokens(const at::Tensor& logits, const Sampling& sampling, at::Generator& generator);
+
+// The next token of every row: rows 0..generators.size()-1 sampled by `sampling`, each from its own
+// generator (a prompt's tokens are then the same alone or beside others), the rest greedy
+// (aotc_runtime/sampling.py's RowPicker).
+at::Tensor next_tokens_per_row(const at::Tensor& logits, const Sampling& sampling, std::vector<at::Generator>& generators);
+
+// One generator per sampled row, each seeded with `seed`, on `device` (CPU or CUDA).
+std::vector<at::Generator> row_generators(int64_t rows, uint64_t seed, const at::Device& device);
 
 }  // namespace aotc
