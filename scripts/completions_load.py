@@ -8,7 +8,8 @@ with --baseline, `aotc generate`'s own decode tokens/s in this process for the s
 HTTP and Ray overhead at 1 stream is the ratio of the two).
 
 usage: python scripts/completions_load.py http://127.0.0.1:8000 --streams 1,8,32 --requests 4
-       [--prompt-ids 5,17,42] [--max-tokens 64] [--baseline PKG] [--out docs/bench/serve_load.json]
+       [--prompt-ids 5,17,42] [--max-tokens 64] [--temperature 0|default|T] [--baseline PKG]
+       [--out docs/bench/serve_load.json]
 Start the server first (`aotc serve PKG --port 8000`).
 """
 
@@ -26,10 +27,11 @@ from urllib.parse import urlsplit
 
 
 def percentile(values: list, q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    """The runtime's nearest-rank percentile (aotc_runtime.timing), as `aotc generate` and `aotc
+    bench` report theirs: one definition."""
+    from aotc_runtime.timing import percentile as nearest_rank
+
+    return nearest_rank(sorted(values), q / 100) if values else float("nan")
 
 
 def one_request(url: str, body: dict, timeout: float) -> tuple[float, list]:
@@ -135,12 +137,19 @@ def main() -> int:
     parser.add_argument("--prompt-ids", default="5,17,42")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--temperature",
+        default="0",
+        help="0: greedy (default); default: left out, OpenAI's 1.0 (sampled); or a value",
+    )
     parser.add_argument("--baseline", help="the served package: aotc generate's rate beside")
     parser.add_argument("--out")
     args = parser.parse_args()
     prompt = [int(t) for t in args.prompt_ids.split(",")]
-    # greedy, and no end-of-sequence cut: every request makes max_tokens tokens
-    body = {"prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0}
+    # greedy by default, and then no end-of-sequence cut: every request makes max_tokens tokens
+    body: dict = {"prompt": prompt, "max_tokens": args.max_tokens}
+    if args.temperature != "default":
+        body["temperature"] = float(args.temperature)
     report: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "url": args.url,

@@ -158,7 +158,7 @@ def serve(
             click.echo(
                 f"serving {package} at {server.url}/v1/completions as model "
                 f"'{generation['model']}': {replicas} replica(s), up to {generation['batch_size']} "
-                "greedy requests generating at once (continuous batching)",
+                "requests generating at once (continuous batching)",
                 err=True,
             )
         else:

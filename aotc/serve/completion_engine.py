@@ -1,5 +1,5 @@
 """What generates the answers of `aotc serve` for a text-generation package: OpenAI completions,
-streamed token by token, greedy requests joining one running batch. The HTTP side is
+streamed token by token, every request joining one running batch. The HTTP side is
 aotc/serve/completion_server.py, in the same process (a token crosses no process on its way).
 
 `complete(body)` is an async generator. Its first item is the refusal of the request
