@@ -252,6 +252,27 @@ def test_a_running_batch_replaying_the_decode_graph_answers_every_timeline(built
             assert made[key] == alone(package, prompt, new), (timeline, key)
 
 
+def test_greedy_and_sampled_rows_share_the_graph_replaying_running_batch(built, no_tf32):
+    """Sampled rows beside greedy ones on a CUDA decode graph: the graph's own greedy pick is
+    overridden by each sampled row's draw from its own generator; every sequence gets its lone
+    `generate`'s tokens, greedy or seeded."""
+    from test_continuous import alone, run
+
+    from aotc_runtime.continuous import RunningBatch
+    from aotc_runtime.sampling import Sampling
+
+    package = aotc_runtime.load(built["gpt2", "fp32"][0])
+    hot = Sampling(temperature=0.9, top_k=50, top_p=0.95, seed=7)
+    plan = {
+        0: ("a", [5, 17, 42, 9, 100], 10, hot),
+        3: ("b", [7, 8, 300], 6),
+        9: ("c", [11, 12, 13], 4, Sampling(temperature=1.3, seed=3)),
+    }
+    made = run(RunningBatch(package), plan)
+    for key, prompt, new, *sampling in plan.values():
+        assert made[key] == alone(package, prompt, new, *sampling), key
+
+
 def test_refused_bad_indices_leave_the_process_generating(built, tmp_path):
     """On CUDA an index the compiled embedding's bounds check catches is a device-side assert that
     leaves the process's CUDA context unusable. Every such index a caller or a package can give is
