@@ -266,7 +266,7 @@ def test_greedy_and_sampled_rows_share_the_graph_replaying_running_batch(built, 
     plan = {
         0: ("a", [5, 17, 42, 9, 100], 10, hot),
         3: ("b", [7, 8, 300], 6),
-        9: ("c", [11, 12, 13], 4, Sampling(temperature=1.3, seed=3)),
+        11: ("c", [11, 12, 13], 4, Sampling(temperature=1.3, seed=3)),  # into a free row
     }
     made = run(RunningBatch(package), plan)
     for key, prompt, new, *sampling in plan.values():
