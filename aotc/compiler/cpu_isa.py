@@ -9,7 +9,7 @@ enabled extension defines), so the runtime can refuse a CPU that lacks one, nami
 
 Inductor decides which vector ISAs it may use by compiling and running a test program for each
 one the CPU claims (`valid_vec_isa_list`): ten compiler runs, 12 s on the 2-core CPU VM and about
-40 s on the H100 host (issue 25), once per process, and every build is a new process (each --tune
+40 s on the H100 host, once per process, and every build is a new process (each --tune
 candidate too), CUDA builds included (AOTInductor picks an ISA for any package's host code). The
 answer depends only on the compiler, torch and the CPU, so each probe's answer is kept in aotc's
 cache folder (remembered_vec_isa_probes): a machine pays for each probe once.

@@ -53,7 +53,7 @@ def cast_weight_matmul_operands(module, low) -> None:
     and rotary embedding upcast with `.to(torch.float32)`); eager in bf16 casts back with
     `.to(input_dtype)`, but that cast was traced as a no-op (fp32 to fp32) and is gone. So the
     float32 result meets a bf16 weight: "expected mat1 and mat2 to have the same dtype, but got:
-    float != c10::BFloat16" (issue 25). Casting at the product, as torch.autocast does for
+    float != c10::BFloat16". Casting at the product, as torch.autocast does for
     matmuls, keeps the upcast computations in float32 and runs the products in the weight's dtype,
     which is what eager bf16 does.
     """
@@ -121,7 +121,7 @@ def clamp_float_extremes(module, low) -> None:
     A model traced in fp32 writes torch.finfo(float32).min into its graph as a number (T5's
     masks: `masked_fill(mask, finfo.min)`, `full(..., finfo.min)`); in a bf16 graph that number
     is a bf16 value, and Inductor refuses it ("value cannot be converted to type c10::BFloat16
-    without overflow", issue 25's t5-small). Eager bf16 uses torch.finfo(bfloat16).min there:
+    without overflow" in t5-small). Eager bf16 uses torch.finfo(bfloat16).min there:
     the nearest finite value, which is what the clamp writes. Infinities are left as they are.
     """
     import math

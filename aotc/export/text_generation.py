@@ -1,4 +1,4 @@
-"""Decoder LMs as one step of a generation loop over a static KV cache (issue 26, first part).
+"""Decoder LMs as one step of a generation loop over a static KV cache.
 
 A transformers `*ForCausalLM` generates by calling itself once on the prompt (prefill) and then
 once per new token (decode), each call reading and extending its key/value cache. `CacheStep` is
