@@ -132,6 +132,8 @@ def export(
             f"note: output {name} is None on the example inputs; it is left out of the package's outputs",
             err=True,
         )
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
 
 
 def report_onnx_check(path: Path) -> None:

@@ -234,19 +234,43 @@ def check_cache_fits(model: Any, batch: int, max_len: int) -> None:
 
 
 def task_record(model: Any, cfg: Any) -> dict:
+    """What the package's generation record holds. End-of-sequence and pad ids that the model's
+    generation config names outside its vocabulary (a small config keeps its family's default,
+    GPT2Config's 50256 say) are left out and listed under `ids_outside_vocabulary`: transformers
+    only warns of them, the model can never make them, and the runtimes refuse a record holding
+    them (aotc_runtime/generation_record.py)."""
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return {
+    pad = getattr(generation, "pad_token_id", None)
+    vocab = model.config.get_text_config().vocab_size
+    named = [int(e) for e in eos] + ([int(pad)] if pad is not None else [])
+    outside = [token for token in named if not 0 <= token < vocab]
+    record = {
         "name": TASK,
         "batch_size": cfg.batch_size,
         "max_seq_len": cfg.max_seq_len,
-        "vocab_size": model.config.get_text_config().vocab_size,
-        "eos_token_ids": [int(e) for e in eos],
-        "pad_token_id": getattr(generation, "pad_token_id", None),
+        "vocab_size": vocab,
+        "eos_token_ids": [int(e) for e in eos if int(e) not in outside],
+        "pad_token_id": None if pad is None or int(pad) in outside else int(pad),
         "tokenizer": cfg.tokenizer is not None,
         "sliding_window": attention_window(model.config.get_text_config()),
     }
+    if outside:
+        record["ids_outside_vocabulary"] = outside
+    return record
+
+
+def task_notes(task: dict | None) -> tuple[str, ...]:
+    """What `aotc export` says of a task record beside the signature."""
+    if not task or not task.get("ids_outside_vocabulary"):
+        return ()
+    ids = ", ".join(map(str, task["ids_outside_vocabulary"]))
+    return (
+        f"the model's generation config names token id(s) {ids} as end-of-sequence or pad, "
+        f"outside its vocabulary (0..{task['vocab_size'] - 1}); the package leaves them out (the "
+        "model never makes them); set generation_config.eos_token_id to stop at a token",
+    )
 
 
 def attention_window(config: Any) -> int:

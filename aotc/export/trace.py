@@ -43,6 +43,7 @@ class ExportResult:
     model: str
     signature: dict
     seconds: float
+    notes: tuple = ()  # what the user should know of the export, one line each
 
     def to_dict(self) -> dict:
         return {
@@ -50,6 +51,7 @@ class ExportResult:
             "model": self.model,
             "signature": self.signature,
             "seconds": round(self.seconds, 3),
+            "notes": list(self.notes),
         }
 
 
@@ -80,7 +82,11 @@ def export_model(cfg: ExportConfig) -> ExportResult:
         export_to_onnx(ep, meta, cfg.output)
     else:
         save_artifact(ep, meta, cfg.output, carried_files(cfg))
-    return ExportResult(cfg.output, loaded.description, signature, time.perf_counter() - started)
+    from aotc.export.text_generation import task_notes
+
+    return ExportResult(
+        cfg.output, loaded.description, signature, time.perf_counter() - started, task_notes(task)
+    )
 
 
 def carried_files(cfg: ExportConfig) -> dict:
