@@ -256,6 +256,44 @@ def generation_packages(tmp_path_factory) -> Iterator[GenerationBuilds]:
     builds.ahead.close()
 
 
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory):
+    """Two ed25519 key pairs (aotc keygen's format): `mine` signs packages, `other` is somebody
+    else's."""
+    from types import SimpleNamespace
+
+    import aotc_runtime
+
+    folder = tmp_path_factory.mktemp("keys")
+    pairs = {}
+    for name in ("mine", "other"):
+        private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
+        aotc_runtime.generate_keypair(private, public)
+        pairs[name] = SimpleNamespace(private=private, public=public)
+    return SimpleNamespace(**pairs)
+
+
+def tampered_copy(source: Path, target: Path, edit=None, files=None) -> Path:
+    """A copy of a package with its manifest edited and re-hashed, as anyone can do to an
+    unsigned package: `files(folder)` changes files first (their hashes are recomputed), then
+    `edit(manifest)` changes the manifest."""
+    import json
+    import shutil
+
+    import aotc_runtime
+
+    shutil.copytree(source, target)
+    if files is not None:
+        files(target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    if files is not None:
+        manifest["files"] = aotc_runtime.hash_package_files(target)
+    if edit is not None:
+        edit(manifest)
+    (target / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
+    return target
+
+
 def eager_model(name: str):
     """The model of a case, built the way aotc loads it (same seed, eval mode)."""
     from aotc.export.loading import load_model

@@ -10,11 +10,11 @@ by a lie. The ranges are aotc_runtime/sampling.py's (docs/reliability.md).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import tampered_copy
 from test_cpp_runner import built_runner, run_cpp
 
 import aotc_runtime
@@ -48,16 +48,6 @@ def python_refusal(package: Path) -> str:
     return str(refused.value)
 
 
-def tampered(lm: Path, folder: Path, edit) -> Path:
-    """A copy of the package with manifest.json edited and rehashed, as an attacker (or a careless
-    hand) of an unsigned package would."""
-    shutil.copytree(lm, folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    edit(manifest)
-    (folder / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
-    return folder
-
-
 GREEDY = ["--generate", "--prompt-ids", "5,17", "--max-new-tokens", "4"]
 SAMPLED = ["--generate", "--prompt-ids", "5,17", "--max-new-tokens", "29", "--temperature", "1"]
 
@@ -88,7 +78,9 @@ SAMPLED = ["--generate", "--prompt-ids", "5,17", "--max-new-tokens", "29", "--te
 def test_a_generation_record_that_lies_is_refused_at_load(
     runner, lm, tmp_path, field, value, args, detail
 ):
-    package = tampered(lm, tmp_path / "lying", lambda m: m["generation"].update({field: value}))
+    package = tampered_copy(
+        lm, tmp_path / "lying", lambda m: m["generation"].update({field: value})
+    )
     done = run_cpp(runner, package, *args)
     message = f"package {package}: its generation record does not match its compiled model: "
     assert_refused(done, 7, message + detail + FIX)
@@ -169,14 +161,13 @@ def test_generation_flags_need_generate(runner, lm, args):
 
 def with_state(lm: Path, folder: Path, index: int, tensor) -> Path:
     """A copy of the package whose state.pt holds `tensor` at `index`, its hash updated."""
-    shutil.copytree(lm, folder)
-    state = torch.load(folder / "state.pt", weights_only=True)
-    state[index] = tensor
-    torch.save(state, folder / "state.pt")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["files"]["state.pt"] = aotc_runtime.sha256_file(folder / "state.pt")
-    (folder / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
-    return folder
+
+    def replace(copy: Path) -> None:
+        state = torch.load(copy / "state.pt", weights_only=True)
+        state[index] = tensor
+        torch.save(state, copy / "state.pt")
+
+    return tampered_copy(lm, folder, files=replace)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, tiny_tokenizer
+from conftest import invoke, tampered_copy, tiny_tokenizer
 
 import aotc_runtime
 from aotc_runtime import generation_gate
@@ -34,21 +34,6 @@ def gpt2(generation_packages):
 @pytest.fixture(scope="module")
 def loaded(gpt2):
     return aotc_runtime.load(gpt2)
-
-
-def tampered(source: Path, target: Path, edit=None, files=None) -> Path:
-    """A copy of the package with its manifest edited and re-hashed, as anyone can do to an
-    unsigned package; `files(folder)` changes files first (their hashes are recomputed)."""
-    shutil.copytree(source, target)
-    if files is not None:
-        files(target)
-    manifest = json.loads((target / "manifest.json").read_text())
-    if edit is not None:
-        edit(manifest)
-    if files is not None:
-        manifest["files"] = aotc_runtime.hash_package_files(target)
-    (target / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
-    return target
 
 
 def refused(result, code: int, words: str) -> None:
@@ -124,7 +109,7 @@ RECORD_LIES = [
 def test_a_record_that_disagrees_with_the_model_is_refused_at_load_and_by_verify(
     gpt2, tmp_path, field, value, words
 ):
-    package = tampered(gpt2, tmp_path / "lying", generation(field, value))
+    package = tampered_copy(gpt2, tmp_path / "lying", generation(field, value))
     with pytest.raises(
         PackageError, match="its generation record does not match its compiled model"
     ) as error:
@@ -228,10 +213,10 @@ def _transposed(t):
 
 
 def test_state_in_another_layout_is_refused_at_load(gpt2, tmp_path):
-    package = tampered(gpt2, tmp_path / "transposed", files=_rewrite_state(_transposed))
+    package = tampered_copy(gpt2, tmp_path / "transposed", files=_rewrite_state(_transposed))
     with pytest.raises(PackageError, match="in a layout the model does not read"):
         aotc_runtime.load(package)
-    sparse = tampered(
+    sparse = tampered_copy(
         gpt2,
         tmp_path / "sparse",
         files=_rewrite_state(lambda t: t.to_sparse() if t.dim() >= 2 else t),
@@ -241,11 +226,11 @@ def test_state_in_another_layout_is_refused_at_load(gpt2, tmp_path):
 
 def test_verify_compares_the_state_with_the_artifacts(gpt2, tmp_path):
     nan = _rewrite_state(lambda t: torch.full_like(t, float("nan")) if t.is_floating_point() else t)
-    refused(invoke("generate", tampered(gpt2, tmp_path / "nan", files=nan), "--prompt-ids", "5"),
+    refused(invoke("generate", tampered_copy(gpt2, tmp_path / "nan", files=nan), "--prompt-ids", "5"),
             7, "holds key_cache_0 with NaN values")  # fmt: skip
     # finite values that are not the artifact's: only a comparison with it can tell
     ones = _rewrite_state(lambda t: torch.ones_like(t) if t.is_floating_point() else t)
-    package = tampered(gpt2, tmp_path / "ones", files=ones)
+    package = tampered_copy(gpt2, tmp_path / "ones", files=ones)
     result = invoke("verify", package, "--json")
     assert result.exit_code == 7, result.stdout + result.stderr
     state = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "state")
@@ -256,7 +241,7 @@ def test_verify_compares_the_state_with_the_artifacts(gpt2, tmp_path):
 
 def test_a_tokenizer_file_that_is_not_a_tokenizer_is_a_package_error(generation_packages, tmp_path):
     source, _model = generation_packages.with_tokenizer()
-    package = tampered(
+    package = tampered_copy(
         source,
         tmp_path / "garbage",
         files=lambda folder: (folder / "tokenizer.json").write_text("{not a tokenizer"),
@@ -266,7 +251,7 @@ def test_a_tokenizer_file_that_is_not_a_tokenizer_is_a_package_error(generation_
         7,
         "is not one the `tokenizers` library reads",
     )
-    missing = tampered(source, tmp_path / "missing", generation("tokenizer", "other.json"))
+    missing = tampered_copy(source, tmp_path / "missing", generation("tokenizer", "other.json"))
     refused(
         invoke("generate", missing, "--prompt", "w5 w6"),
         7,
@@ -300,15 +285,12 @@ def test_export_refuses_a_kv_cache_larger_than_the_machine(generation_packages, 
     refused(result, 2, "--batch-size 100000000 with --max-seq-len 32 needs a KV cache of")
 
 
-def test_generate_can_require_a_signature(generation_packages, tmp_path):
+def test_generate_can_require_a_signature(generation_packages, tmp_path, keys):
     source, _model = generation_packages.with_tokenizer()
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    aotc_runtime.generate_keypair(keys / "k.pem", keys / "k.pub.pem")
     package = tmp_path / "signed"
     shutil.copytree(source, package)
-    assert invoke("sign", package, "--key", keys / "k.pem").exit_code == 0
-    key = ["--require-signature", "--public-key", keys / "k.pub.pem"]
+    assert invoke("sign", package, "--key", keys.mine.private).exit_code == 0
+    key = ["--require-signature", "--public-key", keys.mine.public]
     args = ["--prompt", "w5 w6", "--max-new-tokens", 3, *key]
     result = invoke("generate", package, *args)
     assert result.exit_code == 0, result.stderr
@@ -341,9 +323,50 @@ def test_an_onnx_runtime_package_keeps_its_tokenizer(generation_packages, tmp_pa
 def test_serve_refuses_a_lying_record_before_ray_starts(gpt2, tmp_path):
     """Served, a pad id outside the vocabulary killed the replica at the first request (through the
     hidden filler row) and the client got a plain-text 500."""
-    package = tampered(gpt2, tmp_path / "lying", generation("pad_token_id", 100000))
+    package = tampered_copy(gpt2, tmp_path / "lying", generation("pad_token_id", 100000))
     result = invoke("serve", package, "--check")
     assert result.exit_code == 7, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "pad_token_id holds 100000, outside the vocabulary" in errors[0]
     assert "Traceback" not in result.stderr
+
+
+SMALL_GPT2 = """
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def get_model():  # a small config that keeps GPT-2's end-of-sequence id, 50256
+    return GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=1,
+                                      n_head=2)).eval()
+"""
+
+
+def test_config_ids_outside_the_vocabulary_are_left_out_at_export(tmp_path):
+    """A model written as people write a small one keeps its family's eos id, outside its own
+    vocabulary: transformers only warns; the export leaves the id out of the record (the runtimes
+    refuse a record holding it) and says so, and the package generates transformers' tokens."""
+    from conftest import load_model_file
+
+    source = tmp_path / "small_gpt2.py"
+    source.write_text(SMALL_GPT2)
+    artifact, package = tmp_path / "lm.pt2", tmp_path / "lm_pkg"
+    exported = invoke("export", source, "--task", "text-generation", "--max-seq-len", 32,
+                      "--batch-size", 2, "-o", artifact)  # fmt: skip
+    assert exported.exit_code == 0, exported.stderr
+    assert "token id(s) 50256 as end-of-sequence or pad, outside its vocabulary (0..299)" in (
+        exported.stderr
+    )
+    built = invoke("build", artifact, "--device", "cpu", "--quiet", "-o", package)
+    assert built.exit_code == 0, built.stderr
+    record = json.loads((package / "manifest.json").read_text())["generation"]
+    assert record["eos_token_ids"] == [] and record["pad_token_id"] is None
+    ids = torch.tensor([[5, 17, 42], [0, 9, 8]])
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    with torch.no_grad():
+        expected = load_model_file(source).generate(
+            ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+            pad_token_id=0,
+        )  # fmt: skip
+    assert aotc_runtime.load(package).generate(ids, mask, max_new_tokens=6).tolist() == (
+        expected.tolist()
+    )

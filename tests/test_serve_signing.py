@@ -12,29 +12,16 @@ import asyncio
 import json
 import shutil
 import socket
-from types import SimpleNamespace
 
 import pytest
 from conftest import invoke
 
 pytest.importorskip("ray.serve")
 
-import aotc_runtime  # noqa: E402
 from aotc.serve.replica import REFUSED, ReplicaSettings  # noqa: E402
 from aotc.serve.shipping import PackageSource  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("keys")
-    pairs = {}
-    for name in ("mine", "other"):
-        private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-        aotc_runtime.generate_keypair(private, public)
-        pairs[name] = SimpleNamespace(private=private, public=public)
-    return SimpleNamespace(**pairs)
 
 
 @pytest.fixture

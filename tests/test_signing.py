@@ -7,7 +7,6 @@ import shutil
 import stat
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,18 +15,6 @@ from conftest import invoke
 import aotc_runtime
 from aotc import api
 from aotc_runtime.__main__ import main as aotc_run
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    """Two key pairs: `mine` signs the packages, `other` is somebody else's."""
-    folder = tmp_path_factory.mktemp("keys")
-    pairs = {}
-    for name in ("mine", "other"):
-        private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-        aotc_runtime.generate_keypair(private, public)
-        pairs[name] = SimpleNamespace(private=private, public=public)
-    return SimpleNamespace(**pairs)
 
 
 def copy_package(packages, tmp_path, name="pkg"):
