@@ -53,6 +53,8 @@ class _Verification:
         self.checks: list[dict] = []
         self.manifest: Manifest | None = None
         self.numeric: dict | None = None  # the re-run's figures, kept when the check fails too
+        self._checked_artifact: Path | None = None  # hashed once for the state and numeric checks
+        self._program: tuple | None = None  # its (program, metadata), loaded once for both
 
     def run(self) -> dict:
         if not self._check("manifest", self._manifest):
@@ -159,7 +161,6 @@ class _Verification:
         import torch
 
         from aotc.config import Precision
-        from aotc.export.artifact import load_artifact
         from aotc.export.call_structure import initial_state
         from aotc.export.placement import state_in_precision
         from aotc_runtime import STATE_FILE, PackageError
@@ -170,7 +171,7 @@ class _Verification:
         artifact = self._artifact(manifest)
         if artifact.suffix == ".onnx":
             return "an ONNX export holds no state to compare with"
-        ep, meta = load_artifact(artifact)
+        ep, meta = self._loaded_program(artifact)
         expected = state_in_precision(
             initial_state(ep, meta.signature, "cpu"), Precision(manifest.precision)
         )
@@ -188,7 +189,8 @@ class _Verification:
         artifact = self._artifact(manifest)
         recorded = manifest.numeric_check
         assert recorded is not None  # check_finished refused a package without one
-        check = rerun_numeric_check(self.package, manifest, artifact)
+        program = self._loaded_program(artifact) if artifact.suffix != ".onnx" else None
+        check = rerun_numeric_check(self.package, manifest, artifact, program)
         outputs = compare_with_build(check, recorded)
         self.numeric = {"artifact": str(artifact), "cases": list(check.cases), "outputs": outputs}
         if not check.passed:
@@ -232,7 +234,20 @@ class _Verification:
         labels = ", ".join(self.numeric["members"])
         return f"; members {labels} run through the package's routing against {artifact.name}"
 
+    def _loaded_program(self, artifact: Path) -> tuple:
+        if self._program is None:
+            from aotc.export.artifact import load_artifact
+
+            self._program = load_artifact(artifact)
+        return self._program
+
     def _artifact(self, manifest: Manifest) -> Path:
+        """The export artifact the package was built from, checked by its sha256 (once)."""
+        if self._checked_artifact is None:
+            self._checked_artifact = self._find_artifact(manifest)
+        return self._checked_artifact
+
+    def _find_artifact(self, manifest: Manifest) -> Path:
         from aotc_runtime import sha256_file
 
         if manifest.source is None:
@@ -261,12 +276,15 @@ class _Verification:
         return self.manifest
 
 
-def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> NumericCheck:
+def rerun_numeric_check(
+    package: Path, manifest: Manifest, artifact: Path, program: tuple | None = None
+) -> NumericCheck:
     """The build's numeric check (aotc/compiler/pipeline.py), run again on the finished package: the
     fp32 program as reference, the build's tolerance, TF32 off on both sides for fp32 on CUDA.
     A --specialize package is also run at each member's sizes, where it routes the call to the
     member, against the same program: every model in the folder answers to the user's artifact,
-    never to a static artifact that was kept in the cache."""
+    never to a static artifact that was kept in the cache. `program`: the artifact's (program,
+    metadata) when the caller has loaded it already."""
     from aotc.compiler.tolerances import tolerance
     from aotc.compiler.verify import check_numerics, reference_program
     from aotc.config import Precision
@@ -295,7 +313,7 @@ def rerun_numeric_check(package: Path, manifest: Manifest, artifact: Path) -> Nu
                 reference=onnx_reference(model),
                 extra_sizes=member_sizes,
             )
-    ep, meta = load_artifact(artifact)
+    ep, meta = program or load_artifact(artifact)
     atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
     with quiet_torch():
         reference, checked = reference_program(
