@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GenerationInputError, MissingDependencyError, PackageError
-from .sampling import GREEDY, RowPicker, Sampling
+from .sampling import GREEDY, RowPicker, Sampling, is_whole_number
 
 if TYPE_CHECKING:
     from .generation_record import Generation
@@ -115,11 +115,7 @@ def check_request(
         raise GenerationInputError(
             f"token id {bad} is outside the vocabulary (0..{generation.vocab_size - 1})"
         )
-    if (
-        not isinstance(max_new_tokens, int)
-        or isinstance(max_new_tokens, bool)
-        or max_new_tokens < 1
-    ):
+    if not is_whole_number(max_new_tokens) or max_new_tokens < 1:
         raise GenerationInputError(
             f"max_new_tokens is {max_new_tokens!r}; ask for at least 1 (a whole number)"
         )
@@ -171,7 +167,7 @@ def feedback_ids(generation: Generation, eos_token_ids: Sequence[int] | None) ->
             eos = [eos_token_ids]
         vocab = generation.vocab_size
         for token in eos:
-            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
+            if not is_whole_number(token) or not 0 <= token < vocab:
                 raise GenerationInputError(
                     f"end-of-sequence id {token!r} is outside the vocabulary (0..{vocab - 1}); "
                     "give token ids of this model"
@@ -424,7 +420,7 @@ def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.T
     left-padded with 0 as transformers pads a batch for generation."""
     for prompt in prompts:
         for token in prompt:
-            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < 2**63:
+            if not is_whole_number(token) or not 0 <= token < 2**63:
                 raise GenerationInputError(
                     f"token id {token!r} is not a token id (a whole number from 0 below the "
                     "vocabulary's size)"

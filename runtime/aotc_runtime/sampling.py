@@ -22,7 +22,8 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_integer(value: object) -> bool:
+def is_whole_number(value: object) -> bool:
+    """An int that is not a bool (JSON and Python both let True pass for 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -46,13 +47,15 @@ class Sampling:
                 f"{MIN_TEMPERATURE} to {MAX_TEMPERATURE:g} to sample"
             )
         if self.top_k is not None and not (
-            _is_integer(self.top_k) and 1 <= self.top_k <= MAX_TOP_K
+            is_whole_number(self.top_k) and 1 <= self.top_k <= MAX_TOP_K
         ):
             return f"top-k {self.top_k!r} is not a whole number from 1 to {MAX_TOP_K}"
         p = self.top_p
         if p is not None and not (_is_number(p) and MIN_TOP_P <= p <= 1.0):
             return f"top-p {p!r} is outside [{MIN_TOP_P:g}, 1]"
-        if self.seed is not None and not (_is_integer(self.seed) and 0 <= self.seed <= MAX_SEED):
+        if self.seed is not None and not (
+            is_whole_number(self.seed) and 0 <= self.seed <= MAX_SEED
+        ):
             return f"seed {self.seed!r} is not a whole number from 0 to 2**64-1"
         return None
 
