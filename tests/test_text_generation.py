@@ -1,8 +1,9 @@
-"""The generation step (aotc/export/text_generation.py), exported with torch.export and run as a
-greedy loop, against transformers' own `generate` on the same weights: the zoo's decoder LMs,
-token for token and logits within fp32 rounding, for a batch of two prompts of different lengths
-(left-padded, as `generate` pads a decoder-only batch). The exported program is run eagerly here;
-building it into a package is the next part of issue 26."""
+"""The generation step (aotc/export/text_generation.py, row_cache.py), exported with torch.export
+and run as a greedy loop, against transformers' own `generate` on the same weights: the zoo's
+decoder LMs, token for token and logits within fp32 rounding, for a batch of two prompts of
+different lengths (left-padded, as `generate` pads a decoder-only batch). The exported program is
+run eagerly here, with aotc's attention as each build lowers it (cached_attention.py); what a step
+reads of the cache is counted, not timed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 import torch
 
 from aotc.errors import UserInputError
-from aotc.export.text_generation import cache_step, check_supports_static_cache, step_inputs
+from aotc.export.cached_attention import lower_cached_attention
+from aotc.export.text_generation import cache_step, check_supports_static_cache
+from aotc_runtime.generation import prefill_inputs
 
 ZOO = Path(__file__).parent / "zoo"
 MAX_LEN = 32
@@ -45,27 +48,28 @@ def left_padded_prompts(vocab: int) -> tuple:
 def export_step(model):
     step = cache_step(model, batch_size=2, max_len=MAX_LEN)
     ids, mask = left_padded_prompts(model.config.vocab_size)
-    example = step_inputs(ids, mask, 0, MAX_LEN)
+    example = prefill_inputs(ids, mask)
     s = torch.export.Dim("S", min=1, max=MAX_LEN)
-    return torch.export.export(
-        step, example, dynamic_shapes=({1: s}, {1: s}, {0: s}, None), strict=False
-    )
+    return torch.export.export(step, example, dynamic_shapes=({1: s}, None, None), strict=False)
 
 
 def greedy(program, ids, mask) -> tuple:
     """(new tokens [B, NEW_TOKENS], each step's logits) from the exported step, prefill then decode."""
-    logits = program(*step_inputs(ids, mask, 0, MAX_LEN))
+    window, held, fed = prefill_inputs(ids, mask)
+    logits = program(window, held, fed)
     tokens, scores = [logits.argmax(-1)], [logits]
-    for i in range(NEW_TOKENS - 1):
-        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-        logits = program(*step_inputs(tokens[-1][:, None], mask, ids.shape[1] + i, MAX_LEN))
+    for _ in range(NEW_TOKENS - 1):
+        held = held + fed
+        fed = torch.ones_like(fed)
+        logits = program(tokens[-1][:, None], held, fed)
         tokens.append(logits.argmax(-1))
         scores.append(logits)
     return torch.stack(tokens, 1), scores
 
 
+@pytest.mark.parametrize("lowering", ["reference", "prefix"])
 @pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2", "mistral", "mistral-window-4"])
-def test_the_exported_step_generates_what_transformers_generates(name):
+def test_the_exported_step_generates_what_transformers_generates(name, lowering):
     model, vocab = zoo_model(name.split("-")[0])
     if name.endswith("window-4"):  # a window shorter than prompt + new tokens: the mask limits it
         model.config.sliding_window = 4
@@ -73,8 +77,9 @@ def test_the_exported_step_generates_what_transformers_generates(name):
     # the cache is state: functionalized, the program writes the cache buffers and no constant
     mutated = set(ep.run_decompositions({}).graph_signature.buffers_to_mutate.values())
     layers = model.config.num_hidden_layers
-    assert mutated == {f"{kind}_{i}" for kind in ("key_cache", "value_cache", "cache_length")
+    assert mutated == {f"{kind}_{i}" for kind in ("key_cache", "value_cache")
                        for i in range(layers)}  # fmt: skip
+    ep = lower_cached_attention(ep, lowering)
 
     ids, mask = left_padded_prompts(vocab)
     with torch.no_grad():
@@ -103,3 +108,42 @@ def test_a_model_without_static_cache_support_is_refused_in_one_line():
     with pytest.raises(UserInputError) as error:
         check_supports_static_cache(NotAnLM())
     assert "static KV cache" in str(error.value) and "\n" not in str(error.value)
+
+
+class PositionsRead(torch.utils._python_dispatch.TorchDispatchMode):
+    """The cache positions each attention reads: the key length of every attention it runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.lengths: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if "scaled_dot_product" in name or "_scaled_dot_product" in name:
+            self.lengths.append(args[1].shape[-2])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("lowering, grows", [("prefix", False), ("reference", True)])
+def test_a_steps_reads_grow_with_its_context_not_with_the_cache(lowering, grows):
+    """64 tokens in context: the CPU's attention (prefix) reads 65 positions a layer whether the
+    cache holds 256 or 4,096; the reference reads the whole cache."""
+    model, vocab = zoo_model("llama")
+    model.config.max_position_embeddings = 4096
+    read = {}
+    for max_len in (256, 4096):
+        step = cache_step(model, batch_size=2, max_len=max_len)
+        window = torch.randint(0, vocab, (2, 8))
+        example = (window, torch.zeros(2, dtype=torch.long), torch.full((2,), 8))
+        s = torch.export.Dim("S", min=1, max=max_len)
+        ep = torch.export.export(step, example, dynamic_shapes=({1: s}, None, None), strict=False)
+        program = lower_cached_attention(ep, lowering).module()
+        held, fed = torch.tensor([64, 40]), torch.ones(2, dtype=torch.long)
+        with torch.no_grad(), PositionsRead() as counter:
+            program(window[:, :1], held, fed)
+        assert len(counter.lengths) == model.config.num_hidden_layers
+        read[max_len] = set(counter.lengths)
+    if grows:
+        assert read == {256: {256}, 4096: {4096}}
+    else:
+        assert read == {256: {65}, 4096: {65}}

@@ -110,4 +110,5 @@ def generation_record(task: dict | None) -> Generation | None:
         pad_token_id=task.get("pad_token_id"),
         tokenizer=TOKENIZER_FILE if task.get("tokenizer") else None,
         sliding_window=task.get("sliding_window"),
+        step_format=task.get("step_format"),
     )

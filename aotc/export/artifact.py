@@ -184,6 +184,9 @@ def load_artifact(path: Path):
                 f"{path} holds pickled entries ({', '.join(pickled[:3])}), which would run code when loaded; "
                 "aotc loads artifacts of plain tensors only: re-export the model with `aotc export`"
             )
+    # generation artifacts call aotc's attention operator: registered before the graph is read
+    import aotc.export.cached_attention  # noqa: F401
+
     extra = {ARTIFACT_META: ""}
     try:
         with quiet_torch():

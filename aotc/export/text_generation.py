@@ -1,43 +1,31 @@
-"""Decoder LMs as one step of a generation loop over a static KV cache.
+"""Decoder LMs as one step of a generation loop over aotc's own KV cache (row_cache.py):
 
-A transformers `*ForCausalLM` generates by calling itself once on the prompt (prefill) and then
-once per new token (decode), each call reading and extending its key/value cache. `CacheStep` is
-that call as a module torch.export can capture:
+    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
 
-    step(input_ids [B, S], position_ids [B, S], cache_position [S], attention_mask [B, max_len])
-        -> logits of the last position [B, vocab]
-
-- The cache is transformers' `StaticCache` (fixed size: batch x max_len), its tensors registered
-  as this module's buffers. The program writes them in place, so an export records them as
-  mutated buffers: aotc's state, which the runtime carries from one call to the next.
-- `cache_position` says where the S new tokens go; the cache's own write counter is set from it
-  at each call, so a call depends on its inputs and the cache contents only.
-- `attention_mask` covers the whole cache (1 where a position holds a real token): a batch of
-  prompts of different lengths, padded, is answered as transformers' batched `generate` answers it.
-- `position_ids` are the tokens' positions in their own sequence (they differ from
-  `cache_position` under left padding), as `generate` computes them from the mask.
-
-Prefill is S = the prompt's length, decode S = 1: one exported program with S dynamic serves both.
-The idea of registering a static cache's tensors as buffers is transformers'
-(`transformers.integrations.executorch.TorchExportableModuleWithStaticCache`); that module leaves
-the cache layers pointing at the original tensors, which torch.export then captures as constants
-that the graph mutates (refused once the program is functionalized), so here each call points
-them at the buffers as export sees them.
+Each row of the batch is a sequence with its own timeline: it holds `cache_lengths[b]` tokens and
+is fed the last `input_lengths[b]` tokens of its window. Prefill is S = the prompt's length,
+decode S = 1: one exported program with S dynamic serves both, and a step may prefill some rows
+while it decodes others. The cache's buffers are mutated in place: an export records them as
+mutated buffers, aotc's state, which the runtime carries from one call to the next. Attention is
+aotc's `cached_attention` operator, which reads only the positions a row has filled on the CPU
+(cached_attention.py); the export checks it against the model's own attention before tracing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any
 
 from aotc.errors import UserInputError
+from aotc.export.row_cache import STEP_INPUTS
 from aotc.export.sibling_linears import fuse_sibling_linears
-from aotc_runtime.generation import step_inputs  # one definition, the runtime's loop uses it
+from aotc_runtime.generation import prefill_inputs  # one definition, the runtime's loop uses it
 
 TASK = "text-generation"
-# the step's inputs that grow with the tokens fed at once, and their axis
-_S_AXES = (("input_ids", 1), ("position_ids", 1), ("cache_position", 0))
+# the step's input that grows with the tokens fed at once, and its axis
+_S_AXES = (("input_ids", 1),)
+# the generation step's contract, recorded in the package (aotc_runtime/generation_record.py)
+STEP_FORMAT = 2
 
 
 def check_supports_static_cache(model: Any) -> None:
@@ -92,58 +80,57 @@ def probe_step(model: Any) -> None:
 
 def cache_step(model: Any, batch_size: int, max_len: int):
     """`model` (a transformers *ForCausalLM, eval mode) as one step of generation, see above."""
-    import torch
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+    from aotc.export.row_cache import row_step
 
     check_supports_static_cache(model)
     fuse_sibling_linears(model, lambda: probe_step(model))  # q/k/v, gate/up: one GEMM each
+    heads, head_dim = cache_shape(model)
+    step = row_step(model, batch_size, max_len, heads, head_dim)
+    check_owned_attention(model, step, max_len)
+    step.zero_cache()
+    return step
 
-    # The LM head on the last position only, as transformers' generate asks for it: on a prompt of
-    # S tokens the head is otherwise S times the work and its logits S times the memory (a
-    # 512-token prompt of a 128k vocabulary: 262 MB of fp32 logits of which one row is used).
-    accepts = inspect.signature(model.forward).parameters
-    last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
 
-    class CacheStep(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.cache = StaticCache(config=model.config, max_cache_len=max_len)
-            # A sliding-window layer keeps only the window and rolls it, with branches on the
-            # position that a trace fixes. Every position kept instead: the attention mask, which
-            # transformers builds from the config's window, still limits each token to its window.
-            for i, layer in enumerate(self.cache.layers):
-                if isinstance(layer, StaticSlidingWindowLayer):
-                    self.cache.layers[i] = StaticLayer(max_len)
-            heads, head_dim = cache_shape(model)
-            device = next(model.parameters()).device
-            # allocated now: lazily, on the first call, it would happen inside the trace
-            self.cache.early_initialization(batch_size, heads, head_dim, model.dtype, device)
-            self.layers = len(self.cache.layers)
-            for i, layer in enumerate(self.cache.layers):
-                self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
-                self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
-                self.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
+def check_owned_attention(model: Any, step: Any, max_len: int) -> None:
+    """aotc's attention against the model's own, eagerly: a prompt's prefill and two decode steps
+    on the first row, through transformers' own cache and attention and through the step. A model
+    whose layers do something with attention that aotc's does not would disagree here, in one
+    line, rather than generate other tokens from the package."""
+    import torch
+    from transformers import DynamicCache
 
-        def forward(self, input_ids, position_ids, cache_position, attention_mask):
-            for i, layer in enumerate(self.cache.layers):
-                layer.keys = getattr(self, f"key_cache_{i}")
-                layer.values = getattr(self, f"value_cache_{i}")
-                layer.cumulative_length = getattr(self, f"cache_length_{i}")
-                layer.cumulative_length.copy_(cache_position[0])  # where this call writes
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=attention_mask,
-                past_key_values=self.cache,
-                cache_position=cache_position,
-                use_cache=True,
-                **last_logits_only,
+    device = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    batch = step.key_cache_0.shape[0]
+    length = max(1, min(6, max_len - 2))
+    ids = torch.randint(0, vocab, (1, length + 2), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(device)
+    own, ours = [], []
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        for start, end in ((0, length), (length, length + 1), (length + 1, length + 2)):
+            out = model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
+            own.append(out.logits[0, -1].float())
+        long = torch.zeros(batch, dtype=torch.long, device=device)
+        fed = torch.zeros(batch, dtype=torch.long, device=device)
+        for start, end in ((0, length), (length, length + 1), (length + 1, length + 2)):
+            window = ids[:, start:end].expand(batch, -1)
+            long.fill_(end - start)
+            ours.append(step(window, fed, long)[0].float())
+            fed += end - start
+    # fp32 rounding apart; a half-precision model's logits round at a few parts in a hundred
+    tolerance = 1e-3 if model.dtype.itemsize >= 4 else 5e-2
+    for which, (a, b) in enumerate(zip(own, ours)):
+        gap = float((a - b).abs().max() / a.abs().max().clamp(min=1.0))
+        if not gap <= tolerance:
+            what = "the prompt" if which == 0 else f"decode step {which}"
+            raise UserInputError(
+                f"aotc's attention disagrees with {type(model).__name__}'s own on {what} "
+                f"(largest logit difference {gap:.2g} of the largest logit); this model's attention "
+                "is not one aotc's generation packages implement: export it without --task"
             )
-            return out.logits[:, -1, :]
 
-    return CacheStep().eval()
+
 
 
 def generation_export(loaded: Any, cfg: Any) -> tuple:
@@ -171,8 +158,7 @@ def generation_export(loaded: Any, cfg: Any) -> tuple:
     def example_inputs():
         ids = torch.randint(0, vocab, (batch, prompt), generator=torch.Generator().manual_seed(0))
         mask = torch.ones(batch, prompt, dtype=torch.long)
-        names = ("input_ids", "position_ids", "cache_position", "attention_mask")
-        return dict(zip(names, step_inputs(ids, mask, 0, max_len)))
+        return dict(zip(STEP_INPUTS, prefill_inputs(ids, mask)))
 
     wrapped = dataclasses.replace(loaded, module=step, example_inputs=example_inputs)
     dims = (DimSpec("S", 1, max_len, prompt, _S_AXES),)
@@ -248,6 +234,7 @@ def task_record(model: Any, cfg: Any) -> dict:
     outside = [token for token in named if not 0 <= token < vocab]
     record = {
         "name": TASK,
+        "step_format": STEP_FORMAT,
         "batch_size": cfg.batch_size,
         "max_seq_len": cfg.max_seq_len,
         "vocab_size": vocab,
@@ -293,28 +280,38 @@ def attention_window(config: Any) -> int:
 def check_cases(task: dict, device: Any) -> list:
     """The build's numeric check of a generation step: [(label, inputs)] in the order they run,
     the cache carried from one to the next as in generation: a prefill that fills the whole cache
-    (S at its max), a prompt's prefill, decode steps after it, and a one-token prefill (S at its
-    min). Each is called twice by the check; a step writes the same cache positions both times,
-    so the second call sees what the first did."""
+    (S at its max), prompts of different lengths, decode steps after them, a step that prefills one
+    row while it decodes the other, and a one-token prefill (S at its min). Each is called twice by
+    the check; a step writes the same cache positions both times, so the second call sees what the
+    first did."""
     import torch
 
     batch, max_len, vocab = task["batch_size"], task["max_seq_len"], task["vocab_size"]
     g = torch.Generator().manual_seed(0)
 
-    def prompt(length: int):
+    def tokens(length: int):
         return torch.randint(0, vocab, (batch, length), generator=g)
 
-    def case(label: str, ids, mask, start: int):
-        return label, [t.to(device) for t in step_inputs(ids, mask, start, max_len)]
+    def case(label: str, ids, held: list, fed: list):
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
+        return label, [t.to(device) for t in (ids, as_tensor(held), as_tensor(fed))]
 
-    ones = lambda n: torch.ones(batch, n, dtype=torch.long)  # noqa: E731
     length = max(2, min(8, max_len // 2))
+    # each row's prompt: the first `length` tokens, the others one fewer down to 1 (left-padded)
+    prompts = [max(1, length - row) for row in range(batch)]
     cases = [
-        case(f"prefill of {max_len} tokens (S at its max)", prompt(max_len), ones(max_len), 0),
-        case(f"prefill of {length} tokens", prompt(length), ones(length), 0),
-    ]
-    for step in range(min(4, max_len - length)):
-        seen = length + step + 1
-        cases.append(case(f"decode step {step + 1}", prompt(1), ones(seen), seen - 1))
-    cases.append(case("prefill of 1 token (S at its min)", prompt(1), ones(1), 0))
+        case(f"prefill of {max_len} tokens (S at its max)", tokens(max_len), [0] * batch,
+             [max_len] * batch),
+        case(f"prefill of prompts of {min(prompts)}-{length} tokens", tokens(length),
+             [0] * batch, prompts),
+    ]  # fmt: skip
+    held = list(prompts)
+    for step in range(min(3, max_len - length - 1)):
+        cases.append(case(f"decode step {step + 1}", tokens(1), held, [1] * batch))
+        held = [h + 1 for h in held]
+    if max_len - max(held) >= 2:  # row 0 takes a new 2-token prompt while the others decode
+        joining = [0] + held[1:]
+        cases.append(case("a row's prefill beside the others' decode", tokens(2), joining,
+                          [2] + [1] * (batch - 1)))  # fmt: skip
+    cases.append(case("prefill of 1 token (S at its min)", tokens(1), [0] * batch, [1] * batch))
     return cases

@@ -132,9 +132,10 @@ def portable_experts(module) -> None:
 
 
 def foreign_ops(ep) -> list[str]:
-    """The ops the program calls that are neither PyTorch's own (aten, prims) nor higher-order
-    control flow: ops defined by a library or the model's code, which `aotc build` and the
-    runtimes cannot load (they import neither)."""
+    """The ops the program calls that are neither PyTorch's own (aten, prims), aotc's (which every
+    build lowers to kernels: cached_attention.py), nor higher-order control flow: ops defined by a
+    library or the model's code, which `aotc build` and the runtimes cannot load (they import
+    neither)."""
     import torch
 
     found = set()
@@ -142,7 +143,7 @@ def foreign_ops(ep) -> list[str]:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             continue
-        if target.namespace not in ("aten", "prims"):
+        if target.namespace not in ("aten", "prims", "aotc"):
             found.add(f"torch.ops.{target.namespace}.{target._schema.name.split('::')[-1]}")
     return sorted(found)
 

@@ -1,10 +1,12 @@
 """Text generation with a package built from `aotc export --task text-generation`: the prompts'
 prefill, then one decode step per new token, the KV cache kept as the package's state.
 
-The package's program is one step (aotc/export/text_generation.py):
+The package's program is one step over a KV cache in which each row has its own timeline
+(aotc/export/row_cache.py):
 
-    step(input_ids [B, S], position_ids [B, S], cache_position [S], attention_mask [B, max_len])
-        -> logits of the last position [B, vocab]
+    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+
+row b holding cache_lengths[b] tokens and fed the last input_lengths[b] tokens of its window.
 
 `generate` answers as transformers' `generate` does for a decoder-only model: prompts of
 different lengths come left-padded with an attention mask, the result is the prompts followed by
@@ -29,19 +31,14 @@ if TYPE_CHECKING:
     from .package import Package
 
 
-def step_inputs(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int, max_len: int
-) -> tuple:
-    """The inputs of one step that feeds the tokens `input_ids` [B, S] at cache positions start..
-    start+S-1, where `attention_mask` [B, start+S] marks the real tokens so far (padding 0): the
-    tokens' positions in their own sequences, the cache positions, and the mask over the cache."""
-    batch, length = input_ids.shape
-    seen = attention_mask.shape[1]
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, seen - length :]
-    full_mask = torch.zeros(batch, max_len, dtype=torch.long, device=input_ids.device)
-    full_mask[:, :seen] = attention_mask
-    cache_position = torch.arange(start, start + length, device=input_ids.device)
-    return input_ids, positions.contiguous(), cache_position, full_mask
+def prefill_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
+    """The step's inputs that feed each row of `input_ids` [B, S] its prompt, the tokens
+    `attention_mask` marks 1: those tokens moved, in order, to the end of the row's window (a mask
+    with 0s among the 1s means what transformers makes of it: the 0s are not there), an empty
+    cache, and each row's count of tokens."""
+    order = attention_mask.argsort(dim=1, stable=True)  # the 0s first, then the 1s in order
+    lengths = attention_mask.long().sum(-1)
+    return input_ids.gather(1, order), torch.zeros_like(lengths), lengths
 
 
 def generation_of(package: Package) -> Generation:
@@ -179,23 +176,18 @@ def feedback_ids(generation: Generation, eos_token_ids: Sequence[int] | None) ->
 
 
 class DecodeStep:
-    """The decode step's inputs as buffers it owns and advances on the device: after a step, the
-    positions and the cache position move on by one and the mask gains the next column, so no
-    host value crosses to the device per token (a host tensor copied to a CUDA device waits for
-    the device to finish what it was given first). `DecodeGraph` captures `run` whole."""
+    """The decode step's inputs as buffers it owns and advances on the device: after a step, each
+    row holds the tokens it was fed, so no host value crosses to the device per token (a host
+    tensor copied to a CUDA device waits for the device to finish what it was given first).
+    `DecodeGraph` captures `run` whole."""
 
     def __init__(self, inputs: Sequence[torch.Tensor]):
-        self.inputs = [
-            t.clone() for t in inputs
-        ]  # ids [B, 1], positions [B, 1], cache position [1], mask
-        self.ids, self.positions, self.cache_position, self.mask = self.inputs
-        self._last_column = self.mask.shape[1] - 1
+        # ids [B, 1], cache lengths [B], input lengths [B] (1 for a row decoding, 0 for none)
+        self.inputs = [t.clone() for t in inputs]
+        self.ids, self.cache_lengths, self.input_lengths = self.inputs
 
     def advance(self) -> None:
-        self.positions.add_(1)
-        self.cache_position.add_(1)
-        # clamped: after the cache's last position there is no next step, and no column to add
-        self.mask.index_fill_(1, self.cache_position.clamp(max=self._last_column), 1)
+        self.cache_lengths.add_(self.input_lengths)
 
     def load(self, inputs: Sequence[torch.Tensor]) -> None:
         for mine, given in zip(self.inputs, inputs):
@@ -350,9 +342,9 @@ def stream(
     mask = (
         torch.ones_like(ids) if attention_mask is None else attention_mask.to(device, torch.int64)
     )
-    if prompts < batch:  # the package's batch is fixed: fill it with one-token-repeated rows
+    if prompts < batch:  # the package's batch is fixed: the other rows are fed nothing
         filler = torch.zeros(batch - prompts, length, dtype=torch.int64, device=device)
-        ids, mask = torch.cat([ids, filler]), torch.cat([mask, torch.ones_like(filler)])
+        ids, mask = torch.cat([ids, filler]), torch.cat([mask, filler])
     eos_list, pad = feedback_ids(generation, eos_token_ids)
     eos = torch.tensor(eos_list, dtype=torch.int64, device=device)
     eos_host = torch.tensor(eos_list, dtype=torch.int64)
@@ -365,20 +357,14 @@ def stream(
     finished_host = torch.zeros(batch, dtype=torch.bool)
     with package._generating.generation(), torch.inference_mode():
         package.reset_state()
-        prefill = step_inputs(ids, mask, 0, max_len)
+        prefill = prefill_inputs(ids, mask)
         logits = package.call_without_graphs(*prefill)
         pick = None
         if max_new_tokens > 1:
-            # the first decode step's inputs: each sequence's next position is its count of real
-            # tokens so far, the cache position follows the prompt, the mask gains its column
-            full_mask = prefill[3].clone()
-            full_mask[:, length] = 1
-            first = (
-                ids[:, -1:],
-                mask.sum(-1, keepdim=True),
-                torch.tensor([length], device=device),
-                full_mask,
-            )
+            # the first decode step's inputs: each prompt's row holds its prompt and is fed one
+            # token a step
+            fed = (torch.arange(batch, device=device) < prompts).long()
+            first = (prefill[0][:, -1:], prefill[2], fed)
             decode = decoder(package, first)
             # greedy on a decode graph: each replay picks the next tokens itself (GreedyPick)
             pick = decode.pick if sampling.greedy else None

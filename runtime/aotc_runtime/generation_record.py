@@ -10,7 +10,12 @@ refused when the manifest is read, before anything is allocated from its numbers
 The model's side is the signature, which load() compares with the description the compiled model
 carries (manifest.check_contract):
 
-    input_ids [B, S] (value_range [0, vocab - 1])   attention_mask [B, max_len]   logits [B, vocab]
+    input_ids [B, S] (value_range [0, vocab - 1])   cache_lengths [B]   input_lengths [B]
+    logits [B, vocab]   state: per layer, keys and values [B, max_len + 1, kv heads, head dim]
+
+`step_format` names that contract. A runtime knows one; a package recording another (or none:
+packages from before aotc owned the cache fed a mask over a shared timeline) is refused in one line
+that says to rebuild.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from .errors import PackageError
 from .fields import Fields, inside_package
 from .signature import Signature
 
-STEP_INPUTS = ("input_ids", "position_ids", "cache_position", "attention_mask")
+STEP_INPUTS = ("input_ids", "cache_lengths", "input_lengths")
+STEP_FORMAT = 2  # the step contract above
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class Generation:
     # the fewest positions a layer's attention looks back over, 0 for none limited; None in
     # packages from before it was recorded (aotc_runtime/continuous.py reads it)
     sliding_window: int | None = None
+    step_format: int | None = None  # the step's contract; this runtime runs STEP_FORMAT
 
     @classmethod
     def read(cls, fields: Fields) -> Generation:
@@ -55,6 +62,7 @@ class Generation:
             fields.integer("pad_token_id", None),
             fields.optional_text("tokenizer"),
             fields.integer("sliding_window", None),
+            fields.integer("step_format", None),
         )
         if generation.tokenizer is not None and not inside_package(generation.tokenizer):
             fields.fail("tokenizer", "is not a plain path inside the package")
@@ -72,6 +80,7 @@ class Generation:
             "pad_token_id": self.pad_token_id,
             "tokenizer": self.tokenizer,
             **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
+            **({} if self.step_format is None else {"step_format": self.step_format}),
         }
 
 
@@ -81,12 +90,28 @@ def check_generation_record(
     """Refuse (PackageError, exit 7) a package whose generation record disagrees with its model."""
     if generation is None:
         return
+    check_step_format(folder, generation)
     problem = _disagreement(generation, signature) or _tokenizer_problem(generation, files)
     if problem:
         raise PackageError(
             f"package {folder}: its generation record does not match its compiled model: "
             f"{problem}; rebuild it with `aotc build --force`"
         )
+
+
+def check_step_format(folder: Path, generation: Generation | None) -> None:
+    """Refuse (PackageError) a generation package whose step this runtime does not know how to run."""
+    if generation is None or generation.step_format == STEP_FORMAT:
+        return
+    made = (
+        "an aotc from before the generation step had its own KV cache"
+        if generation.step_format is None
+        else f"generation step format {generation.step_format}, which this runtime does not know "
+        f"(it runs format {STEP_FORMAT})"
+    )
+    raise PackageError(
+        f"package {folder} was built with {made}; export and build it again with this aotc"
+    )
 
 
 def _disagreement(generation: Generation, signature: Signature) -> str | None:
@@ -98,16 +123,25 @@ def _disagreement(generation: Generation, signature: Signature) -> str | None:
             if missing
             else f"the model has {len(signature.outputs)} outputs, a generation step has 1 (logits)"
         )
-    ids, mask, logits = inputs["input_ids"], inputs["attention_mask"], signature.outputs[0]
-    if len(ids.shape) != 2 or len(mask.shape) != 2 or len(logits.shape) != 2:
-        return "input_ids, attention_mask and the logits are not 2-D"
-    for what, size, expected in (
+    ids, logits = inputs["input_ids"], signature.outputs[0]
+    held, fed = inputs["cache_lengths"], inputs["input_lengths"]
+    if len(ids.shape) != 2 or len(logits.shape) != 2 or len(held.shape) != 1 or len(fed.shape) != 1:
+        return "input_ids and the logits are not 2-D, or the lengths not 1-D"
+    if not signature.state or any(len(s.shape) != 4 for s in signature.state):
+        return "its state is not a KV cache of [batch, positions, heads, head dim] per layer"
+    checks = [
         ("batch_size", ids.shape[0], generation.batch_size),
-        ("batch_size", mask.shape[0], generation.batch_size),
+        ("batch_size", held.shape[0], generation.batch_size),
+        ("batch_size", fed.shape[0], generation.batch_size),
         ("batch_size", logits.shape[0], generation.batch_size),
-        ("max_seq_len", mask.shape[1], generation.max_seq_len),
         ("vocab_size", logits.shape[1], generation.vocab_size),
-    ):
+    ]
+    for cache in signature.state:
+        checks.append(("batch_size", cache.shape[0], generation.batch_size))
+        # a string is a symbol: a cache whose length is not fixed is not this contract's
+        positions = cache.shape[1] - 1 if isinstance(cache.shape[1], int) else cache.shape[1]
+        checks.append(("max_seq_len", positions, generation.max_seq_len))
+    for what, size, expected in checks:
         if size != expected:
             return f"{what} is {expected} but the model's is {size}"
     if ids.value_range is not None and ids.value_range[1] != generation.vocab_size - 1:

@@ -32,6 +32,7 @@ from aotc.compiler.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
 from aotc.export.artifact import load_artifact
+from aotc.export.cached_attention import implementation_for, lower_cached_attention
 from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
 from aotc.math_mode import tf32_matmuls
@@ -76,6 +77,8 @@ def _build(
             quiet_torch(),
         ):
             placed = place_program(ep, cfg.device, cfg.precision, signature)
+            # a generation step's attention, as this device runs it best
+            placed = lower_cached_attention(placed, implementation_for(cfg.device))
         phases: dict = {}
         cxx = compiler["cpp.cxx"][1]
         # Inductor's vector-ISA probe runs in here: each of its answers once per machine, and

@@ -30,6 +30,7 @@ from aotc.compiler.verify import check_numerics
 from aotc.config import BuildConfig, Mode, Precision
 from aotc.errors import BuildError, UserInputError
 from aotc.export.artifact import ArtifactMeta, load_artifact
+from aotc.export.cached_attention import lower_cached_attention
 from aotc.export.eager_reference import CALLS_PER_CASE
 from aotc.export.onnx import (
     export_to_onnx,
@@ -87,7 +88,8 @@ def build(cfg: BuildConfig, progress: Progress, started: float):
                 ep, meta = load_artifact(cfg.artifact)
             with progress.stage("converting to ONNX (torch.onnx, dynamo exporter)"):
                 converted = staging / "source.onnx"
-                export_to_onnx(ep, meta, converted)
+                # a generation step's attention as plain aten ops, which ONNX has
+                export_to_onnx(lower_cached_attention(ep, "reference"), meta, converted)
                 model, info = read_onnx_model(converted)
                 converted.unlink()
         # the program's signature, for the check's eager reference; the package's is the ONNX
