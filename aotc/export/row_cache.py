@@ -184,8 +184,9 @@ def row_step(model: Any, batch_size: int, max_len: int, heads: int, head_dim: in
                 )  # fmt: skip
 
         def zero_cache(self) -> None:
-            for buffer in self.buffers():
-                buffer.zero_()
+            for i in range(self.layers):  # not self.buffers(): the model's own (RoPE's) are there
+                getattr(self, f"key_cache_{i}").zero_()
+                getattr(self, f"value_cache_{i}").zero_()
 
         def forward(self, input_ids, cache_lengths, input_lengths):
             # the buffers as this call sees them (a trace's own, not the ones made above)

@@ -1,9 +1,11 @@
 // aotc::Package::generate: the Python runtime's generation loop (aotc_runtime/generation.py) in C++:
 // the prompts' prefill, then one decode step per new token over the KV cache the package keeps as
-// its state. The program is one step (aotc/export/text_generation.py):
+// its state. The program is one step over a cache in which each row has its own timeline
+// (aotc/export/row_cache.py):
 //
-//   step(input_ids [B, S], position_ids [B, S], cache_position [S], attention_mask [B, max_len])
-//       -> logits of the last position [B, vocab]
+//   step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+//
+// row b holding cache_lengths[b] tokens and fed the last input_lengths[b] tokens of its window.
 //
 // Messages and checks are the Python runtime's (check_request), so both refuse the same requests
 // with the same line.
@@ -121,7 +123,6 @@ bool Package::start_decode_graph(const std::vector<at::Tensor>& first) {
   if (!decode_graph_) {
     decode_inputs_.clear();
     for (const auto& t : first) decode_inputs_.push_back(t.clone());
-    const int64_t last_column = decode_inputs_[3].size(1) - 1;
     // The warm-up runs the step on the first decode inputs: it writes the cache positions the first
     // replay writes, with the same values.
     auto program = [this] {
@@ -130,11 +131,8 @@ bool Package::start_decode_graph(const std::vector<at::Tensor>& first) {
       decode_logits_ = call_flat(flat, /*graphs=*/false)[0];
       return decode_logits_;
     };
-    auto advance = [this, last_column] {  // the next step's inputs, on the device: no host value per token
-      decode_inputs_[1].add_(1);
-      decode_inputs_[2].add_(1);
-      // clamped: after the cache's last position there is no next step, and no column to add
-      decode_inputs_[3].index_fill_(1, decode_inputs_[2].clamp_max(last_column), 1);
+    auto advance = [this] {  // the next step's inputs, on the device: no host value per token
+      decode_inputs_[1].add_(decode_inputs_[2]);  // each row holds what it was fed
       // a greedy generation's next tokens, into the next step's ids; a sampled one writes its own
       // into them before each replay
       decode_inputs_[0].copy_(pick_next(decode_logits_).unsqueeze(1));
@@ -160,14 +158,14 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   const Generation& g = *manifest_.generation;
   check_request(g, input_ids, attention_mask, options);
   c10::InferenceMode inference;
-  const int64_t prompts = input_ids.size(0), length = input_ids.size(1), batch = g.batch_size, max_len = g.max_seq_len;
+  const int64_t prompts = input_ids.size(0), length = input_ids.size(1), batch = g.batch_size;
   const auto on = at::TensorOptions().dtype(at::kLong).device(device_);
   at::Tensor ids = input_ids.to(on);
   at::Tensor mask = attention_mask.defined() ? attention_mask.to(on) : at::ones_like(ids);
-  if (prompts < batch) {  // the package's batch is fixed: fill it with rows of their own
+  if (prompts < batch) {  // the package's batch is fixed: the other rows are fed nothing
     at::Tensor filler = at::zeros({batch - prompts, length}, on);
     ids = at::cat({ids, filler});
-    mask = at::cat({mask, at::ones_like(filler)});
+    mask = at::cat({mask, filler});
   }
   std::vector<int64_t> eos_list = options.eos_token_ids ? *options.eos_token_ids : g.eos_token_ids;
   at::Tensor eos = at::tensor(eos_list, at::kLong).to(device_);
@@ -176,17 +174,17 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   std::vector<at::Generator> generators = row_generators(options.sampling.greedy() ? 0 : prompts, options.sampling.seed, device_);
 
   reset_state();
-  // prefill: each token's position in its own sequence, cache positions 0..S-1, the mask over the cache
-  at::Tensor positions = (mask.cumsum(-1) - 1).clamp_min(0);
-  at::Tensor full_mask = at::zeros({batch, max_len}, on);
-  full_mask.narrow(1, 0, length).copy_(mask);
-  at::Tensor cache_position = at::arange(length, on);
+  // prefill: each row's real tokens (mask 1), in order, at the end of its window; an empty cache
+  // (the Python runtime's prefill_inputs)
+  at::Tensor order = std::get<1>(mask.sort(/*stable=*/true, /*dim=*/1));
+  at::Tensor window = ids.gather(1, order);
+  at::Tensor held = at::zeros({batch}, on);
+  at::Tensor fed = mask.sum(-1);
   // never through the CUDA-graph runner: it would capture one graph per prompt length
-  at::Tensor logits = run_step({ids, positions, cache_position, full_mask}, /*graphs=*/false)[0];
-  // the first decode step's inputs: the next position is each sequence's count of real tokens
-  at::Tensor step_positions = mask.sum(-1, /*keepdim=*/true);
-  at::Tensor step_cache_position = at::full({1}, length, on);
-  full_mask.select(1, length).fill_(1);
+  at::Tensor logits = run_step({window, held, fed}, /*graphs=*/false)[0];
+  // the first decode step's inputs: each prompt's row holds its prompt and is fed a token a step
+  at::Tensor step_held = fed.clone();
+  at::Tensor step_fed = at::arange(batch, on).lt(prompts).to(at::kLong);
 
   // On CUDA with CUDA graphs, each decode step is one replay, as in the Python runtime: a package
   // whose program updates its state in place replays on state_ itself. The graph is captured (or
@@ -211,7 +209,7 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
     tokens = at::where(unfinished, tokens, at::full_like(tokens, pad));
     if (eos.numel()) unfinished &= at::isin(tokens, eos).logical_not();
   }
-  if (graphs) graphs = start_decode_graph({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask});
+  if (graphs) graphs = start_decode_graph({tokens.unsqueeze(1), step_held, step_fed});
   if (in_graph && !graphs) {  // capture failed: the host picks from here on
     in_graph = false;
     unfinished = pick_.unfinished.clone();
@@ -260,11 +258,8 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
       logits = decode_graph_->replay();
       continue;
     }
-    logits = run({tokens.unsqueeze(1), step_positions, step_cache_position, full_mask})[0];
-    step_positions += 1;
-    step_cache_position += 1;
-    int64_t next = std::min(length + step + 1, max_len - 1);  // after the last position there is no next step
-    full_mask.select(1, next).fill_(1);
+    logits = run({tokens.unsqueeze(1), step_held, step_fed})[0];
+    step_held += step_fed;
   }
   return generated;
 }

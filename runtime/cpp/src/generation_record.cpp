@@ -2,10 +2,12 @@
 // before anything is allocated from the record (Package::generate sizes its mask and batch from it).
 // The checks, their order and messages are aotc_runtime/generation_record.py's; the signature is the
 // compiled model's own (check_contract ran first), so a record that disagrees with it was edited.
-// The step's shapes (aotc/export/text_generation.py):
+// The step's shapes (aotc/export/row_cache.py), `step_format` 2:
 //
-//   step(input_ids [B, S], position_ids [B, S], cache_position [S], attention_mask [B, max_len])
-//       -> logits [B, vocab]; state key_cache_i / value_cache_i [B, heads, max_len, head dim]
+//   step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab];
+//   state key_cache_i / value_cache_i [B, max_len + 1, kv heads, head dim]
+//
+// A package of another step format (or none: from before aotc owned the cache) is refused first.
 #include <algorithm>
 #include <array>
 #include <string>
@@ -17,7 +19,8 @@ namespace aotc {
 namespace {
 
 // The step's inputs, in the order Package::generate passes them.
-constexpr std::array<const char*, 4> kStepInputs = {"input_ids", "position_ids", "cache_position", "attention_mask"};
+constexpr std::array<const char*, 3> kStepInputs = {"input_ids", "cache_lengths", "input_lengths"};
+constexpr int64_t kStepFormat = 2;
 
 std::string entry_text(const ShapeEntry& entry) { return entry.is_static() ? std::to_string(entry.size) : entry.name; }
 
@@ -35,13 +38,16 @@ std::string form_problem(const Signature& sig) {
   if (sig.outputs.size() != 1) {
     return "the model has " + std::to_string(sig.outputs.size()) + " outputs, a generation step has 1 (logits)";
   }
-  if (find(sig.inputs, "input_ids")->shape.size() != 2 || find(sig.inputs, "attention_mask")->shape.size() != 2 ||
-      sig.outputs[0].shape.size() != 2) {
-    return "input_ids, attention_mask and the logits are not 2-D";
+  if (find(sig.inputs, "input_ids")->shape.size() != 2 || sig.outputs[0].shape.size() != 2 ||
+      find(sig.inputs, "cache_lengths")->shape.size() != 1 || find(sig.inputs, "input_lengths")->shape.size() != 1) {
+    return "input_ids and the logits are not 2-D, or the lengths not 1-D";
+  }
+  if (sig.state.empty() || std::any_of(sig.state.begin(), sig.state.end(), [](const TensorSpec& s) { return s.shape.size() != 4; })) {
+    return "its state is not a KV cache of [batch, positions, heads, head dim] per layer";
   }
   for (size_t i = 0; i < kStepInputs.size(); ++i) {  // Package::generate passes them by position
     if (sig.inputs[i].name != kStepInputs[i]) {
-      return "its inputs are not in a generation step's order (input_ids, position_ids, cache_position, attention_mask)";
+      return "its inputs are not in a generation step's order (input_ids, cache_lengths, input_lengths)";
     }
   }
   return "";
@@ -49,14 +55,22 @@ std::string form_problem(const Signature& sig) {
 
 // The record's numbers against the model's sizes, then its ids against its vocabulary.
 std::string size_problem(const Generation& g, const Signature& sig) {
-  const TensorSpec &ids = *find(sig.inputs, "input_ids"), &mask = *find(sig.inputs, "attention_mask"), &logits = sig.outputs[0];
-  const struct {
+  const TensorSpec &ids = *find(sig.inputs, "input_ids"), &logits = sig.outputs[0];
+  const TensorSpec &held = *find(sig.inputs, "cache_lengths"), &fed = *find(sig.inputs, "input_lengths");
+  struct Size {
     const char* what;
-    const ShapeEntry& size;
+    ShapeEntry size;
     int64_t expected;
-  } sizes[] = {{"batch_size", ids.shape[0], g.batch_size},    {"batch_size", mask.shape[0], g.batch_size},
-               {"batch_size", logits.shape[0], g.batch_size}, {"max_seq_len", mask.shape[1], g.max_seq_len},
-               {"vocab_size", logits.shape[1], g.vocab_size}};
+  };
+  std::vector<Size> sizes = {{"batch_size", ids.shape[0], g.batch_size},  {"batch_size", held.shape[0], g.batch_size},
+                             {"batch_size", fed.shape[0], g.batch_size},  {"batch_size", logits.shape[0], g.batch_size},
+                             {"vocab_size", logits.shape[1], g.vocab_size}};
+  for (const auto& cache : sig.state) {  // per layer [B, max_len + 1, heads, head dim]: slot max_len is the padding's
+    sizes.push_back({"batch_size", cache.shape[0], g.batch_size});
+    ShapeEntry positions = cache.shape[1];
+    if (positions.is_static()) positions.size -= 1;
+    sizes.push_back({"max_seq_len", positions, g.max_seq_len});
+  }
   for (const auto& s : sizes) {
     if (!s.size.is_static() || s.size.size != s.expected) {
       return std::string(s.what) + " is " + std::to_string(s.expected) + " but the model's is " + entry_text(s.size);
@@ -65,17 +79,6 @@ std::string size_problem(const Generation& g, const Signature& sig) {
   if (ids.value_range && ids.value_range->second != g.vocab_size - 1) {
     return "vocab_size is " + std::to_string(g.vocab_size) + " but the model's token ids go up to " +
            std::to_string(ids.value_range->second);
-  }
-  // the KV cache the program writes: [B, heads, max_len, head dim] (the Python runtime's clone
-  // of the state would allocate it; here it is checked like the inputs)
-  for (const auto& spec : sig.state) {
-    bool cache = spec.shape.size() == 4 && (spec.name.rfind("key_cache_", 0) == 0 || spec.name.rfind("value_cache_", 0) == 0);
-    if (cache && spec.shape[0].size != g.batch_size) {
-      return "batch_size is " + std::to_string(g.batch_size) + " but the model's is " + entry_text(spec.shape[0]);
-    }
-    if (cache && spec.shape[2].size != g.max_seq_len) {
-      return "max_seq_len is " + std::to_string(g.max_seq_len) + " but the model's is " + entry_text(spec.shape[2]);
-    }
   }
   return "";
 }
@@ -101,6 +104,12 @@ std::string id_problem(const Generation& g, const Manifest& manifest) {
 void check_generation(const std::string& folder, const Manifest& manifest) {
   if (!manifest.generation) return;
   const Generation& g = *manifest.generation;
+  if (g.step_format != kStepFormat) {
+    std::string made = !g.step_format ? "an aotc from before the generation step had its own KV cache"
+                                      : "generation step format " + std::to_string(*g.step_format) +
+                                            ", which this runtime does not know (it runs format " + std::to_string(kStepFormat) + ")";
+    throw package_error("package " + folder + " was built with " + made + "; export and build it again with this aotc");
+  }
   std::string problem = form_problem(manifest.signature);
   if (problem.empty()) problem = size_problem(g, manifest.signature);
   if (problem.empty()) problem = id_problem(g, manifest);

@@ -281,6 +281,7 @@ Generation read_generation(const Fields& f) {
   if (f.has("pad_token_id") && !f.value("pad_token_id").is_null()) g.pad_token_id = f.integer("pad_token_id");
   g.tokenizer = f.optional_text("tokenizer");
   if (f.has("sliding_window") && !f.value("sliding_window").is_null()) g.sliding_window = f.integer("sliding_window");
+  if (f.has("step_format") && !f.value("step_format").is_null()) g.step_format = f.integer("step_format");
   return g;
 }
 
