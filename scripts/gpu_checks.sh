@@ -21,6 +21,9 @@
 #                   torch.compile column
 #   zoo_probe[=M,..] the GPU list (or the models given) built (fp32, no torch.compile column) only to show
 #                   its builds run no CPU-ISA probe; the table goes to RESULTS_DIR, docs/ untouched (then `probes`)
+#   decode_contender generate_bench.py bf16, batch 1, 32-token prompt, 288 new, 1,024-token cache: the Llama-3.2-1B
+#                   and Qwen3-0.6B shapes against the gpt-fast-style contender, GPT-2 124M alone; JSON in RESULTS_DIR
+#   step_cost       scripts/step_cost.py on CUDA: a decode step with 64 tokens in context at 256 and 4,096 positions
 #   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
 #   generate_llama  generate_bench's Llama-3.2-1B part alone
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
@@ -118,6 +121,16 @@ for manifest in sorted(Path(sys.argv[1]).rglob("manifest.json")):
 PY
       ;;
     generate_tests) python3 -m pytest -q -s tests/test_gpu_generate.py -p no:cacheprovider > "$RESULTS/generate_tests.log" 2>&1 || rc=$? ;;
+    decode_contender)
+      python3 scripts/generate_bench.py --llama-1b --qwen3-0.6b --device cuda --precision bf16 --contenders aotc,gpt-fast \
+        --prompt-tokens 32 --new 288 --max-seq-len 1024 --rounds 3 --bandwidth \
+        --out "$RESULTS/decode_contender.json" >> "$RESULTS/decode_contender.log" 2>&1 || rc=$?
+      python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --contenders aotc \
+        --prompt-tokens 32 --new 128 --rounds 5 --bandwidth \
+        --out "$RESULTS/decode_gpt2.json" >> "$RESULTS/decode_contender.log" 2>&1 || rc=$? ;;
+    step_cost)
+      python3 scripts/step_cost.py --device cuda --lengths 256,4096 --context 64 --batch 4 \
+        --out "$RESULTS/step_cost_cuda.json" > "$RESULTS/step_cost.log" 2>&1 || rc=$? ;;
     generate_bench)
       python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16,fp32 --prompt-tokens 32 \
         --new 128 --rounds 5 --bandwidth --out "$RESULTS/generate_gpt2.json" >> "$RESULTS/generate_bench.log" 2>&1 || rc=$?

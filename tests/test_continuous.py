@@ -35,7 +35,7 @@ def run(batch: RunningBatch, plan: dict) -> dict:
     step = 0
     while step == 0 or batch.active or any(at >= step for at in plan):
         for key, prompt, new, *sampling in [plan[at] for at in plan if at == step]:
-            assert batch.fits(len(prompt), new), (key, batch.column)
+            assert batch.fits(len(prompt), new), key
             batch.join(key, prompt, new, *sampling)
             made[key] = []
         for key, token in batch.step():
@@ -89,28 +89,43 @@ def test_greedy_and_sampled_sequences_share_a_running_batch(generation_packages,
     assert made["a"] != alone(package, [5, 17, 42, 9, 100], 14), "sampling was not used"
 
 
-def test_a_sequence_waits_when_the_cache_columns_left_cannot_hold_it(generation_packages):
+def test_a_sequence_joins_whenever_a_row_is_free_and_its_cache_holds_it(generation_packages):
+    """Rows have timelines of their own: a row that ran long does not shorten another's."""
     package = aotc_runtime.load(generation_packages["gpt2"][0])
     batch = RunningBatch(package)
-    batch.join("a", [5, 6, 7], 20)
-    batch.step()
-    # 3 columns used, and a has 19 tokens to make: after a join of 12 columns, 18 more feeds of
-    # a's would need 3 + 12 + 18 = 33 columns of the 32; a 2-token prompt needs 23
-    assert not batch.fits(12, 2) and batch.fits(11, 2) and batch.fits(2, 2)
+    batch.join("a", [5, 6, 7], 29)
+    for _ in range(10):
+        batch.step()
+    # a holds 13 of its row's 32 positions; the other row holds a whole 30 + 2
+    assert batch.fits(30, 2) and not batch.fits(31, 2)
     batch.join("b", [1, 2], 2)
     assert not batch.fits(1, 1)  # no free row (batch of 2)
     batch.release()
 
 
-def test_a_model_with_a_sliding_window_takes_sequences_only_into_an_empty_batch(
-    generation_packages,
-):
+def test_a_long_prompt_joins_in_chunks_beside_a_running_sequence(generation_packages):
+    """Chunks of 4 tokens: b's 14-token prompt takes 4 steps, each of which makes a's next token,
+    and both get their lone tokens."""
+    package = aotc_runtime.load(generation_packages["llama"][0])
+    plan = {
+        0: ("a", [5, 17, 42, 9, 100], 12),
+        2: ("b", [7, 8, 300, 4, 9, 11, 250, 31, 77, 2, 19, 60, 8, 401], 6),
+    }
+    batch = RunningBatch(package, prefill_chunk=4)
+    made = run(batch, plan)
+    for key, prompt, new in plan.values():
+        assert made[key] == alone(package, prompt, new), key
+
+
+def test_a_model_with_a_sliding_window_takes_sequences_into_a_running_batch(generation_packages):
+    """Each row's positions are its own, so a window (gemma2's is shorter than the cache) means
+    the same beside others as alone."""
     package = aotc_runtime.load(generation_packages["gemma2"][0])
     assert package.manifest.generation.sliding_window > 0
-    batch = RunningBatch(package)
-    assert batch.fits(3, 4)
-    batch.join("a", [5, 6, 7], 4)
-    batch.step()
-    assert not batch.fits(2, 2)
-    batch.leave("a")
-    assert batch.fits(2, 2)
+    plan = {
+        0: ("a", [5, 17, 42, 9, 100], 14),
+        4: ("b", [7, 8, 300], 6),
+    }
+    made = run(RunningBatch(package), plan)
+    for key, prompt, new in plan.values():
+        assert made[key] == alone(package, prompt, new), key

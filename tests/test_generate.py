@@ -263,7 +263,7 @@ def test_a_step_writes_the_new_cache_positions_into_the_packages_own_cache(gener
     the positions it feeds and nothing else: no copy of the whole cache per token. After a
     3-token prefill the package holds the same cache tensors, filled at positions 0..2 only; a
     reset empties those same tensors again."""
-    from aotc_runtime.generation import step_inputs
+    from aotc_runtime.generation import prefill_inputs
 
     package, _model = generation_packages["gpt2"]
     loaded = aotc_runtime.load(package)
@@ -272,11 +272,11 @@ def test_a_step_writes_the_new_cache_positions_into_the_packages_own_cache(gener
     before = [t.data_ptr() for t in loaded._state]
     ids = torch.tensor([[5, 17, 42], [7, 8, 9]])
     generation = loaded.manifest.generation
-    logits = loaded(*step_inputs(ids, torch.ones_like(ids), 0, generation.max_seq_len))
+    logits = loaded(*prefill_inputs(ids, torch.ones_like(ids)))
     assert list(logits.shape) == [2, generation.vocab_size]  # the logits alone come back
     assert [t.data_ptr() for t in loaded._state] == before
-    assert caches and all(bool((t[:, :, :3] != 0).any()) for t in caches)
-    assert all(bool((t[:, :, 3:] == 0).all()) for t in caches)  # [batch, heads, positions, dim]
+    assert caches and all(bool((t[:, :3] != 0).any()) for t in caches)
+    assert all(bool((t[:, 3:] == 0).all()) for t in caches)  # [batch, positions, heads, dim]
     loaded.reset_state()
     assert [t.data_ptr() for t in loaded._state] == before
     assert all(bool((t == 0).all()) for t in caches)

@@ -185,11 +185,9 @@ def test_a_plain_call_during_a_paused_stream_is_refused(gpt2):
     package = aotc_runtime.load(gpt2)
     stream = package.stream(IDS, max_new_tokens=4)
     next(stream)
-    from aotc_runtime.generation import step_inputs
+    from aotc_runtime.generation import prefill_inputs
 
-    inputs = step_inputs(
-        torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), 0, 32
-    )
+    inputs = prefill_inputs(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long))
     with pytest.raises(
         GenerationBusyError, match="a call of the package cannot run while a stream"
     ):

@@ -56,7 +56,9 @@ def _attend(
     batch, heads, steps, dim = query.shape
     kv_heads = keys.shape[2]
     group = heads // kv_heads
-    q = query.reshape(batch, kv_heads, group * steps, dim)
+    # contiguous first: a query split from a fused projection is strided as [B, S, Hq, D], and
+    # merging its heads with its tokens is a copy Inductor cannot express as a view
+    q = query.contiguous().reshape(batch, kv_heads, group * steps, dim)
     k = keys.transpose(1, 2)  # [B, Hkv, n, D]
     v = values.transpose(1, 2)
     mask = allowed[:, None, None].expand(batch, 1, group, steps, allowed.shape[-1])
