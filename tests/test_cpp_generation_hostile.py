@@ -175,27 +175,28 @@ def with_state(lm: Path, folder: Path, index: int, tensor) -> Path:
     [
         # today: run on, the program reading the transposed cache as if it were contiguous
         (
-            lambda: torch.randn(2, 4, 16, 32).transpose(2, 3),
+            lambda: torch.randn(2, 33, 16, 4).transpose(2, 3),
             "holds key_cache_0 in a layout the model does not read (not a dense contiguous tensor)",
         ),
         # today: run on, the NaN in every attention over the cache (an inf may be a state's
         # start, a running maximum's -inf say; a NaN is no value at all)
         (
-            lambda: torch.full((1,), float("nan")).expand(2, 4, 32, 16),
+            lambda: torch.full((1,), float("nan")).expand(2, 33, 4, 16),
             "holds key_cache_0 with NaN values",
         ),
         (
-            lambda: torch.zeros(2, 4, 32, 16).index_fill_(0, torch.tensor([1]), float("nan")),
+            lambda: torch.zeros(2, 33, 4, 16).index_fill_(0, torch.tensor([1]), float("nan")),
             "holds key_cache_0 with NaN values",
         ),
         # refused today too (TorchScript's unpickler reads no sparse tensor)
-        (lambda: torch.zeros(2, 4, 32, 16).to_sparse(), "could not be read"),
+        (lambda: torch.zeros(2, 33, 4, 16).to_sparse(), "could not be read"),
     ],
 )  # fmt: skip
 def test_a_doctored_state_file_is_refused_at_load(runner, lm, tmp_path, tensor, words):
     state = aotc_runtime.read_manifest(lm).signature.state
-    assert state[2].name == "key_cache_0" and list(state[2].shape) == [2, 4, 32, 16]
-    package = with_state(lm, tmp_path / "doctored", 2, tensor())
+    # [batch, max_len + 1 (the padding's slot), kv heads, head dim]
+    assert state[0].name == "key_cache_0" and list(state[0].shape) == [2, 33, 4, 16]
+    package = with_state(lm, tmp_path / "doctored", 0, tensor())
     done = run_cpp(runner, package, *GREEDY)
     assert_refused(done, 7, f"package {package}: its state.pt {words}{FIX}")
     if "could not be read" not in words:  # the Python runtime gives the same line

@@ -56,21 +56,23 @@ def _attend(
     batch, heads, steps, dim = query.shape
     kv_heads = keys.shape[2]
     group = heads // kv_heads
-    # contiguous first: a query split from a fused projection is strided as [B, S, Hq, D], and
-    # merging its heads with its tokens is a copy Inductor cannot express as a view
-    q = query.contiguous().reshape(batch, kv_heads, group * steps, dim)
+    # The scale applied to the query first: a new tensor, which Inductor lays out as the merge of
+    # heads and tokens below needs (a query split from a fused projection is strided as
+    # [B, S, Hq, D], and a plain reshape of it fails to lower under a dynamic S), and in the
+    # cache's dtype (a bf16 build can leave it fp32: rotary embeddings are computed in fp32).
+    q = torch.mul(query.to(keys.dtype), scale).reshape(batch, kv_heads, group * steps, dim)
     k = keys.transpose(1, 2)  # [B, Hkv, n, D]
     v = values.transpose(1, 2)
     mask = allowed[:, None, None].expand(batch, 1, group, steps, allowed.shape[-1])
     mask = mask.reshape(batch, 1, group * steps, allowed.shape[-1])
-    if softcap > 0:  # Gemma 2: scores soft-capped before the mask, in fp32 as transformers does
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if softcap > 0:  # Gemma 2: scores soft-capped before the mask, softmax in fp32 as transformers
+        scores = torch.matmul(q, k.contiguous().transpose(-1, -2)).float()
         scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+        out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v.contiguous())
     else:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out.reshape(batch, heads, steps, dim).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    return out.reshape(batch, heads, steps, dim).transpose(1, 2).to(query.dtype)
 
 
 def reference(query, keys, values, starts, scale: float, window: int, softcap: float):
