@@ -71,7 +71,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "lm.py").write_text(MODEL)
-        packages = {n: aotc_runtime.load(build(folder, n, args.batch, args.device)) for n in lengths}
+        packages = {
+            n: aotc_runtime.load(build(folder, n, args.batch, args.device)) for n in lengths
+        }
         device = torch.device(args.device)
         tokens = torch.zeros(args.batch, 1, dtype=torch.long, device=device)
         held = torch.full((args.batch,), args.context, dtype=torch.long, device=device)

@@ -51,28 +51,31 @@ def _attend(
     softcap: float,
 ) -> torch.Tensor:
     """Attention of `query` [B, Hq, S, D] over `keys`/`values` [B, n, Hkv, D] where `allowed`
-    [B, S, n]; [B, S, Hq, D]. The query heads are grouped by their key/value head ([B, Hkv,
-    G * S, D]), so the cache is read once per key/value head, never copied per query head."""
+    [B, S, n]; [B, S, Hq, D]. Grouped key/value heads are expanded to the query's heads, as
+    transformers' `repeat_kv` does: a copy of what is read. (Folding the query's groups into its
+    tokens instead would read the cache once per key/value head, but a query split from a fused
+    projection is strided [B, S, Hq, D], and that merge does not lower under a dynamic S.)"""
     batch, heads, steps, dim = query.shape
-    kv_heads = keys.shape[2]
+    kv_heads, length = keys.shape[2], keys.shape[1]
     group = heads // kv_heads
-    # The scale applied to the query first: a new tensor, which Inductor lays out as the merge of
-    # heads and tokens below needs (a query split from a fused projection is strided as
-    # [B, S, Hq, D], and a plain reshape of it fails to lower under a dynamic S), and in the
-    # cache's dtype (a bf16 build can leave it fp32: rotary embeddings are computed in fp32).
-    q = torch.mul(query.to(keys.dtype), scale).reshape(batch, kv_heads, group * steps, dim)
+    # in the cache's dtype: a bf16 build can leave the query in fp32 (rotary embeddings are
+    # computed in fp32), and the attention's inputs must agree
+    q = query.to(keys.dtype)
     k = keys.transpose(1, 2)  # [B, Hkv, n, D]
     v = values.transpose(1, 2)
-    mask = allowed[:, None, None].expand(batch, 1, group, steps, allowed.shape[-1])
-    mask = mask.reshape(batch, 1, group * steps, allowed.shape[-1])
+    if group > 1:
+        expanded = (batch, kv_heads, group, length, dim)
+        k = k[:, :, None].expand(expanded).reshape(batch, heads, length, dim)
+        v = v[:, :, None].expand(expanded).reshape(batch, heads, length, dim)
+    mask = allowed[:, None]  # [B, 1, S, n]
     if softcap > 0:  # Gemma 2: scores soft-capped before the mask, softmax in fp32 as transformers
-        scores = torch.matmul(q, k.contiguous().transpose(-1, -2)).float()
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
         scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v.contiguous())
+        out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
     else:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-    return out.reshape(batch, heads, steps, dim).transpose(1, 2).to(query.dtype)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2).to(query.dtype)
 
 
 def reference(query, keys, values, starts, scale: float, window: int, softcap: float):
@@ -85,6 +88,8 @@ def reference(query, keys, values, starts, scale: float, window: int, softcap: f
 def prefix(query, keys, values, starts, scale: float, window: int, softcap: float):
     """The reference over the cache's first n positions, n the furthest any query reaches: what a
     step reads grows with its context, not with the cache's length."""
+    if softcap > 0:  # Gemma 2's soft-capped scores do not lower over a dynamic length: all of it
+        return reference(query, keys, values, starts, scale, window, softcap)
     length = keys.shape[1] - 1
     steps = query.shape[2]
     reach = (starts.max() + steps).clamp(min=1, max=length).item()

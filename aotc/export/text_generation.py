@@ -131,8 +131,6 @@ def check_owned_attention(model: Any, step: Any, max_len: int) -> None:
             )
 
 
-
-
 def generation_export(loaded: Any, cfg: Any) -> tuple:
     """(the loaded model as a generation step, the dims of the example call, the artifact's task
     record) for `aotc export --task text-generation`: the user's model file as written, its

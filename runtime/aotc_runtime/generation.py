@@ -337,7 +337,7 @@ def stream(
     generation = generation_of(package)
     check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
     prompts, length = input_ids.shape
-    device, batch, max_len = package.device, generation.batch_size, generation.max_seq_len
+    device, batch = package.device, generation.batch_size
     ids = input_ids.to(device, torch.int64)
     mask = (
         torch.ones_like(ids) if attention_mask is None else attention_mask.to(device, torch.int64)

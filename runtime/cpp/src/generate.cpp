@@ -176,7 +176,8 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   reset_state();
   // prefill: each row's real tokens (mask 1), in order, at the end of its window; an empty cache
   // (the Python runtime's prefill_inputs)
-  at::Tensor order = std::get<1>(mask.sort(/*stable=*/true, /*dim=*/1));
+  // std::optional spelled out: sort(true, 1) would pick the overload sort(dim, descending)
+  at::Tensor order = std::get<1>(mask.sort(std::optional<bool>(true), /*dim=*/1, /*descending=*/false));
   at::Tensor window = ids.gather(1, order);
   at::Tensor held = at::zeros({batch}, on);
   at::Tensor fed = mask.sum(-1);
