@@ -40,8 +40,8 @@ def build(folder: Path, length: int, batch: int, device: str) -> Path:
     artifact, package = folder / f"lm_{length}.pt2", folder / f"lm_{length}_pkg"
     subprocess.run(
         [*aotc, "export", str(folder / "lm.py"), "--task", "text-generation", "--max-seq-len",
-         str(length), "--batch-size", str(batch), "-o", str(artifact), "--quiet"],
-        check=True,
+         str(length), "--batch-size", str(batch), "-o", str(artifact)],
+        check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     subprocess.run(
         [*aotc, "build", str(artifact), "--device", device, "-o", str(package), "--quiet"],

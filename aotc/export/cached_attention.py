@@ -18,6 +18,8 @@ its implementation (`lower_cached_attention`):
   any row reaches in this step, read from the device as a number. A step with 64 tokens in context
   reads 64 positions whatever the cache's length. On a GPU that number would cost a device-to-host
   wait per step and change the graph's shapes, which CUDA-graph replay cannot.
+- `kernel` (CUDA): a Triton kernel of aotc's own (attention_kernel.py) whose loop over the keys
+  ends at each query's position: the same reads as `prefix` with shapes fixed for graph replay.
 """
 
 from __future__ import annotations
@@ -120,12 +122,19 @@ def _(query, keys, values, starts, scale, window, softcap):
     return query.new_empty(batch, steps, heads, dim)
 
 
-IMPLEMENTATIONS = {"reference": reference, "prefix": prefix}
+def kernel(query, keys, values, starts, scale: float, window: int, softcap: float):
+    """CUDA: aotc's Triton kernel (attention_kernel.py), which reads only the attended positions."""
+    from aotc.export.attention_kernel import kernel_attention
+
+    return kernel_attention(query, keys, values, starts, scale, window, softcap)
+
+
+IMPLEMENTATIONS = {"reference": reference, "prefix": prefix, "kernel": kernel}
 
 
 def implementation_for(device: str) -> str:
     """The implementation a build for `device` lowers the operator to (see the module's doc)."""
-    return "prefix" if device == "cpu" else "reference"
+    return "prefix" if device == "cpu" else "kernel" if device.startswith("cuda") else "reference"
 
 
 def holds_cached_attention(ep: Any) -> bool:

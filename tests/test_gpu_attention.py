@@ -1,0 +1,37 @@
+"""aotc's CUDA attention kernel (aotc/export/attention_kernel.py) against the reference it replaces
+(aotc/export/cached_attention.py): rows at different positions, prefill windows and decode steps,
+grouped heads, a sliding window, soft-capping, a head size that is not a power of two."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "heads, kv_heads, dim, steps, window, softcap",
+    [(4, 4, 64, 1, 0, 0.0), (32, 8, 64, 1, 0, 0.0), (16, 8, 128, 7, 0, 0.0), (8, 2, 80, 5, 6, 0.0),
+     (4, 2, 16, 3, 0, 50.0), (4, 1, 64, 130, 0, 0.0)],
+)  # fmt: skip
+def test_the_kernel_attends_as_the_reference(heads, kv_heads, dim, steps, window, softcap, dtype):
+    from aotc.export.attention_kernel import kernel_attention
+    from aotc.export.cached_attention import reference
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    batch, length = 3, 300
+    cache = (batch, length + 1, kv_heads, dim)
+    keys = torch.randn(cache, generator=g, device="cuda").to(dtype)
+    values = torch.randn(cache, generator=g, device="cuda").to(dtype)
+    # a query strided as a fused projection leaves it: [B, S, Hq, D] seen as [B, Hq, S, D]
+    query = torch.randn(batch, steps, heads, dim, generator=g, device="cuda").to(dtype)
+    query = query.transpose(1, 2)
+    starts = torch.tensor([0, 40, length - steps], device="cuda")
+    scale = dim**-0.5
+    got = kernel_attention(query, keys, values, starts, scale, window, softcap)
+    want = reference(query, keys, values, starts, scale, window, softcap)
+    tolerance = 2e-3 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
