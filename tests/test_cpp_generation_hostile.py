@@ -201,3 +201,29 @@ def test_a_doctored_state_file_is_refused_at_load(runner, lm, tmp_path, tensor, 
     assert_refused(done, 7, f"package {package}: its state.pt {words}{FIX}")
     if "could not be read" not in words:  # the Python runtime gives the same line
         assert done.stderr.strip() == f"error: {python_refusal(package)}"
+
+
+@pytest.mark.parametrize(
+    "step_format, made",
+    [
+        (None, "an aotc from before the generation step had its own KV cache"),
+        (3, "generation step format 3, which this runtime does not know (it runs format 2)"),
+    ],
+)
+def test_a_generation_step_format_the_runtimes_do_not_know_is_refused_in_one_line(
+    runner, lm, tmp_path, step_format, made
+):
+    """A package from before aotc owned the cache fed a mask over a shared timeline: either
+    runtime would feed it the wrong inputs. Both refuse it at load with the same line."""
+
+    def edit(manifest: dict) -> None:
+        if step_format is None:
+            del manifest["generation"]["step_format"]
+        else:
+            manifest["generation"]["step_format"] = step_format
+
+    package = tampered_copy(lm, tmp_path / "format", edit)
+    done = run_cpp(runner, package, *GREEDY)
+    line = f"package {package} was built with {made}; export and build it again with this aotc"
+    assert_refused(done, 7, line)
+    assert done.stderr.strip() == f"error: {python_refusal(package)}"
