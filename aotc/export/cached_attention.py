@@ -33,8 +33,8 @@ OP = "aotc::cached_attention"
 
 def _allowed(starts: torch.Tensor, steps: int, length: int, window: int) -> torch.Tensor:
     """[B, S, length] booleans: which of the first `length` cache positions each query reads.
-    A query's position is clamped into the cache (a padding token can sit past it): every query
-    then reads at least one position, so no row's softmax is over nothing."""
+    A padding token's position can be below 0 (it sits before its row's first token): clamped to
+    0, every query reads at least one position, so no row's softmax is over nothing."""
     query = starts[:, None] + torch.arange(steps, device=starts.device)  # [B, S]
     keys = torch.arange(length, device=starts.device)
     last = query.clamp(min=0)[:, :, None]
