@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
      (4, 2, 16, 3, 0, 50.0), (4, 1, 64, 130, 0, 0.0)],
 )  # fmt: skip
 def test_the_kernel_attends_as_the_reference(heads, kv_heads, dim, steps, window, softcap, dtype):
-    from aotc.export.attention_kernel import kernel_attention
+    import aotc.export.attention_kernel  # noqa: F401 (registers the kernel's op)
     from aotc.export.cached_attention import reference
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -31,7 +31,7 @@ def test_the_kernel_attends_as_the_reference(heads, kv_heads, dim, steps, window
     query = query.transpose(1, 2)
     starts = torch.tensor([0, 40, length - steps], device="cuda")
     scale = dim**-0.5
-    got = kernel_attention(query, keys, values, starts, scale, window, softcap)
+    got = torch.ops.aotc.cached_attention_cuda(query, keys, values, starts, scale, window, softcap)
     want = reference(query, keys, values, starts, scale, window, softcap)
     tolerance = 2e-3 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)

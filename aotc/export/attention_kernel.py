@@ -99,8 +99,3 @@ def cached_attention_cuda(
         BLOCK_N=64, BLOCK_D=block_d, SOFTCAP=softcap > 0, HAS_WINDOW=window > 0,
     )  # fmt: skip
     return out
-
-
-def kernel_attention(query, keys, values, starts, scale: float, window: int, softcap: float):
-    """The decomposition `lower_cached_attention(ep, "kernel")` puts in the operator's place."""
-    return torch.ops.aotc.cached_attention_cuda(query, keys, values, starts, scale, window, softcap)

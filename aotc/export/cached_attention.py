@@ -124,9 +124,9 @@ def _(query, keys, values, starts, scale, window, softcap):
 
 def kernel(query, keys, values, starts, scale: float, window: int, softcap: float):
     """CUDA: aotc's Triton kernel (attention_kernel.py), which reads only the attended positions."""
-    from aotc.export.attention_kernel import kernel_attention
+    import aotc.export.attention_kernel  # noqa: F401 (registers aotc::cached_attention_cuda)
 
-    return kernel_attention(query, keys, values, starts, scale, window, softcap)
+    return torch.ops.aotc.cached_attention_cuda(query, keys, values, starts, scale, window, softcap)
 
 
 IMPLEMENTATIONS = {"reference": reference, "prefix": prefix, "kernel": kernel}

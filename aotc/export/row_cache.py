@@ -49,22 +49,17 @@ class RowCache:
         self.keys, self.values = keys, values
         self.starts: torch.Tensor | None = None  # [B]: the position of each row's window token 0
         self.slots: torch.Tensor | None = None  # [B, S]: where each window token is written
+        self.positions: torch.Tensor | None = None  # [B, S]: each token's position, in the cache
 
     def begin(self, cache_lengths: torch.Tensor, input_lengths: torch.Tensor, steps: int) -> None:
         length = self.keys[0].shape[1] - 1  # slot `length` is the padding's
         window = torch.arange(steps, device=cache_lengths.device)
         self.starts = cache_lengths - (steps - input_lengths)
+        unclamped = self.starts[:, None] + window[None, :]
         fed = window[None, :] >= (steps - input_lengths)[:, None]
-        slots = torch.where(fed, self.starts[:, None] + window[None, :], length)
         # a token past the cache (a step queued after a row's last) goes to the padding's slot too
-        self.slots = slots.clamp(min=0, max=length)
-
-    def positions(self, steps: int) -> torch.Tensor:
-        """[B, S] each window token's position in its own sequence, inside the cache."""
-        assert self.starts is not None
-        length = self.keys[0].shape[1] - 1
-        window = torch.arange(steps, device=self.starts.device)
-        return (self.starts[:, None] + window[None, :]).clamp(min=0, max=length - 1)
+        self.slots = torch.where(fed, unclamped, length).clamp(min=0, max=length)
+        self.positions = unclamped.clamp(min=0, max=length - 1)
 
     def update(self, key_states, value_states, layer_idx: int, cache_kwargs: Any = None):
         keys, values = self.keys[layer_idx], self.values[layer_idx]
@@ -174,32 +169,28 @@ def row_step(model: Any, batch_size: int, max_len: int, heads: int, head_dim: in
             self.layers = layers
             shape = (batch_size, max_len + 1, heads, head_dim)
             for i in range(layers):
-                self.register_buffer(
-                    f"key_cache_{i}", torch.zeros(shape, dtype=model.dtype, device=device),
-                    persistent=False,
-                )  # fmt: skip
-                self.register_buffer(
-                    f"value_cache_{i}", torch.zeros(shape, dtype=model.dtype, device=device),
-                    persistent=False,
-                )  # fmt: skip
+                for kind in ("key_cache", "value_cache"):
+                    zeros = torch.zeros(shape, dtype=model.dtype, device=device)
+                    self.register_buffer(f"{kind}_{i}", zeros, persistent=False)
+
+        def cache(self, kind: str) -> list:
+            """The layers' `kind` buffers as this call sees them (a trace's own, not the ones
+            made above)."""
+            return [getattr(self, f"{kind}_{i}") for i in range(self.layers)]
 
         def zero_cache(self) -> None:
-            for i in range(self.layers):  # not self.buffers(): the model's own (RoPE's) are there
-                getattr(self, f"key_cache_{i}").zero_()
-                getattr(self, f"value_cache_{i}").zero_()
+            # not self.buffers(): the model's own (RoPE's tables) are there too
+            for buffer in self.cache("key_cache") + self.cache("value_cache"):
+                buffer.zero_()
 
         def forward(self, input_ids, cache_lengths, input_lengths):
-            # the buffers as this call sees them (a trace's own, not the ones made above)
-            cache = RowCache(
-                [getattr(self, f"key_cache_{i}") for i in range(self.layers)],
-                [getattr(self, f"value_cache_{i}") for i in range(self.layers)],
-            )
+            cache = RowCache(self.cache("key_cache"), self.cache("value_cache"))
             steps = input_ids.shape[1]
             cache.begin(cache_lengths, input_lengths, steps)
             with owned_attention(self.model, cache):
                 out = self.model(
                     input_ids=input_ids,
-                    position_ids=cache.positions(steps),
+                    position_ids=cache.positions,
                     attention_mask=additive_mask(cache, steps, self.model.dtype),
                     past_key_values=cache,
                     use_cache=True,
