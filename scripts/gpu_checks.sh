@@ -23,6 +23,9 @@
 #                   its builds run no CPU-ISA probe; the table goes to RESULTS_DIR, docs/ untouched (then `probes`)
 #   decode_contender generate_bench.py bf16, batch 1, 32-token prompt, 288 new, 1,024-token cache: the Llama-3.2-1B
 #                   and Qwen3-0.6B shapes against the gpt-fast-style contender, GPT-2 124M alone; JSON in RESULTS_DIR
+#   engine_load     GPT-2 124M bf16 (batch 32, 768-token cache) under scripts/engine_load.py: 1 and 32 closed-loop
+#                   streams of mixed prompts (16-512 tokens) and max_tokens (16-256), greedy and at OpenAI's
+#                   default temperature, in-process (the serve engine without HTTP); JSON in RESULTS_DIR
 #   step_cost       scripts/step_cost.py on CUDA: a decode step with 64 tokens in context at 256 and 4,096 positions
 #   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
 #   generate_llama  generate_bench's Llama-3.2-1B part alone
@@ -128,6 +131,14 @@ PY
       python3 scripts/generate_bench.py --gpt2-124m --device cuda --precision bf16 --contenders aotc \
         --prompt-tokens 32 --new 128 --rounds 5 --bandwidth \
         --out "$RESULTS/decode_gpt2.json" >> "$RESULTS/decode_contender.log" 2>&1 || rc=$? ;;
+    engine_load)
+      gpt2_file
+      { python3 -m aotc export "$WORK/gpt2_124m.py" --task text-generation --max-seq-len 768 --batch-size 32 \
+          -o "$WORK/gpt2_engine.pt2" --force &&
+        python3 -m aotc build "$WORK/gpt2_engine.pt2" --device cuda --mode reduce-overhead --precision bf16 \
+          -o "$WORK/gpt2_engine_pkg" --force --quiet &&
+        python3 scripts/engine_load.py "$WORK/gpt2_engine_pkg" --streams 1,32 --requests 8 \
+          --out "$RESULTS/engine_load.json"; } > "$RESULTS/engine_load.log" 2>&1 || rc=$? ;;
     step_cost)
       python3 scripts/step_cost.py --device cuda --lengths 256,4096 --context 64 --batch 4 \
         --out "$RESULTS/step_cost_cuda.json" > "$RESULTS/step_cost.log" 2>&1 || rc=$? ;;

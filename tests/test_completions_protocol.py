@@ -12,13 +12,13 @@ from aotc.serve.completions import (
     DONE_EVENT,
     chunk_body,
     completion_body,
-    cut_at_stop,
     max_body_bytes,
     parse_completion,
     sse_event,
 )
 from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
+from aotc_runtime.text_delta import cut_at_stop
 
 GENERATION = Generation(batch_size=4, max_seq_len=32, vocab_size=512)
 

@@ -308,24 +308,3 @@ def test_a_bf16_package_keeps_its_kv_cache_in_bf16_and_follows_transformers(
     # two logits are sometimes close enough for bf16 to swap them later)
     assert got[:, :10].tolist() == expected[:, :10].tolist()
     assert {t.dtype for t in loaded._state if t.is_floating_point()} == {torch.bfloat16}
-
-
-def test_the_greedy_pick_a_decode_graph_captures_equals_the_eager_choice():
-    """GreedyPick is what a CUDA decode graph replays (its capture needs a GPU: test_gpu_generate);
-    here its device work is checked against the eager loop's choice step by step: the argmax, the
-    pad token after a sequence's end, and the sequences left unfinished."""
-    from aotc_runtime.generation import GreedyPick
-
-    generator = torch.Generator().manual_seed(0)
-    pick, ids = GreedyPick(4, torch.device("cpu")), torch.zeros(4, 1, dtype=torch.int64)
-    eos, pad = torch.tensor([3, 5]), 9
-    assert pick.start(eos.tolist(), pad)
-    unfinished = torch.ones(4, dtype=torch.bool)
-    for _ in range(6):
-        logits = torch.randn(4, 8, generator=generator)
-        expected = torch.where(unfinished, logits.argmax(-1), pad)
-        unfinished &= ~torch.isin(expected, eos)
-        assert pick(logits, ids).tolist() == expected.tolist() == ids[:, 0].tolist()
-        assert pick.unfinished.tolist() == unfinished.tolist()
-    assert not unfinished.all(), "the draw should have ended a sequence"
-    assert not pick.start(list(range(GreedyPick.EOS_SLOTS + 1)), pad)  # left to the eager loop

@@ -96,7 +96,7 @@ def test_fp32_greedy_tokens_equal_transformers_on_the_gpu_with_decode_as_a_graph
     loaded = aotc_runtime.load(package)
     got = loaded.generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert got.tolist() == expected.tolist(), parted(source, ids, mask, got, expected)
-    assert loaded._decode_graph, "decode did not run as a CUDA graph"
+    assert loaded.decode_graph().captured_modes, "decode did not run as a CUDA graph"
     # a second generate replays the same graph over a cache reset to its start
     again = loaded.generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert again.tolist() == expected.tolist()
@@ -236,29 +236,28 @@ def test_the_cpp_runner_generates_the_python_runtimes_tokens_on_the_gpu(
 
 
 def test_a_running_batch_replaying_the_decode_graph_answers_every_timeline(built, no_tf32):
-    """Issue 27: `aotc serve`'s continuous batching (aotc_runtime/continuous.py) on a CUDA package
+    """`aotc serve`'s continuous batching (aotc_runtime/decode_engine.py) on a CUDA package
     whose decode is a graph replay. The second timeline resets the KV cache the graph holds,
     outside inference mode; on the H100 (2026-11-26) that failed for every request after the
     first ("Inplace update to inference tensor outside InferenceMode")."""
-    from test_continuous import alone, run
+    from test_decode_engine import alone, run
 
-    from aotc_runtime.continuous import RunningBatch
+    from aotc_runtime.decode_engine import DecodeEngine
 
     package = aotc_runtime.load(built["gpt2", "fp32"][0])
     plan = {0: ("a", [5, 17, 42, 9, 100], 10), 3: ("b", [7, 8, 300], 6)}
     for timeline in range(2):
-        made = run(RunningBatch(package), plan)
+        made = run(DecodeEngine(package), plan)
         for key, prompt, new in plan.values():
             assert made[key] == alone(package, prompt, new), (timeline, key)
 
 
 def test_greedy_and_sampled_rows_share_the_graph_replaying_running_batch(built, no_tf32):
-    """Sampled rows beside greedy ones on a CUDA decode graph: the graph's own greedy pick is
-    overridden by each sampled row's draw from its own generator; every sequence gets its lone
-    `generate`'s tokens, greedy or seeded."""
-    from test_continuous import alone, run
+    """Sampled rows beside greedy ones on a CUDA decode graph, the sampler captured in it (a
+    graph per sampler mode): every sequence gets its lone `generate`'s tokens, greedy or seeded."""
+    from test_decode_engine import alone, run
 
-    from aotc_runtime.continuous import RunningBatch
+    from aotc_runtime.decode_engine import DecodeEngine
     from aotc_runtime.sampling import Sampling
 
     package = aotc_runtime.load(built["gpt2", "fp32"][0])
@@ -268,9 +267,11 @@ def test_greedy_and_sampled_rows_share_the_graph_replaying_running_batch(built, 
         3: ("b", [7, 8, 300], 6),
         11: ("c", [11, 12, 13], 4, Sampling(temperature=1.3, seed=3)),  # into a free row
     }
-    made = run(RunningBatch(package), plan)
+    made = run(DecodeEngine(package), plan)
     for key, prompt, new, *sampling in plan.values():
         assert made[key] == alone(package, prompt, new, *sampling), key
+    # sampled rows with top-k/top-p, sampled rows without, greedy ones alone: each a graph
+    assert package.decode_graph().captured_modes == {"greedy", "sampled", "filtered"}
 
 
 def test_refused_bad_indices_leave_the_process_generating(built, tmp_path):

@@ -210,7 +210,7 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     import asyncio
     import collections
 
-    import aotc_runtime.continuous
+    import aotc_runtime.decode_engine
     from aotc.serve.completion_engine import CompletionEngine, Job
     from aotc.serve.completions import CompletionRequest
 
@@ -221,20 +221,20 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     class Batch:
         active = 0
 
-        def __init__(self, _package):
+        def __init__(self, _package, **_options):
             if fails_in == "the batch":
                 raise RuntimeError("CUDA error: out of memory")
 
         def fits(self, _prompt, _new):
             return True
 
-        def join(self, _key, _prompt, _new, _sampling):
+        def join(self, _key, _request):
             raise RuntimeError("CUDA error: out of memory")
 
         def release(self):
             pass
 
-    monkeypatch.setattr(aotc_runtime.continuous, "RunningBatch", Batch)
+    monkeypatch.setattr(aotc_runtime.decode_engine, "DecodeEngine", Batch)
     loop = asyncio.new_event_loop()
     request = CompletionRequest([5, 6], 4, 0.0, 1.0, None, (), False, None)
     first, second = Job(request, loop, asyncio.Queue()), Job(request, loop, asyncio.Queue())
@@ -291,8 +291,8 @@ def test_a_seeded_sampled_request_repeats_and_equals_the_runtimes(server, lm):
 
 def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     """The engine's admission (a fake batch of 3 rows that holds 32 columns of prompt plus new
-    tokens): waiting requests join in arrival order, greedy or sampled (each row samples from its
-    own generator); one that does not fit waits, and those behind it wait too; a gone one is
+    tokens): waiting requests join in arrival order, greedy or sampled (each row samples by its
+    own settings); one that does not fit waits, and those behind it wait too; a gone one is
     dropped."""
     import asyncio
     import collections
@@ -319,9 +319,9 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
             used = sum(p + n for p, n in self.joined)
             return len(self.joined) < 3 and used + prompt + new <= 32
 
-        def join(self, _key, prompt, new, sampling):
-            self.joined.append((len(prompt), new))
-            self.sampling.append(sampling)
+        def join(self, _key, request):
+            self.joined.append((len(request.prompt), request.max_new_tokens))
+            self.sampling.append(request.sampling)
 
     engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
     engine.tokenizer = None

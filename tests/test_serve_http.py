@@ -175,12 +175,13 @@ def test_the_413_names_the_real_limit_and_fix(client, lm):
 
 
 def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, monkeypatch):
-    import aotc_runtime.continuous
+    import aotc_runtime.decode_engine
+    from aotc_runtime.decode_engine import Made
 
     class Failing:
         """A running batch whose second step fails on the device."""
 
-        def __init__(self, _package):
+        def __init__(self, _package, **_options):
             self.keys: list = []
 
         active = property(lambda self: len(self.keys))
@@ -188,13 +189,13 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
         def fits(self, _prompt, _new):
             return True
 
-        def join(self, key, _prompt, _new, _sampling):
+        def join(self, key, _request):
             self.keys.append(key)
 
         def step(self):
             if not hasattr(self, "stepped"):
                 self.stepped = True
-                return [(self.keys[0], 7)]
+                return [Made(self.keys[0], 7, None, "")]
             raise RuntimeError("CUDA error: out of memory")
 
         def leave(self, _key):
@@ -203,7 +204,7 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
         def release(self):
             pass
 
-    monkeypatch.setattr(aotc_runtime.continuous, "RunningBatch", Failing)
+    monkeypatch.setattr(aotc_runtime.decode_engine, "DecodeEngine", Failing)
     body = {"prompt": [5], "max_tokens": 4, "temperature": 0.5, "seed": 1, "stream": True}
     with client.stream("POST", "/v1/completions", json=body) as reply:
         events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]

@@ -8,7 +8,7 @@ row (sequence) has its own timeline:
   to positions cache_lengths[b].., and the logits are those of the window's last token.
 - Prefill, a chunk of a long prompt, and decode (S = 1) are the same program with S dynamic, and
   rows of one step may do different ones: a sequence joins a running batch in the step that
-  decodes the others (aotc_runtime/continuous.py).
+  decodes the others (aotc_runtime/decode_engine.py).
 - The cache is one pair of buffers per layer, [B, max_len + 1, kv heads, head dim], mutated in
   place (the package's state). Slot max_len takes the padding's keys and values and is never read.
 

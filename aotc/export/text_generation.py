@@ -262,7 +262,7 @@ def attention_window(config: Any) -> int:
     """The fewest earlier positions a layer of the model attends to (a sliding window, or
     Llama 4's attention chunks), 0 when every layer sees every earlier position. transformers
     measures such windows in cache positions, which serving's continuous batching must know
-    (aotc_runtime/continuous.py)."""
+    (aotc_runtime/decode_engine.py)."""
     windows = []
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None) or ()

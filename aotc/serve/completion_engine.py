@@ -10,11 +10,12 @@ since the previous item was taken. A request the package failed on ends with `{"
 "message": ...}` instead.
 
 Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Every request
-runs in one running batch (continuous batching, aotc_runtime/continuous.py): a request that waits
-joins at the next step if a row is free and the cache's columns left hold it, and leaves at its own
-max_tokens, end-of-sequence or stop string; each row is answered as if alone, greedy or sampled
-(each row samples from a generator of its own, so a seed gives the same tokens whatever the
-neighbours). A client that disconnects marks its row gone; the row is freed at the next step.
+runs in the runtime's decode engine (continuous batching, aotc_runtime/decode_engine.py): a
+request that waits joins at the next step if a row is free and the row's cache holds its prompt
+and max_tokens, and leaves at its own max_tokens, end-of-sequence or stop string (the engine decides, and
+gives each token's text); each row is answered as if alone, greedy or sampled (a
+seed gives the same tokens whatever the neighbours). A client that disconnects marks its row gone;
+the row is freed at the next step.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 from ray.serve import metrics
 
-from aotc.serve.completions import CompletionRequest, cut_at_stop, parse_completion
+from aotc.serve.completions import CompletionRequest, parse_completion
 from aotc.serve.protocol import RequestError
 from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
 from aotc.serve.shipping import PackageSource, load_package
@@ -57,39 +58,11 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
-class TextDelta:
-    """The text a row's new tokens add, as it grows: the whole row decoded each time (a token may
-    complete a character or change how the one before it reads), minus what was sent. With stop
-    strings, the tail that could still become one is held back until it cannot."""
-
-    def __init__(self, tokenizer: Any, stop: tuple):
-        self._tokenizer, self._stop = tokenizer, stop
-        self._hold = max((len(s) for s in stop), default=1) - 1
-        self._ids: list = []
-        self._sent = 0
-
-    def add(self, token: int, last: bool) -> tuple[str, bool]:
-        """(text to send now, whether a stop string ended the row)."""
-        if self._tokenizer is None:
-            return "", False
-        self._ids.append(token)
-        text = self._tokenizer.decode(self._ids)
-        cut, stopped = cut_at_stop(text, self._stop)
-        if stopped or last:
-            end = len(cut)
-        else:  # an unfinished character decodes to U+FFFD until its last byte comes
-            end = len(text.rstrip("\ufffd")) - self._hold
-        if end <= self._sent:
-            return "", stopped
-        delta, self._sent = cut[self._sent : end], end
-        return delta, stopped
-
-
 class Answer:
-    """What a request has been answered so far: its tokens' count and text."""
+    """What a request has been answered so far: its count of tokens."""
 
-    def __init__(self, job: Job, tokenizer: Any):
-        self.job, self.text, self.made = job, TextDelta(tokenizer, job.request.stop), 0
+    def __init__(self, job: Job):
+        self.job, self.made = job, 0
 
 
 class CompletionEngine:
@@ -99,8 +72,6 @@ class CompletionEngine:
 
     def __init__(self, source: PackageSource, settings: ReplicaSettings, served_name: str):
         import torch
-
-        from aotc_runtime.generation import generation_of
 
         self._source, self._folder = source, None
         self.package: Any = None
@@ -112,7 +83,7 @@ class CompletionEngine:
         try:
             self._folder = source.materialize()
             self.package = load_package(self._folder, settings.public_key_pem)
-            self.generation = generation_of(self.package)
+            self.generation = self.package.generation
             # read now, from the files load() just checked (against the signature, when asked)
             self.tokenizer = self.package.tokenizer if self.generation.tokenizer else None
         except Exception as exc:  # every reason a package cannot load here is reported, not raised
@@ -210,25 +181,20 @@ class CompletionEngine:
                     raise RuntimeError("a request that fits the cache does not fit an empty batch")
                 return  # in order: a later request does not overtake this one
             self._pending.remove(job)
-            rows[id(job)] = Answer(job, self.tokenizer)  # first: a failing join is told to it
-            batch.join(id(job), request.prompt_ids, request.max_tokens, row_sampling(request))
+            rows[id(job)] = Answer(job)  # first: a failing join is told to it
+            batch.join(id(job), generation_request(request))
 
-    def _deliver(self, answer: Answer, token: int) -> None:
-        """One new token of a request: its time to first token, its text, whether it ends the
-        request (end-of-sequence, max_tokens or a stop string), sent to its client."""
+    def _deliver(self, answer: Answer, made: Any) -> None:
+        """One new token of a request (decode_engine.Made: the token, its text, and whether it
+        ended the request, which the engine decides), sent to its client; its time to first
+        token."""
         answer.made += 1
         job = answer.job
         if answer.made == 1:
             self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
-        eos = self.generation.eos_token_ids
-        finish = (
-            "stop" if token in eos else "length" if answer.made == job.request.max_tokens else None
-        )
-        delta, stopped = answer.text.add(token, last=finish is not None)
-        finish = "stop" if stopped else finish
-        job.finished = finish is not None
+        job.finished = made.finish is not None
         if not job.gone:
-            job.send({"token_ids": [token], "text": delta, "finish_reason": finish})
+            job.send({"token_ids": [made.token], "text": made.text, "finish_reason": made.finish})
 
     def _count_step(self, answers) -> None:
         live = sum(1 for answer in answers if not answer.job.gone)
@@ -245,33 +211,33 @@ class CompletionEngine:
                 answer.job.send({"error": 500, "message": message})
 
     def _run_batch(self) -> None:
-        """In the package's thread: the requests as one running batch (continuous batching,
-        aotc_runtime/continuous.py), each token sent as it comes, until no request is left."""
+        """In the package's thread: the requests in one decode engine (continuous batching,
+        aotc_runtime/decode_engine.py), each token sent as it comes, until no request is left."""
         batch = None
         rows: dict = {}  # row key -> its request's Answer
         self.counts["generations"] += 1
         try:
-            from aotc_runtime.continuous import RunningBatch
+            from aotc_runtime.decode_engine import DecodeEngine
 
-            batch = RunningBatch(self.package)
+            batch = DecodeEngine(self.package, tokenizer=self.tokenizer)
             while True:
                 self._admit(batch, rows)
                 self._queued.set(len(self._pending))
                 self._active.set(len(rows))
                 if not rows:
                     return
-                for key, token in batch.step():
-                    self._deliver(rows[key], token)
+                for made in batch.step():
+                    self._deliver(rows[made.key], made)
                 self._count_step(rows.values())
                 for key, answer in list(rows.items()):
                     if answer.job.finished or answer.job.gone:  # its row is free for the next
-                        batch.leave(key)
+                        batch.leave(key)  # (already free when the engine ended it)
                         del rows[key]
         except Exception as exc:
             if not rows and self._pending:
                 # it failed before any request joined: the first waiting one hears why (left
                 # waiting, it would be tried again and again, and never answered)
-                rows[None] = Answer(self._pending.popleft(), self.tokenizer)
+                rows[None] = Answer(self._pending.popleft())
             self._fail(rows.values(), exc)
         finally:
             if batch is not None:
@@ -294,13 +260,16 @@ class CompletionEngine:
             self._source.release(self._folder)
 
 
-def row_sampling(request: CompletionRequest) -> Any:
-    """How a request's row picks its tokens (aotc_runtime.sampling.Sampling). As OpenAI's, an
-    unseeded sampled request draws anew: the runtime's default seed would give every such request
-    the same text."""
+def generation_request(request: CompletionRequest) -> Any:
+    """The runtime's GenerationRequest for a completion: its prompt, max_tokens and sampling, the
+    package's end-of-sequence ids. As OpenAI's, an unseeded sampled request draws anew: the
+    runtime's default seed would give every such request the same text."""
+    from aotc_runtime.generation_request import GenerationRequest
     from aotc_runtime.sampling import Sampling
 
     settings = request.sampling()
     if settings["seed"] is None and settings["temperature"] != 0:
         settings["seed"] = secrets.randbits(63)
-    return Sampling(**settings)
+    return GenerationRequest(
+        tuple(request.prompt_ids), request.max_tokens, Sampling(**settings), stop=request.stop
+    )

@@ -299,13 +299,6 @@ def _text(data: dict, key: str) -> str | None:
     return value
 
 
-def cut_at_stop(text: str, stop: tuple) -> tuple[str, bool]:
-    """`text` up to the first stop string in it (which is left out, as OpenAI leaves it out), and
-    whether one was found."""
-    found = [text.find(s) for s in stop if s in text]
-    return (text[: min(found)], True) if found else (text, False)
-
-
 def completion_body(
     request_id: str,
     model: str,

@@ -19,9 +19,9 @@ int generate(aotc::Package& package, const std::string& prompt) {
   std::stringstream parts(prompt);
   for (std::string part; std::getline(parts, part, ',');) ids.push_back(std::stoll(part));
   at::Tensor input_ids = at::tensor(ids, at::kLong).unsqueeze(0);  // one prompt [1, S]; a batch is [P, S]
-  aotc::GenerateOptions options;
-  options.max_new_tokens = 8;  // greedy; options.sampling sets temperature, top_k, top_p, seed
-  auto generated = package.generate(input_ids, /*attention_mask=*/{}, options, [](const std::vector<int64_t>& tokens) {
+  aotc::GenerationRequest request;
+  request.max_new_tokens = 8;  // greedy; request.sampling sets temperature, top_k, top_p, seed
+  auto generated = package.generate(input_ids, /*attention_mask=*/{}, request, [](const std::vector<int64_t>& tokens) {
     std::cout << "token " << tokens[0] << "\n";  // one per prompt, as each step makes them
   });
   std::cout << "generated";

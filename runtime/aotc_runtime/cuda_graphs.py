@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .sampling import MODES
+
 WARMUP_CALLS = 2  # the first calls allocate workspaces and pick algorithms; capture after them
 
 
@@ -134,66 +136,100 @@ class CudaGraphRunner:
 
 
 class DecodeGraph:
-    """A text-generation package's decode step as one CUDA graph, its KV cache kept in place.
+    """A text-generation package's decode step as CUDA graphs, its KV cache kept in place.
 
     The runner above copies every input into its static buffers and clones every output at each
     call: with a KV cache as state, that is the whole cache copied per token, and one capture per
     prompt length if prefill went through it too. Here only decode is captured (one shape per
     package: a token per sequence), the cache lives in this graph's own `state` buffers, which the
     program updates in place (the new positions only), and the captured work is the whole step:
-    the program and the step's own inputs advanced for the next step (`step.advance`). A decode
-    step is then: write the new tokens into the ids buffer, one replay. (A package from before
-    in-place state returns the new cache instead; the graph then copies it back over the old.)
+    the program, the step's own inputs advanced for the next step (`step.advance`), and the
+    sampler's choice of each row's next token written into the ids buffer. A decode step is one
+    replay: no host value (a position, a token) travels to the device per token.
+
+    The sampler's work depends on its mode (greedy only, sampled, filtered: sampling.RowSampler),
+    so a graph is captured per mode the first time a step needs it, all sharing one memory pool.
 
     ExecuTorch's CUDA backend captures its decode method the same way (static inputs, the cache as
-    the model's own buffers); the difference here is that the inputs' advance and the greedy choice
-    of the next tokens are captured too, so no host value (a position, a mask column, a token)
-    travels to the device per token, and a greedy step is one replay.
+    the model's own buffers); the difference here is that the inputs' advance and the choice of the
+    next tokens are captured too.
     """
 
     def __init__(
         self,
         run_flat: Callable[[list[torch.Tensor]], list[torch.Tensor]],
         device: torch.device,
-        step: Any,  # generation.DecodeStep: its buffers and advance()
+        step: Any,  # decode_engine.DecodeStep: its buffers and advance()
+        sampler: Any,  # sampling.RowSampler: its buffers are the graph's
         state: list[torch.Tensor],
-        n_outputs: int,
-        pick: Any,  # generation.GreedyPick: the next tokens chosen on the device, captured too
-        state_in_place: bool = True,
+        settings: Callable[[], Any],  # the package's run_settings: the flags kernels are chosen by
     ):
-        # made outside inference mode (generate captures inside it): these become the package's
-        # state, which reset_state and a running batch (continuous.py) write outside it, and an
-        # inference tensor refuses that ("Inplace update to inference tensor outside InferenceMode")
+        # made outside inference mode (generation captures inside it): these become the package's
+        # state, which reset_state and a decode engine write outside it, and an inference tensor
+        # refuses that ("Inplace update to inference tensor outside InferenceMode")
         with torch.inference_mode(False):
             self.state = [t.clone() for t in state]
-        self._step, self.pick = step, pick
-        self._graph = torch.cuda.CUDAGraph()
-        flat = step.inputs + self.state
-        side = _warmup_stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            # the program only; it may write this graph's state, which load_state replaces
-            for _ in range(WARMUP_CALLS):
-                run_flat(flat)
-        torch.cuda.current_stream(device).wait_stream(side)
-        with torch.cuda.graph(self._graph):
-            outputs = run_flat(flat)
-            if not state_in_place:
-                for old, new in zip(self.state, outputs[n_outputs:]):
-                    old.copy_(new)
-            step.advance()
-            # a greedy generation reads its tokens here; a sampled one ignores them and writes
-            # its own into the ids buffer before the next replay (the pick's buffers are its own)
-            pick(outputs[0], step.ids)
-        self.logits = outputs[0]
+        self.step, self.sampler = step, sampler
+        self._run_flat, self._device, self._settings = run_flat, device, settings
+        self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self._failed: set[str] = set()
+        self._pool: Any = None
+        self._warm = False
 
-    def load_state(self, state: list[torch.Tensor]) -> None:
-        for mine, given in zip(self.state, state):
-            if mine is not given:  # the package's state is this graph's after the first generate
-                mine.copy_(given)
+    @property
+    def captured_modes(self) -> set:
+        """The sampler modes whose step replays as a graph."""
+        return set(self._graphs)
 
-    def __call__(self) -> torch.Tensor:
-        """Runs the step on what the step's buffers hold; the logits' buffer is overwritten by the
-        next replay."""
-        self._graph.replay()
-        return self.logits
+    def replay(self, mode: str) -> bool:
+        """Runs the step on what the step's buffers hold, its tokens left in `sampler.tokens` and
+        the ids buffer; False (nothing run) when this mode's graph cannot be captured, with one
+        warning: the caller runs the step without it."""
+        graph = self._graphs.get(mode)
+        if graph is None:
+            if mode in self._failed:
+                return False
+            graph = self._capture(mode)
+            if graph is None:
+                return False
+        graph.replay()
+        return True
+
+    def _capture(self, mode: str) -> torch.cuda.CUDAGraph | None:
+        flat = self.step.inputs + self.state
+        try:
+            with self._settings():
+                return self._capture_in(mode, flat)
+        except Exception as exc:  # capture is an optimisation: never fail the call because of it
+            self._failed.add(mode)
+            print(
+                f"aotc_runtime: CUDA-graph capture of the decode step failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); decoding without graphs",
+                file=sys.stderr,
+            )
+            torch.cuda.synchronize(self._device)
+            return None
+
+    def _capture_in(self, mode: str, flat: list[torch.Tensor]) -> torch.cuda.CUDAGraph:
+        if not self._warm:
+            # The program on the step's inputs: it writes the cache positions the first replay
+            # writes, with the same values. The sampler's choice changes nothing it keeps (its
+            # draw counts advance only in `__call__`).
+            side = _warmup_stream(self._device)
+            side.wait_stream(torch.cuda.current_stream(self._device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_CALLS):
+                    logits = self._run_flat(flat)[0]
+                for warm_mode in MODES:
+                    self.sampler.choose(logits, warm_mode)
+            torch.cuda.current_stream(self._device).wait_stream(side)
+            self._warm = True
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._run_flat(flat)[0]
+            self.step.advance()
+            self.step.ids.copy_(self.sampler(logits, self.step.input_lengths, mode)[:, None])
+        self._graphs[mode] = graph
+        return graph

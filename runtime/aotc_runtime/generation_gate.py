@@ -39,7 +39,7 @@ class GenerationGate:
             self.release()
 
     def acquire(self, what: str = "another generation") -> None:
-        """Open a generation (a running batch, continuous.py, holds it across its steps)."""
+        """Open a generation (a decode engine, decode_engine.py, holds it across its steps)."""
         self._enter(what)
 
     def release(self) -> None:

@@ -43,7 +43,7 @@ class Generation:
     pad_token_id: int | None = None
     tokenizer: str | None = None  # the package's tokenizers JSON file, when it carries one
     # the fewest positions a layer's attention looks back over, 0 for none limited; None in
-    # packages from before it was recorded (aotc_runtime/continuous.py reads it)
+    # packages from before it was recorded (aotc_runtime/decode_engine.py reads it)
     sliding_window: int | None = None
     step_format: int | None = None  # the step's contract; this runtime runs STEP_FORMAT
 

@@ -68,8 +68,9 @@ class Package:
         self._initial_state = [t.to(self.device) for t in initial_state]
         self._state = [t.clone() for t in self._initial_state]
         self._state_lock = threading.Lock()
-        self._generating = GenerationGate()  # one generation at a time: the KV cache is the state
-        self._decode_graph: Any = None  # generation's decode step as a CUDA graph, once made
+        # one generation at a time: the KV cache is the state (decode_engine.py holds it)
+        self.generation_gate = GenerationGate()
+        self._decode_graph: Any = None  # generation's decode step as CUDA graphs, once made
         self._tokenizer: Any = None
         self._n_outputs = len(self.signature.outputs)
         # The input check runs before every call, and with CUDA-graph replay the rest of a call is a
@@ -121,7 +122,7 @@ class Package:
         flat = [t if t.device == device else t.to(device) for t in tensors]
         if self._state:
             # each call reads the state the previous one left; an open generation owns it
-            with self._generating.other_work("a call of the package"), self._state_lock:
+            with self.generation_gate.other_work("a call of the package"), self._state_lock:
                 outputs = self._call_with_state(flat, key)
         else:
             with self.run_settings():
@@ -225,6 +226,48 @@ class Package:
         return with_prompts(input_ids, steps)
 
     @property
+    def generation(self) -> Any:  # generation_record.Generation
+        """A text-generation package's record (batch, cache length, vocabulary, end-of-sequence
+        ids); PackageError for any other package."""
+        generation = self.manifest.generation
+        if generation is None:
+            raise PackageError(
+                f"package {self.path} is not a text-generation package; export the model with "
+                "`aotc export --task text-generation --max-seq-len N` and build that"
+            )
+        return generation
+
+    def decode_graph(self) -> Any:  # cuda_graphs.DecodeGraph | None
+        """A text-generation package's decode step as CUDA graphs (packages built with
+        reduce-overhead or max-autotune, on CUDA), made at the first call and kept: its buffers
+        and its sampler are what every decode engine on this package decodes with, and its state
+        is the package's from then on. None where the package replays no graphs. Call it holding
+        `generation_gate` (decode_engine.DecodeEngine does)."""
+        if not (
+            self.manifest.runtime.cuda_graphs
+            and self.device.type == "cuda"
+            and self.signature.state_in_place  # the graph replays on the state itself
+        ):
+            return None
+        if self._decode_graph is None:
+            from .cuda_graphs import DecodeGraph
+            from .decode_engine import DecodeStep
+            from .sampling import RowSampler
+
+            generation = self.generation
+            graph = DecodeGraph(
+                self._run_loader,
+                self.device,
+                DecodeStep(generation.batch_size, self.device),
+                RowSampler(generation.batch_size, generation.vocab_size, self.device),
+                self._state,
+                self.run_settings,  # TF32 and cuDNN flags choose kernels at capture
+            )
+            self._state = graph.state  # what a later call of the package continues from
+            self._decode_graph = graph
+        return self._decode_graph
+
+    @property
     def tokenizer(self) -> Any:
         """A text-generation package's tokenizer (a `tokenizers.Tokenizer`), when it carries one."""
         if self._tokenizer is None:
@@ -260,7 +303,7 @@ class Package:
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""
-        with self._generating.other_work("reset_state()"):
+        with self.generation_gate.other_work("reset_state()"):
             self._reset_state()
 
     def _reset_state(self) -> None:

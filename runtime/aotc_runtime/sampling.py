@@ -1,6 +1,15 @@
 """The next token of each sequence from its logits, on the logits' device: greedy, or sampled with
 temperature, top-k and top-p (nucleus). The order of the filters is transformers' (temperature,
-then top-k, then top-p), so a seeded run picks from the same distribution `generate` would."""
+then top-k, then top-p), so a run picks from the distribution `generate` would.
+
+`RowSampler` picks for a whole batch in one set of tensor operations, each row by its own settings:
+greedy and sampled rows share a batch, and a CUDA graph captures the choice with the decode step.
+Its random numbers are counter-based (as Philox is in JAX and in Triton's `tl.rand`): row b's i-th
+token draws one uniform number from a hash of (its seed, i), nothing else. So a seeded row's tokens
+do not depend on its neighbours, on how many steps its prompt took, or on which front end runs it,
+and the C++ runner (runtime/cpp/src/sampling.cpp) computes the same numbers with the same
+operations. The draw is inverse-CDF: the first token whose running probability passes the number
+(one number per token, instead of a generator call per row)."""
 
 from __future__ import annotations
 
@@ -60,59 +69,125 @@ class Sampling:
         return None
 
 
-def next_tokens(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
-) -> torch.Tensor:
-    """[B] token ids from [B, vocab] logits."""
-    if sampling.greedy:
-        return logits.argmax(dim=-1)
-    scores = logits.float() / sampling.temperature
-    if sampling.top_k is not None and sampling.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if sampling.top_p is not None and sampling.top_p < 1.0:
-        ordered, order = torch.sort(scores, descending=True, dim=-1)
-        probabilities = ordered.softmax(dim=-1)
-        # drop a token once the ones before it already hold top_p; the first always stays
-        drop = (probabilities.cumsum(dim=-1) - probabilities) >= sampling.top_p
-        drop[..., 0] = False  # even where top_p rounds to 0 in float32
-        scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-    probabilities = scores.softmax(dim=-1)
-    return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
-
-
 GREEDY = Sampling()
 
 
-class RowPicker:
-    """The next token of every row of a batch, each row by its own settings and its own generator:
-    greedy and sampled rows share a batch, and a seeded row's tokens are the same whatever its
-    neighbours (vLLM's sampler keeps a generator per seeded request the same way). A row's
-    generator draws once per token of that row, nothing else draws from it."""
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 that holds it."""
+    return value - 2**64 if value >= 2**63 else value
 
-    def __init__(self, rows: int, device: torch.device):
-        self.device = device
+
+# splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", 2014)
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical shift of int64 lanes (torch shifts signed integers arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """One number in [0, 1) per row, float32 multiples of 2**-24: splitmix64 of (seed, counter)'s
+    64 bits (int64 multiplication wraps, as the hash wants), its top 24 bits."""
+    z = seeds + (counters + 1) * _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return _shift_right(z, 40).to(torch.float32) * 2.0**-24
+
+
+GREEDY_ONLY, SAMPLED, FILTERED = "greedy", "sampled", "filtered"
+MODES = (GREEDY_ONLY, SAMPLED, FILTERED)
+
+
+class RowSampler:
+    """The next token of every row of a batch from its logits [B, vocab], on the device, each row
+    by its own Sampling (see the module's text). Its settings live in device buffers written at
+    `set`, so a CUDA graph that captured a call replays it for whatever rows run now; a call's
+    work depends only on `mode`, the least work the rows' settings need (argmax; softmax and a
+    running sum; or a sort for top-k and top-p too), so a graph is captured per mode."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device):
+        self.rows, self.vocab, self.device = rows, vocab, device
         self.settings: list[Sampling] = [GREEDY] * rows
-        self.generators: list[torch.Generator | None] = [None] * rows
+        self.greedy = torch.ones(rows, dtype=torch.bool, device=device)
+        # 1 where greedy: no division by 0
+        self.temperature = torch.ones(rows, dtype=torch.float32, device=device)
+        self.top_k = torch.full((rows,), vocab, dtype=torch.int64, device=device)
+        self.top_p = torch.ones(rows, dtype=torch.float32, device=device)
+        self.seed = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.drawn = torch.zeros(rows, dtype=torch.int64, device=device)  # tokens each row made
+        self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)  # the last choice
+        self._positions = torch.arange(vocab, device=device)
 
     def set(self, row: int, sampling: Sampling) -> None:
-        """Row `row` picks by `sampling` from now on (a seeded generator of its own: seed 0 when
-        none is given, as `generate` does)."""
+        """Row `row` picks by `sampling` from its next token on, its count of draws from 0 (the
+        seed is 0 when none is given, as `generate`'s)."""
         self.settings[row] = sampling
-        self.generators[row] = None
-        if not sampling.greedy:
-            generator = torch.Generator(self.device)
-            generator.manual_seed(0 if sampling.seed is None else sampling.seed)
-            self.generators[row] = generator
+        greedy = sampling.greedy
+        self.greedy[row] = greedy
+        self.temperature[row] = 1.0 if greedy else float(sampling.temperature)
+        top_k = sampling.top_k
+        self.top_k[row] = self.vocab if top_k is None or greedy else min(top_k, self.vocab)
+        self.top_p[row] = 1.0 if sampling.top_p is None or greedy else float(sampling.top_p)
+        self.seed[row] = _signed(sampling.seed or 0)
+        self.drawn[row] = 0
 
     @property
-    def all_greedy(self) -> bool:
-        return all(s.greedy for s in self.settings)
+    def mode(self) -> str:
+        sampled = [s for s in self.settings if not s.greedy]
+        if not sampled:
+            return GREEDY_ONLY
+        filtered = any(
+            (s.top_k is not None and s.top_k < self.vocab) or (s.top_p is not None and s.top_p < 1)
+            for s in sampled
+        )
+        return FILTERED if filtered else SAMPLED
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """[B] tokens from [B, vocab] logits, on the logits' device (no host round trip)."""
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        drawing: torch.Tensor | None = None,
+        mode: str | None = None,
+    ) -> torch.Tensor:
+        """[B] tokens from [B, vocab] logits into `tokens` (returned). `drawing` [B] (0/1 or bool)
+        marks the rows whose token counts (a row still being fed its prompt makes none); every
+        row when None. `mode` is fixed by a graph's capture; `self.mode` otherwise."""
+        tokens = self.choose(logits, self.mode if mode is None else mode)
+        self.drawn += 1 if drawing is None else drawing.to(torch.int64)
+        self.tokens.copy_(tokens)
+        return self.tokens
+
+    def choose(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
+        """The tokens, changing nothing (a graph's warm-up runs it)."""
         tokens = logits.argmax(dim=-1)
-        for row, (sampling, generator) in enumerate(zip(self.settings, self.generators)):
-            if generator is not None:
-                tokens[row] = next_tokens(logits[row : row + 1], sampling, generator)[0]
-        return tokens
+        if mode == GREEDY_ONLY:
+            return tokens
+        scores = logits.float() / self.temperature[:, None]
+        if mode == FILTERED:
+            scores = self._filtered(scores)
+        probabilities = scores.softmax(dim=-1)
+        running = probabilities.cumsum(dim=-1)
+        target = uniforms(self.seed, self.drawn)[:, None] * running[:, -1:]
+        picked = torch.searchsorted(running, target, right=True).squeeze(1)
+        # rounding can put the target at the very end: the last token with any probability
+        last = self.vocab - 1 - (probabilities.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
+        return torch.where(self.greedy, tokens, torch.minimum(picked, last))
+
+    def _filtered(self, scores: torch.Tensor) -> torch.Tensor:
+        """`scores` with the tokens outside each row's top-k and then its top-p at -inf: the kept
+        tokens are a prefix of the row sorted, so one threshold per row keeps them. A row with
+        neither keeps its scores unchanged, so its tokens are the same in every mode."""
+        ordered = scores.sort(dim=-1, descending=True).values
+        inside_k = self._positions < self.top_k[:, None]
+        ordered = ordered.masked_fill(~inside_k, float("-inf"))
+        probabilities = ordered.softmax(dim=-1)
+        # drop a token once the ones before it already hold top_p; the first always stays, and a
+        # row without top-p drops nothing (its running sum can round to 1 before the end)
+        drop = (probabilities.cumsum(dim=-1) - probabilities) >= self.top_p[:, None]
+        drop &= self.top_p[:, None] < 1
+        drop[:, 0] = False
+        kept = (inside_k & ~drop).sum(dim=-1, keepdim=True)
+        threshold = ordered.gather(1, kept - 1)
+        return scores.masked_fill(scores < threshold, float("-inf"))

@@ -21,7 +21,7 @@ struct Args {
   // --generate (a text-generation package): as `aotc generate`, token ids in and out
   bool generate = false, stream = false;
   std::vector<std::vector<int64_t>> prompts;
-  GenerateOptions generation;
+  GenerationRequest generation;
 };
 
 // The arguments, or aotc::Error (exit 2; --output not ending in .npz: exit 8); --help prints the

@@ -71,11 +71,11 @@ int generate(aotc::Package& package, const Args& args) {
       mask[row][start + static_cast<int64_t>(i)] = 1;
     }
   }
-  aotc::GenerateOptions options = args.generation;
-  options.sampling.seed = args.seed;
+  aotc::GenerationRequest request = args.generation;
+  request.sampling.seed = args.seed;
   std::vector<Clock::time_point> stamps;
   auto started = Clock::now();
-  auto generated = package.generate(ids, mask, options, [&](const std::vector<int64_t>& tokens) {
+  auto generated = package.generate(ids, mask, request, [&](const std::vector<int64_t>& tokens) {
     stamps.push_back(Clock::now());
     if (args.stream && !args.as_json) {
       for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];

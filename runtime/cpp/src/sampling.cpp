@@ -1,8 +1,7 @@
-// The sampler: aotc_runtime/sampling.py's Sampling.check and next_tokens, with its messages.
+// The sampler: aotc_runtime/sampling.py's Sampling.check, with its messages, and its RowSampler.
 #include "aotc/sampling.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <cstdio>
@@ -38,45 +37,98 @@ std::string sampling_problem(const Sampling& s) {
   return "";
 }
 
-at::Tensor next_tokens(const at::Tensor& logits, const Sampling& s, at::Generator& generator) {
-  if (s.greedy()) return logits.argmax(-1);
-  at::Tensor scores = logits.to(at::kFloat) / s.temperature;
-  const double minus_inf = -std::numeric_limits<double>::infinity();
-  if (s.top_k > 0 && s.top_k < scores.size(-1)) {
-    at::Tensor kth = std::get<0>(at::topk(scores, s.top_k, -1)).narrow(-1, s.top_k - 1, 1);
-    scores = scores.masked_fill(scores < kth, minus_inf);
-  }
-  if (s.top_p < 1.0) {
-    auto [ordered, order] = at::sort(scores, -1, /*descending=*/true);
-    at::Tensor probabilities = ordered.softmax(-1);
-    // drop a token once the ones before it already hold top_p; the first always stays, even where
-    // top_p rounds to 0 in float32
-    at::Tensor drop = (probabilities.cumsum(-1) - probabilities) >= s.top_p;
-    drop.select(-1, 0).fill_(false);
-    scores = scores.scatter(-1, order, ordered.masked_fill(drop, minus_inf));
-  }
-  return at::multinomial(scores.softmax(-1), 1, false, generator).squeeze(-1);
+namespace {
+
+// splitmix64's constants as the int64 that holds each 64-bit pattern (Steele, Lea and Flood, 2014)
+constexpr int64_t kGolden = static_cast<int64_t>(0x9E3779B97F4A7C15ULL);
+constexpr int64_t kMix1 = static_cast<int64_t>(0xBF58476D1CE4E5B9ULL);
+constexpr int64_t kMix2 = static_cast<int64_t>(0x94D049BB133111EBULL);
+
+// A logical shift of int64 lanes (torch shifts signed integers arithmetically).
+at::Tensor shift_right(const at::Tensor& x, int64_t bits) { return x.bitwise_right_shift(bits).bitwise_and((int64_t{1} << (64 - bits)) - 1); }
+
+}  // namespace
+
+at::Tensor uniforms(const at::Tensor& seeds, const at::Tensor& counters) {
+  at::Tensor z = seeds + (counters + 1) * kGolden;
+  z = z.bitwise_xor(shift_right(z, 30)) * kMix1;
+  z = z.bitwise_xor(shift_right(z, 27)) * kMix2;
+  z = z.bitwise_xor(shift_right(z, 31));
+  return shift_right(z, 40).to(at::kFloat) * std::ldexp(1.0, -24);
 }
 
-at::Tensor next_tokens_per_row(const at::Tensor& logits, const Sampling& sampling, std::vector<at::Generator>& generators) {
-  at::Tensor tokens = logits.argmax(-1);
-  if (sampling.greedy()) return tokens;
-  for (size_t row = 0; row < generators.size(); ++row) {
-    const auto r = static_cast<int64_t>(row);
-    tokens.narrow(0, r, 1).copy_(next_tokens(logits.narrow(0, r, 1), sampling, generators[row]));
+RowSampler::RowSampler(int64_t rows, int64_t vocab, at::Device device) : vocab_(vocab), settings_(rows) {
+  const auto on = at::TensorOptions().device(device);
+  greedy_ = at::ones({rows}, on.dtype(at::kBool));
+  temperature_ = at::ones({rows}, on.dtype(at::kFloat));  // 1 where greedy: no inf
+  top_k_ = at::full({rows}, vocab, on.dtype(at::kLong));
+  top_p_ = at::ones({rows}, on.dtype(at::kFloat));
+  seed_ = at::zeros({rows}, on.dtype(at::kLong));
+  drawn_ = at::zeros({rows}, on.dtype(at::kLong));
+  tokens = at::zeros({rows}, on.dtype(at::kLong));
+  positions_ = at::arange(vocab, on.dtype(at::kLong));
+}
+
+void RowSampler::set(int64_t row, const Sampling& s) {
+  settings_[static_cast<size_t>(row)] = s;
+  const bool greedy = s.greedy();
+  greedy_[row].fill_(greedy);
+  temperature_[row].fill_(greedy ? 1.0 : s.temperature);
+  top_k_[row].fill_(greedy || s.top_k == 0 ? vocab_ : std::min(s.top_k, vocab_));
+  top_p_[row].fill_(greedy ? 1.0 : s.top_p);
+  seed_[row].fill_(static_cast<int64_t>(s.seed));  // the seed's 64 bits
+  drawn_[row].fill_(0);
+}
+
+SamplerMode RowSampler::mode() const {
+  SamplerMode mode = SamplerMode::kGreedyOnly;
+  for (const Sampling& s : settings_) {
+    if (s.greedy()) continue;
+    if ((s.top_k > 0 && s.top_k < vocab_) || s.top_p < 1.0) return SamplerMode::kFiltered;
+    mode = SamplerMode::kSampled;
   }
+  return mode;
+}
+
+at::Tensor RowSampler::operator()(const at::Tensor& logits, const at::Tensor& drawing, SamplerMode mode) {
+  at::Tensor chosen = choose(logits, mode);
+  if (drawing.defined()) {
+    drawn_.add_(drawing.to(at::kLong));
+  } else {
+    drawn_.add_(1);
+  }
+  tokens.copy_(chosen);
   return tokens;
 }
 
-std::vector<at::Generator> row_generators(int64_t rows, uint64_t seed, const at::Device& device) {
-  std::vector<at::Generator> generators;
-  for (int64_t row = 0; row < rows; ++row) {
-    at::Generator generator = device.is_cuda() ? at::globalContext().defaultGenerator(device).clone()
-                                               : at::make_generator<at::CPUGeneratorImpl>(seed);
-    if (device.is_cuda()) generator.set_current_seed(seed);
-    generators.push_back(generator);
-  }
-  return generators;
+at::Tensor RowSampler::choose(const at::Tensor& logits, SamplerMode mode) const {
+  at::Tensor argmax = logits.argmax(-1);
+  if (mode == SamplerMode::kGreedyOnly) return argmax;
+  at::Tensor scores = logits.to(at::kFloat) / temperature_.unsqueeze(1);
+  if (mode == SamplerMode::kFiltered) scores = filtered(scores);
+  at::Tensor probabilities = scores.softmax(-1);
+  at::Tensor running = probabilities.cumsum(-1);
+  at::Tensor target = uniforms(seed_, drawn_).unsqueeze(1) * running.narrow(-1, vocab_ - 1, 1);
+  at::Tensor picked = at::searchsorted(running, target, /*out_int32=*/false, /*right=*/true).squeeze(1);
+  // rounding can put the target at the very end: the last token with any probability
+  at::Tensor last = (vocab_ - 1) - probabilities.flip({-1}).gt(0).to(at::kChar).argmax(-1);
+  return at::where(greedy_, argmax, at::minimum(picked, last));
+}
+
+at::Tensor RowSampler::filtered(const at::Tensor& scores) const {
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  at::Tensor ordered = std::get<0>(scores.sort(-1, /*descending=*/true));
+  at::Tensor inside_k = positions_.lt(top_k_.unsqueeze(1));
+  ordered = ordered.masked_fill(inside_k.logical_not(), minus_inf);
+  at::Tensor probabilities = ordered.softmax(-1);
+  // drop a token once the ones before it already hold top_p; the first always stays, and a row
+  // without top-p drops nothing
+  at::Tensor drop = (probabilities.cumsum(-1) - probabilities).ge(top_p_.unsqueeze(1));
+  drop.logical_and_(top_p_.unsqueeze(1).lt(1));
+  drop.select(-1, 0).fill_(false);
+  at::Tensor kept = inside_k.logical_and(drop.logical_not()).sum(-1, /*keepdim=*/true);
+  at::Tensor threshold = ordered.gather(1, kept - 1);
+  return scores.masked_fill(scores.lt(threshold), minus_inf);
 }
 
 }  // namespace aotc

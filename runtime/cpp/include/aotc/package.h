@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -54,7 +55,11 @@ struct LoadOptions {
 class CudaGraphs;
 class CapturedStep;
 
-struct GenerateOptions {
+// What one generation asks (the Python runtime's GenerationRequest, aotc_runtime/
+// generation_request.py, field for field; the prompts are generate()'s input_ids). A sequence ends
+// at its first end-of-sequence id or its max_new_tokens-th token. Stop strings are text: the C++
+// runner reads no tokenizer, so it takes none.
+struct GenerationRequest {
   int64_t max_new_tokens = 16;
   Sampling sampling;
   std::optional<std::vector<int64_t>> eos_token_ids;  // unset: the package's own; each in [0, vocab_size)
@@ -90,7 +95,7 @@ class Package {
   // tokens (after an end-of-sequence token, the pad token, as transformers pads). The KV cache is
   // the package's state, reset first. Bad requests throw aotc::Error with exit 2, one line.
   std::vector<std::vector<int64_t>> generate(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                             const GenerateOptions& options, const TokenCallback& on_tokens = {});
+                                             const GenerationRequest& request, const TokenCallback& on_tokens = {});
 
   void reset_state();  // state that forward updates, back to its value at export
   const Manifest& manifest() const { return manifest_; }
@@ -111,9 +116,12 @@ class Package {
   std::vector<at::Tensor> call_flat(const std::vector<at::Tensor>& flat, bool graphs = true);
   // run(), where `graphs` false never captures (generation's prefill: a capture per prompt length)
   std::vector<at::Tensor> run_step(const std::vector<at::Tensor>& inputs, bool graphs);
-  // the decode step's CUDA graph ready to replay from the first decode inputs `first` (captured
-  // at the first generate); false where capture failed
-  bool start_decode_graph(const std::vector<at::Tensor>& first);
+  // the decode step's CUDA graph for this sampler mode, captured at its first use and kept; false
+  // where capture failed
+  bool decode_graph_ready(SamplerMode mode);
+  // one decode step on decode_inputs_ and state_ (a replay, or else a call): the next tokens in
+  // sampler_.tokens and the ids buffer, the inputs advanced
+  void decode_step(SamplerMode mode, bool graphs);
   const Member* member_for(const std::vector<at::Tensor>& inputs) const;
 
   std::string folder_;
@@ -122,23 +130,16 @@ class Package {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   std::vector<at::Tensor> initial_state_, state_;
   std::unique_ptr<CudaGraphs> graphs_;
-  // generation's decode step as one CUDA graph, made at the first generate on a CUDA package with
-  // CUDA graphs and kept: its input buffers (ids, positions, cache position, mask) and the graph;
-  // it replays on state_, which the program updates in place and reset_state() resets in place
+  // generation's decode step as CUDA graphs, one per sampler mode, made at a CUDA package's first
+  // generate that needs each (CUDA graphs on) and kept: its input buffers (ids, cache lengths,
+  // input lengths), the sampler whose buffers the graphs read, and the graphs. Each replays the
+  // program on state_ (updated in place; reset_state() resets it in place), the inputs' advance,
+  // and the sampler's choice of the next tokens, written into the ids buffer (the Python
+  // runtime's DecodeGraph).
   std::vector<at::Tensor> decode_inputs_;
-  std::unique_ptr<CapturedStep> decode_graph_;
-  bool decode_graph_failed_ = false;
-  // The greedy choice of the next tokens, captured after the decode step (the Python runtime's
-  // GreedyPick): the tokens picked, which sequences are unfinished, the end-of-sequence ids (-1 in
-  // unused slots), the pad token. A greedy token then costs the host one replay and one copy.
-  struct GreedyPick {
-    at::Tensor tokens, unfinished, eos, pad;
-  };
-  static constexpr size_t kEosSlots = 8;  // more end-of-sequence ids: the host picks instead
-  GreedyPick pick_;
-  at::Tensor decode_logits_;  // the captured step's logits
-  void start_pick(const std::vector<int64_t>& eos, int64_t pad);
-  at::Tensor pick_next(const at::Tensor& logits);  // the next tokens into pick_ (and returned)
+  RowSampler sampler_;
+  std::map<SamplerMode, std::unique_ptr<CapturedStep>> decode_graphs_;
+  std::set<SamplerMode> decode_graph_failed_;
   std::vector<Member> members_;
   // the constants its programs read in place (user-managed): alive as long as they run
   std::shared_ptr<const std::unordered_map<std::string, at::Tensor>> shared_weights_;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <ATen/Tensor.h>
-#include <ATen/core/Generator.h>
 
 #include <cstdint>
 #include <limits>
@@ -34,15 +33,39 @@ struct Sampling {
 // (the Python runtime's Sampling.check); "" when they are accepted.
 std::string sampling_problem(const Sampling& sampling);
 
-// The next token of each sequence from [B, vocab] logits, on the logits' device.
-at::Tensor next_tokens(const at::Tensor& logits, const Sampling& sampling, at::Generator& generator);
+// One number in [0, 1) per row: splitmix64 of (seed, counter), its top 24 bits (the Python
+// runtime's sampling.uniforms, the same operations on int64 tensors).
+at::Tensor uniforms(const at::Tensor& seeds, const at::Tensor& counters);
 
-// The next token of every row: rows 0..generators.size()-1 sampled by `sampling`, each from its own
-// generator (a prompt's tokens are then the same alone or beside others), the rest greedy
-// (aotc_runtime/sampling.py's RowPicker).
-at::Tensor next_tokens_per_row(const at::Tensor& logits, const Sampling& sampling, std::vector<at::Generator>& generators);
+// The least work a batch's settings need: argmax; softmax and a running sum; or a sort too.
+enum class SamplerMode { kGreedyOnly, kSampled, kFiltered };
 
-// One generator per sampled row, each seeded with `seed`, on `device` (CPU or CUDA).
-std::vector<at::Generator> row_generators(int64_t rows, uint64_t seed, const at::Device& device);
+// The next token of every row from [B, vocab] logits, on the device, each row by its own Sampling
+// (aotc_runtime/sampling.py's RowSampler, operation for operation, so both runtimes give a seeded
+// row the same tokens): row b's i-th token draws the number uniforms(seed_b, i), inverse-CDF.
+class RowSampler {
+ public:
+  RowSampler() = default;
+  RowSampler(int64_t rows, int64_t vocab, at::Device device);
+  bool defined() const { return tokens.defined(); }
+  int64_t rows() const { return static_cast<int64_t>(settings_.size()); }
+
+  // Row `row` picks by `sampling` from its next token on, its count of draws from 0.
+  void set(int64_t row, const Sampling& sampling);
+  SamplerMode mode() const;
+
+  // The tokens into `tokens` (returned); `drawing` [B] marks the rows whose token counts
+  // (undefined: every row).
+  at::Tensor operator()(const at::Tensor& logits, const at::Tensor& drawing, SamplerMode mode);
+  at::Tensor choose(const at::Tensor& logits, SamplerMode mode) const;  // changes nothing
+
+  at::Tensor tokens;  // [B] int64, the last call's choice
+
+ private:
+  at::Tensor filtered(const at::Tensor& scores) const;
+  int64_t vocab_ = 0;
+  std::vector<Sampling> settings_;
+  at::Tensor greedy_, temperature_, top_k_, top_p_, seed_, drawn_, positions_;
+};
 
 }  // namespace aotc

@@ -1,4 +1,4 @@
-"""Continuous batching (runtime/aotc_runtime/continuous.py): sequences join a running batch and
+"""The decode engine (runtime/aotc_runtime/decode_engine.py): sequences join a running batch and
 leave it at step boundaries, and each gets the tokens it gets alone (the runtime's own `generate`,
 which tests/test_generate.py holds to transformers' `generate`). The conftest's generation
 packages: batch 2, a 32-token cache, built once per session."""
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import aotc_runtime
-from aotc_runtime.continuous import RunningBatch
+from aotc_runtime.decode_engine import DecodeEngine
+from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, Sampling
 
 pytestmark = pytest.mark.slow
@@ -28,20 +29,26 @@ def alone(package, prompt: list, new_tokens: int, sampling: Sampling = GREEDY) -
     return out[0, len(prompt) :].tolist()
 
 
-def run(batch: RunningBatch, plan: dict) -> dict:
+def request(prompt: list, new_tokens: int, sampling: Sampling = GREEDY) -> GenerationRequest:
+    """No end-of-sequence id: a sequence makes all its tokens (a random model's are any)."""
+    return GenerationRequest(tuple(prompt), new_tokens, sampling, eos_token_ids=())
+
+
+def run(engine: DecodeEngine, plan: dict) -> dict:
     """plan: step at which each sequence joins -> (key, prompt, new tokens[, sampling]). Steps
     until every sequence has all its tokens; returns key -> tokens."""
     made: dict = {}
+    wanted = {key: new for key, _prompt, new, *_sampling in plan.values()}
     step = 0
-    while step == 0 or batch.active or any(at >= step for at in plan):
+    while step == 0 or engine.active or any(at >= step for at in plan):
         for key, prompt, new, *sampling in [plan[at] for at in plan if at == step]:
-            assert batch.fits(len(prompt), new), key
-            batch.join(key, prompt, new, *sampling)
+            assert engine.fits(len(prompt), new), key
+            engine.join(key, request(prompt, new, *sampling))
             made[key] = []
-        for key, token in batch.step():
+        for key, token, finish, _text in engine.step():
             made[key].append(token)
-            if len(made[key]) == dict((k, n) for k, _p, n, *_s in plan.values())[key]:
-                batch.leave(key)
+            # the engine ends a sequence at its last token, and frees its row
+            assert finish == ("length" if len(made[key]) == wanted[key] else None), key
         step += 1
         assert step < 100
     return made
@@ -64,7 +71,7 @@ def test_sequences_joining_a_running_batch_get_their_own_tokens(
         3: ("b", [7, 8, 300], 6),  # joins a running batch: one call feeds a's next token too
         10: ("c", [11, 12, 13, 14], 5),  # into the row b left, with a still running
     }
-    batch = RunningBatch(package, overlap=overlap)
+    batch = DecodeEngine(package, overlap=overlap)
     made = run(batch, plan)
     for key, prompt, new in plan.values():
         assert made[key] == alone(package, prompt, new), key
@@ -74,8 +81,9 @@ def test_sequences_joining_a_running_batch_get_their_own_tokens(
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["", "step-ahead"])
 def test_greedy_and_sampled_sequences_share_a_running_batch(generation_packages, overlap):
-    """Each row picks by its own settings from a generator of its own: a seeded sequence's tokens
-    are its lone `generate`'s whatever its neighbours, greedy or sampled, join or leave."""
+    """Each row picks by its own settings, its random numbers its own (a hash of its seed and its
+    count of tokens): a seeded sequence's tokens are its lone `generate`'s whatever its
+    neighbours, greedy or sampled, join or leave."""
     package = aotc_runtime.load(generation_packages["gpt2"][0])
     hot = Sampling(temperature=0.9, top_k=50, top_p=0.95, seed=7)
     plan = {
@@ -83,7 +91,7 @@ def test_greedy_and_sampled_sequences_share_a_running_batch(generation_packages,
         2: ("b", [7, 8, 300], 6),  # greedy beside the sampled a
         9: ("c", [11, 12, 13, 14], 5, Sampling(temperature=1.3, seed=3)),  # into b's row
     }
-    made = run(RunningBatch(package, overlap=overlap), plan)
+    made = run(DecodeEngine(package, overlap=overlap), plan)
     for key, prompt, new, *sampling in plan.values():
         assert made[key] == alone(package, prompt, new, *sampling), key
     assert made["a"] != alone(package, [5, 17, 42, 9, 100], 14), "sampling was not used"
@@ -92,15 +100,32 @@ def test_greedy_and_sampled_sequences_share_a_running_batch(generation_packages,
 def test_a_sequence_joins_whenever_a_row_is_free_and_its_cache_holds_it(generation_packages):
     """Rows have timelines of their own: a row that ran long does not shorten another's."""
     package = aotc_runtime.load(generation_packages["gpt2"][0])
-    batch = RunningBatch(package)
-    batch.join("a", [5, 6, 7], 29)
+    engine = DecodeEngine(package)
+    engine.join("a", request([5, 6, 7], 29))
     for _ in range(10):
-        batch.step()
+        engine.step()
     # a holds 13 of its row's 32 positions; the other row holds a whole 30 + 2
-    assert batch.fits(30, 2) and not batch.fits(31, 2)
-    batch.join("b", [1, 2], 2)
-    assert not batch.fits(1, 1)  # no free row (batch of 2)
-    batch.release()
+    assert engine.fits(30, 2) and not engine.fits(31, 2)
+    engine.join("b", request([1, 2], 2))
+    assert not engine.fits(1, 1)  # no free row (batch of 2)
+    engine.release()
+
+
+def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row(generation_packages):
+    """The engine decides a row's end (GenerationRequest.finish_reason): its first token that is
+    an end-of-sequence id ends it with "stop", and its row takes the next sequence."""
+    package = aotc_runtime.load(generation_packages["gpt2"][0])
+    tokens = alone(package, [5, 17, 42], 8)
+    eos = tokens[3]
+    engine = DecodeEngine(package)
+    engine.join("a", GenerationRequest((5, 17, 42), 8, GREEDY, eos_token_ids=(eos,)))
+    made = []
+    while engine.active:
+        made += engine.step()
+    ends = tokens.index(eos) + 1  # the first time the model says it
+    assert [m.token for m in made] == tokens[:ends]
+    assert [m.finish for m in made] == [None] * (ends - 1) + ["stop"]
+    assert engine.fits(30, 2) and engine.active == 0
 
 
 def test_a_long_prompt_joins_in_chunks_beside_a_running_sequence(generation_packages):
@@ -111,7 +136,7 @@ def test_a_long_prompt_joins_in_chunks_beside_a_running_sequence(generation_pack
         0: ("a", [5, 17, 42, 9, 100], 12),
         2: ("b", [7, 8, 300, 4, 9, 11, 250, 31, 77, 2, 19, 60, 8, 401], 6),
     }
-    batch = RunningBatch(package, prefill_chunk=4)
+    batch = DecodeEngine(package, prefill_chunk=4)
     made = run(batch, plan)
     for key, prompt, new in plan.values():
         assert made[key] == alone(package, prompt, new), key
@@ -126,6 +151,6 @@ def test_a_model_with_a_sliding_window_takes_sequences_into_a_running_batch(gene
         0: ("a", [5, 17, 42, 9, 100], 14),
         4: ("b", [7, 8, 300], 6),
     }
-    made = run(RunningBatch(package), plan)
+    made = run(DecodeEngine(package), plan)
     for key, prompt, new in plan.values():
         assert made[key] == alone(package, prompt, new), key

@@ -1,0 +1,310 @@
+"""The decode engine: every generation on a text-generation package runs here, `generate` and
+`stream` (generation.py), `aotc generate` and `aotc serve`. Sequences join a running batch and
+leave it at step boundaries, each answered as if alone.
+
+The package's program (aotc/export/row_cache.py) gives every row of its KV cache a timeline of its
+own:
+
+    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+
+row b holding cache_lengths[b] tokens and fed the last input_lengths[b] tokens of its window. So a
+row is a slot a sequence owns from its join to its finish:
+
+- A decode step feeds every running row its last token.
+- A join feeds the joining rows their prompts in chunks of at most `prefill_chunk` tokens, one
+  chunk a step, while the same step feeds every running row its next token: a long prompt joins
+  without stalling the batch, and a join costs the running rows no step.
+- A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache.
+- Each row picks its tokens by its own settings (sampling.RowSampler), on the device, so greedy
+  and sampled sequences share the batch and a seeded one's tokens do not depend on its neighbours.
+- A row finishes at an end-of-sequence id or its last token (GenerationRequest.finish_reason), or,
+  given the package's tokenizer, at a stop string in its text (text_delta.py); its slot is free
+  from the next step.
+
+A decode step is one replay of the package's DecodeGraph on CUDA with CUDA graphs (the program,
+the inputs' advance and the sampler captured together), one call of the package otherwise. On CUDA
+a step works ahead: the next decode step is queued (its input is the tokens just picked, still on
+the device) before the host reads this step's tokens, so the device is busy while the host
+delivers them. A sequence that joins meanwhile waits for that step, and a row's token from it is
+dropped if the row finished or left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from .errors import GenerationInputError
+from .generation_request import GenerationRequest
+from .sampling import GREEDY, RowSampler
+from .text_delta import TextDelta
+
+if TYPE_CHECKING:
+    from .package import Package
+
+
+class DecodeStep:
+    """A decode step's inputs as buffers on the device: ids [B, 1], cache lengths [B], input
+    lengths [B] (1 for a row decoding, 0 for none). `advance` leaves each row holding what it was
+    fed, so no host value crosses to the device per token."""
+
+    def __init__(self, batch: int, device: torch.device):
+        self.inputs = [
+            torch.zeros(batch, 1, dtype=torch.int64, device=device),
+            torch.zeros(batch, dtype=torch.int64, device=device),
+            torch.zeros(batch, dtype=torch.int64, device=device),
+        ]
+        self.ids, self.cache_lengths, self.input_lengths = self.inputs
+
+    def advance(self) -> None:
+        self.cache_lengths.add_(self.input_lengths)
+
+    def load(self, inputs: Sequence[torch.Tensor]) -> None:
+        for mine, given in zip(self.inputs, inputs):
+            mine.copy_(given)
+
+
+class HostCopy:
+    """A step's new tokens on the host, copied while the device runs the next step: the copy is
+    queued before the next step and waited for after it is queued (on CUDA, into pinned memory)."""
+
+    def __init__(self, like: torch.Tensor):
+        self._cuda = like.device.type == "cuda"
+        self._buffer = torch.empty_like(like, device="cpu", pin_memory=self._cuda)
+        self._done = torch.cuda.Event() if self._cuda else None
+
+    def start(self, tokens: torch.Tensor) -> None:
+        self._buffer.copy_(tokens, non_blocking=self._cuda)
+        if self._done is not None:
+            self._done.record()
+
+    def result(self) -> torch.Tensor:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._buffer.clone()
+
+
+class Made(NamedTuple):
+    """One new token of a sequence: its key, the token, why it ended the sequence (None while it
+    goes on, "stop" at an end-of-sequence id or a stop string, "length" at its last token), and the
+    text it adds (with a tokenizer; "" without)."""
+
+    key: Hashable
+    token: int
+    finish: str | None
+    text: str = ""
+
+
+@dataclass
+class _Row:
+    key: Hashable
+    request: GenerationRequest
+    prompt: list = field(default_factory=list)  # tokens still to feed before the first token
+    made: int = 0
+    text: TextDelta | None = None
+
+
+class DecodeEngine:
+    """Generation for up to the package's batch of sequences at once, joining and leaving between
+    steps (see above). The package's generation gate is held from the first join until the last
+    row finishes or leaves (no other generation, call or reset moves the cache meanwhile). One
+    thread uses an engine at a time."""
+
+    def __init__(
+        self,
+        package: Package,
+        overlap: bool | None = None,
+        prefill_chunk: int = 256,
+        tokenizer: Any = None,  # a tokenizers.Tokenizer: each token's text, and stop strings
+    ):
+        self.package, self.device, self.tokenizer = package, package.device, tokenizer
+        self.generation = generation = package.generation
+        self.size, self.max_len = generation.batch_size, generation.max_seq_len
+        self.prefill_chunk = prefill_chunk
+        self.rows: list[_Row | None] = [None] * self.size
+        self.held = torch.zeros(self.size, dtype=torch.int64)  # tokens each row's cache holds
+        self.last = torch.zeros(self.size, dtype=torch.int64)  # each row's token to feed next
+        # the decode step's buffers and sampler (the package's decode graph's, when it has one),
+        # taken when the engine first holds the package
+        self.graph: Any = None
+        self.decode_step: Any = None
+        self.sampler: Any = None
+        self._fresh = True  # rows joined or left: the decode step's buffers are loaded anew
+        self._held_gate = False
+        # on the CPU a step queued ahead would run there and then, before its tokens are sent
+        self.overlap = self.device.type == "cuda" if overlap is None else overlap
+        self._host: Any = None
+        # a decode step queued by the previous call: (the key of each row it runs for, its
+        # tokens on the device once it has run)
+        self._ahead: tuple[list, torch.Tensor] | None = None
+
+    @property
+    def active(self) -> int:
+        return sum(row is not None for row in self.rows)
+
+    def fits(self, prompt_length: int, max_new_tokens: int) -> bool:
+        """Whether a sequence can join at the next step: a free row, and a row's cache holds it."""
+        return None in self.rows and prompt_length + max_new_tokens <= self.max_len
+
+    def join(self, key: Hashable, request: GenerationRequest) -> None:
+        """Queue a sequence for the next step (check `fits` first). The request is checked
+        against the package (GenerationInputError names what it cannot run)."""
+        request.check(self.generation)
+        if request.stop and self.tokenizer is None:
+            raise GenerationInputError(
+                "stop strings are text: they need the package's tokenizer (export with "
+                "--tokenizer DIR), or give end-of-sequence ids instead"
+            )
+        if not self.fits(len(request.prompt), request.max_new_tokens):
+            raise ValueError("the sequence does not fit the running batch; check fits() first")
+        if not self._held_gate:
+            self.package.generation_gate.acquire()
+            self._held_gate = True
+            self._take_package()
+        slot = self.rows.index(None)
+        text = TextDelta(self.tokenizer, request.stop) if self.tokenizer is not None else None
+        self.rows[slot] = _Row(key, request, list(request.prompt), text=text)
+        self.held[slot] = 0
+        self.sampler.set(slot, request.sampling)
+
+    def leave(self, key: Hashable) -> None:
+        """The sequence's row is free from the next step (its client left, or a stop string
+        ended it)."""
+        for slot, row in enumerate(self.rows):
+            if row is not None and row.key == key:
+                self._free(slot)
+        if self.active == 0:
+            self.release()
+
+    def release(self) -> None:
+        """Give the package back (after the last row left, or when a step failed)."""
+        self.rows = [None] * self.size
+        self._ahead = None  # its tokens are nobody's now
+        if self._held_gate:
+            self._held_gate = False
+            self.package.generation_gate.release()
+
+    def step(self) -> list[Made]:
+        """One step's tokens, one per row it ran for that is still there: the step queued by the
+        previous call, or else a step that feeds the joining sequences a chunk of their prompts,
+        or else a decode step. With overlap, the next decode step is queued before the tokens are
+        read. A row whose token finishes it is free when this returns."""
+        if self.active == 0:
+            return []
+        with torch.inference_mode():
+            if self._ahead is not None:
+                keys, picked = self._ahead
+                self._ahead = None
+            elif any(row is not None and row.prompt for row in self.rows):
+                keys, picked = self._join()
+            else:
+                keys, picked = self._keys(), self._decode(self.last.to(self.device))
+            self._host.start(picked)
+            if self.overlap and self._worth_a_step_ahead(keys):
+                self._ahead = (self._keys(), self._decode(picked))
+            tokens = self._host.result()
+        made = []
+        for slot, (key, token) in enumerate(zip(keys, tokens.tolist())):
+            row = self.rows[slot]
+            # a row that finished or left since the step was queued, or is still being fed its
+            # prompt
+            if key is None or row is None or row.key != key or row.prompt:
+                continue
+            self.last[slot] = token
+            row.made += 1
+            finish = row.request.finish_reason(self.generation, token, row.made)
+            delta = ""
+            if row.text is not None:
+                delta, stopped = row.text.add(token, last=finish is not None)
+                finish = "stop" if stopped else finish
+            made.append(Made(key, token, finish, delta))
+            if finish is not None:
+                self._free(slot)
+        if self.active == 0:
+            self.release()
+        return made
+
+    def _take_package(self) -> None:
+        """The decode step's buffers and sampler, every row free: taken under the package's gate
+        (the decode graph is the package's, its state the package's cache)."""
+        if self.sampler is None:
+            self.graph = self.package.decode_graph()
+            if self.graph is not None:
+                self.decode_step, self.sampler = self.graph.step, self.graph.sampler
+            else:
+                self.decode_step = DecodeStep(self.size, self.device)
+                self.sampler = RowSampler(self.size, self.generation.vocab_size, self.device)
+            self._host = HostCopy(self.sampler.tokens)
+        for row in range(self.size):
+            self.sampler.set(row, GREEDY)
+        self._fresh = True
+
+    def _free(self, slot: int) -> None:
+        self.rows[slot] = None
+        self.sampler.set(slot, GREEDY)  # a free row draws nothing
+        self._fresh = True  # the row is fed nothing from now on
+
+    def _keys(self) -> list:
+        return [row.key if row is not None else None for row in self.rows]
+
+    def _worth_a_step_ahead(self, keys: list) -> bool:
+        """No sequence waits to join, and a row of this step has tokens to make after this one
+        (which also keeps the step inside the row's cache: `fits` counted those tokens)."""
+        if any(row is not None and row.prompt for row in self.rows):
+            return False
+        return any(
+            row is not None and row.key == key and row.made + 1 < row.request.max_new_tokens
+            for row, key in zip(self.rows, keys)
+        )
+
+    def _join(self) -> tuple[list, torch.Tensor]:
+        """A step that feeds each joining row the next chunk of its prompt and each running row
+        its last token; (the keys of the rows that made a token, the tokens on the device)."""
+        chunks = {
+            slot: row.prompt[: self.prefill_chunk]
+            for slot, row in enumerate(self.rows)
+            if row is not None and row.prompt
+        }
+        window = max(len(chunk) for chunk in chunks.values())
+        ids = torch.zeros(self.size, window, dtype=torch.int64)
+        fed = torch.zeros(self.size, dtype=torch.int64)
+        keys: list = [None] * self.size
+        for slot, row in enumerate(self.rows):
+            if row is None:
+                continue
+            chunk = chunks.get(slot)
+            if chunk is not None:  # the chunk at the window's end (the step reads it from there)
+                ids[slot, window - len(chunk) :] = torch.tensor(chunk, dtype=torch.int64)
+                fed[slot] = len(chunk)
+                row.prompt = row.prompt[len(chunk) :]
+            else:
+                ids[slot, -1] = self.last[slot]
+                fed[slot] = 1
+            if not row.prompt:  # a running row, or one whose prompt is all in now: it has a token
+                keys[slot] = row.key
+        drawing = torch.tensor([key is not None for key in keys]).to(self.device)
+        inputs = [t.to(self.device) for t in (ids, self.held, fed)]
+        logits = self.package.call_without_graphs(*inputs)
+        self.held += fed
+        self._fresh = True
+        return keys, self.sampler(logits, drawing)
+
+    def _decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Queues the decode step that feeds each running row its token of `tokens` [B] (on the
+        device); returns the buffer its tokens will be in. After a decode step the ids buffer
+        already holds them; after a join or a leave the step's buffers are loaded anew."""
+        step = self.decode_step
+        fed = torch.tensor([row is not None for row in self.rows], dtype=torch.int64)
+        if self._fresh:
+            step.load([tokens[:, None], self.held, fed])
+            self._fresh = False
+        mode = self.sampler.mode
+        if self.graph is None or not self.graph.replay(mode):
+            logits = self.package.call_without_graphs(*step.inputs)
+            step.advance()
+            step.ids.copy_(self.sampler(logits, step.input_lengths, mode)[:, None])
+        self.held += fed  # what the step's own advance does to its buffers, mirrored here
+        return self.sampler.tokens

@@ -1,0 +1,105 @@
+"""What one sequence asks of a text-generation package, and when it is finished: the one request
+type that `generate`, `stream`, `aotc generate` and `aotc serve` build and the decode engine
+(decode_engine.py) runs. The C++ runner's `aotc::GenerationRequest` (runtime/cpp/include/aotc/
+package.h) holds the same fields.
+
+A sequence finishes at the first of: an end-of-sequence id ("stop"), its `max_new_tokens`-th token
+("length"), or a stop string in its text ("stop"). The decode engine decides, for every front end:
+the first two by `finish_reason`, the third by the row's text (text_delta.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import GenerationInputError
+from .generation_record import Generation
+from .sampling import GREEDY, Sampling, is_whole_number
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: tuple  # token ids, at least one
+    max_new_tokens: int
+    sampling: Sampling = GREEDY
+    eos_token_ids: tuple | None = None  # None: the package's
+    stop: tuple = ()  # stop strings: with the package's tokenizer, the engine reads the text
+
+    def eos(self, generation: Generation) -> tuple:
+        return generation.eos_token_ids if self.eos_token_ids is None else self.eos_token_ids
+
+    def finish_reason(self, generation: Generation, token: int, made: int) -> str | None:
+        """Why the sequence ends with `token`, its `made`-th new token, or None if it goes on."""
+        if token in self.eos(generation):
+            return "stop"
+        if made >= self.max_new_tokens:
+            return "length"
+        return None
+
+    def check(self, generation: Generation) -> None:
+        """One line naming what the package cannot run of this request, and the fix. Every id the
+        engine feeds the model is checked here: the compiled model's own bounds checks end the
+        process."""
+        if not self.prompt:
+            raise GenerationInputError("the prompt is empty; give at least one token")
+        vocab = generation.vocab_size
+        for token in self.prompt:
+            if not is_whole_number(token) or not 0 <= token < vocab:
+                raise GenerationInputError(
+                    f"token id {token!r} is outside the vocabulary (0..{vocab - 1})"
+                )
+        check_room(generation, len(self.prompt), self.max_new_tokens)
+        problem = self.sampling.check()
+        if problem:
+            raise GenerationInputError(problem)
+        if self.eos_token_ids is not None:
+            check_eos(generation, self.eos_token_ids)
+
+
+def check_room(generation: Generation, length: int, max_new_tokens: int) -> None:
+    """A prompt of `length` tokens and `max_new_tokens` new ones fit a row of the KV cache."""
+    if not is_whole_number(max_new_tokens) or max_new_tokens < 1:
+        raise GenerationInputError(
+            f"max_new_tokens is {max_new_tokens!r}; ask for at least 1 (a whole number)"
+        )
+    if length + max_new_tokens > generation.max_seq_len:
+        room = generation.max_seq_len - max_new_tokens
+        fix = (
+            f"shorten the prompt to at most {room} tokens, ask for fewer new tokens,"
+            if room >= 1
+            else f"ask for at most {generation.max_seq_len - length} new tokens"
+        )
+        raise GenerationInputError(
+            f"a prompt of {length} tokens and {max_new_tokens} new tokens need "
+            f"{length + max_new_tokens} positions, but the package's KV cache holds "
+            f"{generation.max_seq_len}; {fix} or export with a larger --max-seq-len"
+        )
+
+
+def check_eos(generation: Generation, eos_token_ids: Sequence) -> None:
+    vocab = generation.vocab_size
+    for token in eos_token_ids:
+        if not is_whole_number(token) or not 0 <= token < vocab:
+            raise GenerationInputError(
+                f"end-of-sequence id {token!r} is outside the vocabulary (0..{vocab - 1}); "
+                "give token ids of this model"
+            )
+
+
+def eos_tuple(eos_token_ids: Sequence[int] | int | None) -> tuple | None:
+    """A caller's end-of-sequence ids (a list, one id, or None for the package's) as a tuple."""
+    if eos_token_ids is None:
+        return None
+    try:
+        return tuple(eos_token_ids)  # type: ignore[arg-type]
+    except TypeError:
+        return (eos_token_ids,)
+
+
+def pad_id(generation: Generation, eos: Sequence[int]) -> int:
+    """The id a finished sequence's row shows in a batch's later steps (transformers' padding of
+    `generate`'s result): the package's pad id, else the first end-of-sequence id, else 0."""
+    if generation.pad_token_id is not None:
+        return generation.pad_token_id
+    return eos[0] if eos else 0
