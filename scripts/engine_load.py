@@ -45,8 +45,8 @@ def requests_for(streams: int, per_stream: int, prompt: tuple, new: tuple, vocab
     ]
 
 
-def run(package, plan: list, sampled: bool) -> dict:
-    engine = DecodeEngine(package)
+def run(package, plan: list, sampled: bool, prefill_chunk: int = 256) -> dict:
+    engine = DecodeEngine(package, prefill_chunk=prefill_chunk)
     streams = len(plan)
     pending: deque = deque()  # (stream, request index, arrival time, others running at arrival)
     live: dict = {}  # key -> [stream, index, arrival, first token time, tokens, full at arrival]
@@ -64,6 +64,7 @@ def run(package, plan: list, sampled: bool) -> dict:
     # the first arrivals came together: none joined a running batch
     pending = deque((s, i, t, 0) for s, i, t, _ in pending)
     done, tokens = [], 0
+    step_ms: dict = {"join": [], "decode": []}  # a step that feeds a prompt chunk, or decodes only
     started = time.perf_counter()
     while pending or live:
         while pending:
@@ -76,7 +77,11 @@ def run(package, plan: list, sampled: bool) -> dict:
             key = (stream, index)
             engine.join(key, GenerationRequest(tuple(prompt), new, sampling, eos_token_ids=()))
             live[key] = [arrived, None, 0, others >= streams - 1 and streams > 1]
-        for made in engine.step():
+        joining = any(row is not None and row.prompt for row in engine.rows)
+        before = time.perf_counter()
+        made_now = engine.step()
+        step_ms["join" if joining else "decode"].append((time.perf_counter() - before) * 1e3)
+        for made in made_now:
             row = live[made.key]
             if row[1] is None:
                 row[1] = time.perf_counter()
@@ -103,6 +108,12 @@ def run(package, plan: list, sampled: bool) -> dict:
         "tokens_per_s": tokens / wall,
         "ttft_ms": spread(first),
         "ttft_joining_full_batch_ms": spread(joined_full),
+        # host time of each kind of step (on CUDA a decode step returns the step queued before)
+        "steps": {
+            kind: {"n": len(ms), "total_s": sum(ms) / 1e3, **spread(sorted(ms))}
+            for kind, ms in step_ms.items()
+        },
+        "prefill_chunk": prefill_chunk,
     }
 
 
@@ -113,6 +124,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests per stream")
     parser.add_argument("--prompt", default="16-512", help="prompt lengths, LOW-HIGH tokens")
     parser.add_argument("--max-tokens", default="16-256", help="max_tokens, LOW-HIGH")
+    parser.add_argument("--prefill-chunks", default="256", help="prompt tokens a step feeds a row")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     package = aotc_runtime.load(args.package)
@@ -123,12 +135,13 @@ def main() -> None:
     run(package, warm, sampled=False)  # graph captures and first calls out of the figures
     run(package, warm, sampled=True)
     results = []
-    for streams in (int(s) for s in args.streams.split(",")):
-        plan = requests_for(streams, args.requests, prompt, new, generation.vocab_size, streams)
-        for sampled in (False, True):
-            result = run(package, plan, sampled)
-            results.append(result)
-            print(json.dumps(result), flush=True)
+    for chunk in (int(c) for c in args.prefill_chunks.split(",")):
+        for streams in (int(s) for s in args.streams.split(",")):
+            plan = requests_for(streams, args.requests, prompt, new, generation.vocab_size, streams)
+            for sampled in (False, True):
+                result = run(package, plan, sampled, chunk)
+                results.append(result)
+                print(json.dumps(result), flush=True)
     record = {
         "package": str(args.package),
         "device": str(package.device),

@@ -138,7 +138,7 @@ PY
         python3 -m aotc build "$WORK/gpt2_engine.pt2" --device cuda --mode reduce-overhead --precision bf16 \
           -o "$WORK/gpt2_engine_pkg" --force --quiet &&
         python3 scripts/engine_load.py "$WORK/gpt2_engine_pkg" --streams 1,32 --requests 8 \
-          --out "$RESULTS/engine_load.json"; } > "$RESULTS/engine_load.log" 2>&1 || rc=$? ;;
+          --prefill-chunks 256,64 --out "$RESULTS/engine_load.json"; } > "$RESULTS/engine_load.log" 2>&1 || rc=$? ;;
     step_cost)
       python3 scripts/step_cost.py --device cuda --lengths 256,4096 --context 64 --batch 4 \
         --out "$RESULTS/step_cost_cuda.json" > "$RESULTS/step_cost.log" 2>&1 || rc=$? ;;

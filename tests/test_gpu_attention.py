@@ -35,3 +35,16 @@ def test_the_kernel_attends_as_the_reference(heads, kv_heads, dim, steps, window
     want = reference(query, keys, values, starts, scale, window, softcap)
     tolerance = 2e-3 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+    # with each row's padding marked (all of the window, part of it, none): 0 there, the same
+    # elsewhere
+    firsts = torch.tensor([steps, steps // 2, 0], device="cuda")
+    padded = torch.ops.aotc.cached_attention_cuda(
+        query, keys, values, starts, scale, window, softcap, firsts
+    )
+    torch.testing.assert_close(
+        padded.float(),
+        reference(query, keys, values, starts, scale, window, softcap, firsts).float(),
+        atol=tolerance,
+        rtol=tolerance,
+    )
+    assert not padded[0].any() and not padded[1, : steps // 2].any()

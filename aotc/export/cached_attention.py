@@ -2,11 +2,14 @@
 a generation package's every attention layer calls, and how a build lowers it for its device.
 
     cached_attention(query [B, Hq, S, D], keys [B, L + 1, Hkv, D], values [B, L + 1, Hkv, D],
-                     starts [B], scale, window, softcap) -> [B, S, Hq, D]
+                     starts [B], scale, window, softcap, firsts [B]) -> [B, S, Hq, D]
 
 Each row of the batch has its own timeline: its window token j sits at position starts[b] + j and
 attends to the cache positions up to that one (and, with a sliding window, to the last `window` of
 them). Cache slot L is where the step writes the tokens it feeds no row (padding): never read.
+Window tokens before firsts[b] are the row's padding: their output is 0, and they read nothing (a
+row decoding one token beside a joining prompt's 256 would otherwise read its whole context 255
+times over). Artifacts from before `firsts` hold none: every token is read then.
 Query heads share key/value heads in groups of Hq / Hkv, as transformers' `repeat_kv` pairs them.
 
 The operator is opaque to torch.export, so an artifact holds it as one node, and the build chooses
@@ -80,27 +83,37 @@ def _attend(
     return out.transpose(1, 2).to(query.dtype)
 
 
-def reference(query, keys, values, starts, scale: float, window: int, softcap: float):
+def _without_padding(out: torch.Tensor, firsts: torch.Tensor | None) -> torch.Tensor:
+    """`out` [B, S, Hq, D] with each row's window tokens before firsts[b] at 0."""
+    if firsts is None:
+        return out
+    padding = torch.arange(out.shape[1], device=out.device)[None, :] < firsts[:, None]
+    return out.masked_fill(padding[:, :, None, None], 0)
+
+
+def reference(query, keys, values, starts, scale: float, window: int, softcap: float, firsts=None):
     """Masked attention over the whole cache (slot L, padding's, left out)."""
     length = keys.shape[1] - 1
     allowed = _allowed(starts, query.shape[2], length, window)
-    return _attend(query, keys[:, :length], values[:, :length], allowed, scale, softcap)
+    out = _attend(query, keys[:, :length], values[:, :length], allowed, scale, softcap)
+    return _without_padding(out, firsts)
 
 
-def prefix(query, keys, values, starts, scale: float, window: int, softcap: float):
+def prefix(query, keys, values, starts, scale: float, window: int, softcap: float, firsts=None):
     """The reference over the cache's first n positions, n the furthest any query reaches: what a
     step reads grows with its context, not with the cache's length."""
     if softcap > 0:  # Gemma 2's soft-capped scores do not lower over a dynamic length: all of it
-        return reference(query, keys, values, starts, scale, window, softcap)
+        return reference(query, keys, values, starts, scale, window, softcap, firsts)
     length = keys.shape[1] - 1
     steps = query.shape[2]
     reach = (starts.max() + steps).clamp(min=1, max=length).item()
     torch._check(reach >= 1)
     torch._check(reach <= length)
     allowed = _allowed(starts, steps, reach, window)
-    return _attend(
+    out = _attend(
         query, keys.narrow(1, 0, reach), values.narrow(1, 0, reach), allowed, scale, softcap
     )
+    return _without_padding(out, firsts)
 
 
 @torch.library.custom_op(OP, mutates_args=())
@@ -112,21 +125,24 @@ def cached_attention(
     scale: float,
     window: int,
     softcap: float,
+    firsts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return reference(query, keys, values, starts, scale, window, softcap).contiguous()
+    return reference(query, keys, values, starts, scale, window, softcap, firsts).contiguous()
 
 
 @cached_attention.register_fake
-def _(query, keys, values, starts, scale, window, softcap):
+def _(query, keys, values, starts, scale, window, softcap, firsts=None):
     batch, heads, steps, dim = query.shape
     return query.new_empty(batch, steps, heads, dim)
 
 
-def kernel(query, keys, values, starts, scale: float, window: int, softcap: float):
+def kernel(query, keys, values, starts, scale: float, window: int, softcap: float, firsts=None):
     """CUDA: aotc's Triton kernel (attention_kernel.py), which reads only the attended positions."""
     import aotc.export.attention_kernel  # noqa: F401 (registers aotc::cached_attention_cuda)
 
-    return torch.ops.aotc.cached_attention_cuda(query, keys, values, starts, scale, window, softcap)
+    return torch.ops.aotc.cached_attention_cuda(
+        query, keys, values, starts, scale, window, softcap, firsts
+    )
 
 
 IMPLEMENTATIONS = {"reference": reference, "prefix": prefix, "kernel": kernel}
@@ -148,7 +164,7 @@ def lower_cached_attention(ep: Any, how: str) -> Any:
         return ep
     impl = IMPLEMENTATIONS[how]
 
-    def decomposition(query, keys, values, starts, scale, window, softcap):
-        return impl(query, keys, values, starts, scale, window, softcap).contiguous()
+    def decomposition(query, keys, values, starts, scale, window, softcap, firsts=None):
+        return impl(query, keys, values, starts, scale, window, softcap, firsts).contiguous()
 
     return ep.run_decompositions({torch.ops.aotc.cached_attention.default: decomposition})

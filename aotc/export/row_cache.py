@@ -48,15 +48,17 @@ class RowCache:
     def __init__(self, keys: list, values: list):
         self.keys, self.values = keys, values
         self.starts: torch.Tensor | None = None  # [B]: the position of each row's window token 0
+        self.firsts: torch.Tensor | None = None  # [B]: each row's first window token it is fed
         self.slots: torch.Tensor | None = None  # [B, S]: where each window token is written
         self.positions: torch.Tensor | None = None  # [B, S]: each token's position, in the cache
 
     def begin(self, cache_lengths: torch.Tensor, input_lengths: torch.Tensor, steps: int) -> None:
         length = self.keys[0].shape[1] - 1  # slot `length` is the padding's
         window = torch.arange(steps, device=cache_lengths.device)
-        self.starts = cache_lengths - (steps - input_lengths)
+        self.firsts = steps - input_lengths
+        self.starts = cache_lengths - self.firsts
         unclamped = self.starts[:, None] + window[None, :]
-        fed = window[None, :] >= (steps - input_lengths)[:, None]
+        fed = window[None, :] >= self.firsts[:, None]
         # a token past the cache (a step queued after a row's last) goes to the padding's slot too
         self.slots = torch.where(fed, unclamped, length).clamp(min=0, max=length)
         self.positions = unclamped.clamp(min=0, max=length - 1)
@@ -113,6 +115,7 @@ def aotc_attention(
         scale,
         int(sliding_window or 0),
         float(softcap or 0.0),
+        cache.firsts,
     )
     return out, None
 
