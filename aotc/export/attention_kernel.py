@@ -4,7 +4,8 @@ attends to, compiled into the package (AOTInductor compiles user Triton kernels 
 
 One program per (row, query head, window token): it walks the row's keys from the first its window
 admits to its own position in blocks of BLOCK_N, with an online softmax (flash attention's), and
-writes its output. A padding token (before its row's first fed token) reads nothing and writes 0. Its loop ends where the row's context ends, so a step with 64 tokens in context
+writes its output. A padding token (before its row's first fed token) reads nothing and writes 0.
+Its loop ends where the row's context ends, so a step with 64 tokens in context
 reads 64 positions whatever the cache's length; the grid depends only on shapes, so a CUDA graph
 replays it. Grouped query heads read their key/value head's rows, which the GPU's cache holds for
 the group. (Split-K over the context, flash-decoding's, would add parallelism for long contexts at
