@@ -56,14 +56,15 @@ class ExportConfig:
     # KV cache of batch_size x max_seq_len (aotc/export/text_generation.py)
     task: str | None = None
     max_seq_len: int | None = None
-    batch_size: int = 1
+    # rows of the KV cache: sequences generated at once; None: text_generation.default_batch_size
+    batch_size: int | None = None
     tokenizer: Path | None = None  # a folder with tokenizer.json, carried into the package
 
     def _task_problems(self) -> list:
         if self.task is None:
             return (
                 ["--max-seq-len, --batch-size and --tokenizer go with --task text-generation"]
-                if self.max_seq_len is not None or self.batch_size != 1 or self.tokenizer
+                if self.max_seq_len is not None or self.batch_size is not None or self.tokenizer
                 else []
             )
         problems = []
@@ -74,7 +75,7 @@ class ExportConfig:
                 "--task text-generation needs --max-seq-len N (at least 2): the KV cache's length, "
                 "prompt and new tokens together"
             )
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             problems.append("--batch-size must be at least 1")
         if self.input_shapes or self.dims:
             problems.append(

@@ -242,6 +242,20 @@ def test_a_cache_longer_than_the_models_positions_is_refused_at_export(
     assert result.exit_code == 2 and "use at most 64" in result.stderr, result.stderr
 
 
+def test_without_batch_size_the_export_takes_8_rows_within_a_gib_of_cache(tmp_path):
+    """The rows `aotc serve` runs at once: 8, halved while their KV cache passes 1 GiB."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from aotc.export.text_generation import cache_bytes, default_batch_size
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128)).eval()
+    assert cache_bytes(model, 1, 1024) == 2 * 2 * 2 * 1024 * 32 * 4  # layers, k+v, heads, dim
+    assert default_batch_size(model, 1024) == 8
+    per_row = cache_bytes(model, 1, 1)
+    assert default_batch_size(model, (1 << 30) // (4 * per_row)) == 4  # 4 rows are exactly 1 GiB
+    assert default_batch_size(model, 1 << 30) == 1  # even one row is over: one row
+
+
 def test_the_empty_kv_cache_takes_no_room_in_the_package(generation_packages):
     """The cache's initial zeros are one value expanded to the cache's shape in state.pt (GPT-2
     124M's 1,024 positions would be 75 MB of zeros), and the package still starts from zeros."""

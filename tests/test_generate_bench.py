@@ -12,6 +12,8 @@ import pytest
 from conftest import invoke
 from test_bench import assert_one_line_error
 
+import aotc_runtime
+
 pytestmark = pytest.mark.slow
 ZOO = Path(__file__).parent / "zoo"
 QUICK = ("--prompt-tokens", 6, "--new-tokens", 5, "--rounds", 2, "--warmup", 1)
@@ -92,6 +94,8 @@ def test_the_baselines_take_the_weights_the_package_was_exported_with(
     assert done.exit_code == 0, done.stderr
     done = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
     assert done.exit_code == 0, done.stderr
+    # no --batch-size: the default's 8 rows (a cache far below 1 GiB)
+    assert aotc_runtime.read_manifest(package).generation.batch_size == 8
     out = tmp_path / "bench.json"
     done = invoke("bench", package, "--against", "eager", *QUICK, "--json", out)
     assert done.exit_code == 0, done.stderr

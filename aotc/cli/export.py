@@ -43,9 +43,9 @@ from aotc.cli.types import exit_codes_epilog, model_options
 @click.option(
     "--batch-size",
     type=int,
-    default=1,
-    show_default=True,
-    help="With --task: the prompts generated at once (fewer may be given at run time).",
+    default=None,
+    help="With --task: the sequences generated at once, the rows `aotc serve` runs together "
+    "(fewer may be given at run time). Default: 8, halved until the KV cache fits 1 GiB.",
 )
 @click.option(
     "--tokenizer",

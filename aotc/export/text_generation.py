@@ -139,7 +139,10 @@ def generation_export(loaded: Any, cfg: Any) -> tuple:
 
     from aotc.export.shapes import DimSpec
 
-    model, max_len, batch = loaded.module, cfg.max_seq_len, cfg.batch_size
+    model, max_len = loaded.module, cfg.max_seq_len
+    if cfg.batch_size is None:
+        cfg = dataclasses.replace(cfg, batch_size=default_batch_size(model, max_len))
+    batch = cfg.batch_size
     positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if positions is not None and max_len > positions:
         raise UserInputError(
@@ -200,19 +203,38 @@ def check_tokenizer_vocabulary(folder: Any, vocab: int) -> None:
 TOKENIZER_COVERAGE = 0.95  # the least share of the model's vocabulary a tokenizer must know
 
 
+# Without --batch-size: the rows `aotc serve` runs at once (continuous batching), as many as keep
+# the KV cache within DEFAULT_CACHE_BYTES. A row nothing is fed costs a step little: its attention
+# reads nothing, and on a GPU the step's weights are read once for all rows.
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_CACHE_BYTES = 1 << 30
+
+
+def cache_bytes(model: Any, batch: int, max_len: int) -> int:
+    heads, head_dim = cache_shape(model)
+    layers = getattr(model.config.get_text_config(), "num_hidden_layers", 1)
+    return 2 * layers * batch * heads * max_len * head_dim * model.dtype.itemsize
+
+
+def default_batch_size(model: Any, max_len: int) -> int:
+    """DEFAULT_BATCH_SIZE rows, halved until their KV cache fits DEFAULT_CACHE_BYTES (at least 1)."""
+    batch = DEFAULT_BATCH_SIZE
+    while batch > 1 and cache_bytes(model, batch, max_len) > DEFAULT_CACHE_BYTES:
+        batch //= 2
+    return batch
+
+
 def check_cache_fits(model: Any, batch: int, max_len: int) -> None:
     """Refuse a KV cache this machine cannot hold before it is allocated (a mistyped --batch-size
     would otherwise end the export with an allocation failure)."""
     import os
 
-    heads, head_dim = cache_shape(model)
-    layers = getattr(model.config.get_text_config(), "num_hidden_layers", 1)
-    cache_bytes = 2 * layers * batch * heads * max_len * head_dim * model.dtype.itemsize
+    cache = cache_bytes(model, batch, max_len)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if cache_bytes > memory:
+    if cache > memory:
         raise UserInputError(
             f"--batch-size {batch} with --max-seq-len {max_len} needs a KV cache of "
-            f"{cache_bytes / 2**30:.1f} GiB, more than this machine's {memory / 2**30:.1f} GiB of "
+            f"{cache / 2**30:.1f} GiB, more than this machine's {memory / 2**30:.1f} GiB of "
             "memory; use a smaller --batch-size or --max-seq-len"
         )
 
