@@ -167,13 +167,14 @@ class RowSampler:
         scores = logits.float() / self.temperature[:, None]
         if mode == FILTERED:
             scores = self._filtered(scores)
-        probabilities = scores.softmax(dim=-1)
-        running = probabilities.cumsum(dim=-1)
-        target = uniforms(self.seed, self.drawn)[:, None] * running[:, -1:]
+        running = scores.softmax(dim=-1).cumsum(dim=-1)
+        total = running[:, -1:]
+        # below the total, which rounding of the product could reach: the first running sum
+        # above the target then belongs to a token with some probability
+        below = torch.nextafter(total, torch.zeros_like(total))
+        target = torch.minimum(uniforms(self.seed, self.drawn)[:, None] * total, below)
         picked = torch.searchsorted(running, target, right=True).squeeze(1)
-        # rounding can put the target at the very end: the last token with any probability
-        last = self.vocab - 1 - (probabilities.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
-        return torch.where(self.greedy, tokens, torch.minimum(picked, last))
+        return torch.where(self.greedy, tokens, picked)
 
     def _filtered(self, scores: torch.Tensor) -> torch.Tensor:
         """`scores` with the tokens outside each row's top-k and then its top-p at -inf: the kept

@@ -106,13 +106,14 @@ at::Tensor RowSampler::choose(const at::Tensor& logits, SamplerMode mode) const 
   if (mode == SamplerMode::kGreedyOnly) return argmax;
   at::Tensor scores = logits.to(at::kFloat) / temperature_.unsqueeze(1);
   if (mode == SamplerMode::kFiltered) scores = filtered(scores);
-  at::Tensor probabilities = scores.softmax(-1);
-  at::Tensor running = probabilities.cumsum(-1);
-  at::Tensor target = uniforms(seed_, drawn_).unsqueeze(1) * running.narrow(-1, vocab_ - 1, 1);
+  at::Tensor running = scores.softmax(-1).cumsum(-1);
+  at::Tensor total = running.narrow(-1, vocab_ - 1, 1);
+  // below the total, which rounding of the product could reach: the first running sum above the
+  // target then belongs to a token with some probability
+  at::Tensor below = at::nextafter(total, at::zeros_like(total));
+  at::Tensor target = at::minimum(uniforms(seed_, drawn_).unsqueeze(1) * total, below);
   at::Tensor picked = at::searchsorted(running, target, /*out_int32=*/false, /*right=*/true).squeeze(1);
-  // rounding can put the target at the very end: the last token with any probability
-  at::Tensor last = (vocab_ - 1) - probabilities.flip({-1}).gt(0).to(at::kChar).argmax(-1);
-  return at::where(greedy_, argmax, at::minimum(picked, last));
+  return at::where(greedy_, argmax, picked);
 }
 
 at::Tensor RowSampler::filtered(const at::Tensor& scores) const {
