@@ -18,6 +18,7 @@ from aotc.serve.completions import (
 )
 from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
+from aotc_runtime.sampling import Sampling
 from aotc_runtime.text_delta import cut_at_stop
 
 GENERATION = Generation(batch_size=4, max_seq_len=32, vocab_size=512)
@@ -41,13 +42,13 @@ def test_a_request_with_ids_and_the_defaults_openai_documents():
     assert request.prompt_ids == [5, 17, 42] and request.model == "lm"
     assert (request.max_tokens, request.temperature, request.top_p) == (16, 1.0, 1.0)
     assert request.seed is None and request.stop == () and request.stream is False
-    assert request.sampling() == {"temperature": 1.0, "top_p": None, "top_k": None, "seed": None}
+    assert request.sampling() == Sampling(temperature=1.0, top_k=None, top_p=None, seed=None)
 
 
 def test_text_is_tokenized_and_stop_strings_need_the_tokenizer(tokenizer):
     request = parse({"prompt": "w5 w17", "stop": ["w9"], "temperature": 0}, tokenizer)
     assert request.prompt_ids == tokenizer.encode("w5 w17").ids and request.stop == ("w9",)
-    assert request.sampling()["temperature"] == 0.0
+    assert request.sampling().temperature == 0.0
 
 
 def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
@@ -144,8 +145,8 @@ def test_sampling_accepts_exactly_the_runtimes_ranges():
 
 def test_top_k_reaches_the_runtime_as_the_cli_gives_it():
     request = parse({"prompt": [1], "temperature": 0.7, "top_k": 50})
-    assert request.top_k == 50 and request.sampling()["top_k"] == 50
-    assert parse({"prompt": [1]}).sampling()["top_k"] is None
+    assert request.top_k == 50 and request.sampling().top_k == 50
+    assert parse({"prompt": [1]}).sampling().top_k is None
 
 
 def test_an_explicit_null_means_the_fields_default(tokenizer):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import secrets
 import time
@@ -265,11 +266,10 @@ def generation_request(request: CompletionRequest) -> Any:
     package's end-of-sequence ids. As OpenAI's, an unseeded sampled request draws anew: the
     runtime's default seed would give every such request the same text."""
     from aotc_runtime.generation_request import GenerationRequest
-    from aotc_runtime.sampling import Sampling
 
-    settings = request.sampling()
-    if settings["seed"] is None and settings["temperature"] != 0:
-        settings["seed"] = secrets.randbits(63)
+    sampling = request.sampling()
+    if sampling.seed is None and not sampling.greedy:
+        sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
     return GenerationRequest(
-        tuple(request.prompt_ids), request.max_tokens, Sampling(**settings), stop=request.stop
+        tuple(request.prompt_ids), request.max_tokens, sampling, stop=request.stop
     )

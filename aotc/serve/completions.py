@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aotc.serve.protocol import RequestError
+
+if TYPE_CHECKING:
+    from aotc_runtime.sampling import Sampling
 
 DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0}
 # OpenAI's fields this server leaves out, and the value each may still carry (or null)
@@ -69,14 +72,12 @@ class CompletionRequest:
     model: str | None
     top_k: int | None = None
 
-    def sampling(self) -> dict:
-        """The keyword arguments of Package.generate / stream that pick tokens as asked."""
-        return {
-            "temperature": self.temperature,
-            "top_p": None if self.top_p == 1.0 else self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-        }
+    def sampling(self) -> Sampling:
+        """How the runtime picks this request's tokens."""
+        from aotc_runtime.sampling import Sampling  # torch: imported where a model runs
+
+        top_p = None if self.top_p == 1.0 else self.top_p
+        return Sampling(self.temperature, self.top_k, top_p, self.seed)
 
 
 def max_body_bytes(max_seq_len: int) -> int:

@@ -171,9 +171,9 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   const SamplerMode mode = sampler_.mode();
   at::Tensor prompt_rows = at::arange(batch, on).lt(prompts);
 
-  reset_state();
-  // prefill: each row's real tokens (mask 1), in order, at the end of its window; an empty cache
-  // (the Python runtime's prefill_inputs)
+  // prefill: each row's real tokens (mask 1), in order, at the end of its window, each row's cache
+  // empty (the Python runtime's prefill_inputs). What an earlier generation left in the cache is
+  // never read: a step reads only the positions its rows have filled, so nothing is reset.
   // std::optional spelled out: sort(true, 1) would pick the overload sort(dim, descending)
   at::Tensor order = std::get<1>(mask.sort(std::optional<bool>(true), /*dim=*/1, /*descending=*/false));
   at::Tensor window = ids.gather(1, order);

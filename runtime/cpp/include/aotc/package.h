@@ -93,7 +93,8 @@ class Package {
   // runtime's Package.generate: prompts [P, S] of token ids (P at most the package's batch), left
   // padded where `attention_mask` [P, S] is 0 (undefined: no padding); returns each prompt's new
   // tokens (after an end-of-sequence token, the pad token, as transformers pads). The KV cache is
-  // the package's state, reset first. Bad requests throw aotc::Error with exit 2, one line.
+  // the package's state (each generation starts its rows empty; nothing is reset). Bad requests
+  // throw aotc::Error with exit 2, one line.
   std::vector<std::vector<int64_t>> generate(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                              const GenerationRequest& request, const TokenCallback& on_tokens = {});
 
