@@ -52,6 +52,16 @@ def _warmup_stream(device: torch.device) -> Any:
     return _WARMUP_STREAMS[index]
 
 
+def _capture_failed(device: torch.device, what: str, exc: Exception, instead: str) -> None:
+    """One warning for a capture that failed, and the device left with nothing in flight."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    print(
+        f"aotc_runtime: CUDA-graph capture {what} failed ({type(exc).__name__}: {first}); {instead}",
+        file=sys.stderr,
+    )
+    torch.cuda.synchronize(device)
+
+
 class CudaGraphRunner:
     def __init__(
         self,
@@ -123,12 +133,8 @@ class CudaGraphRunner:
                 static_outputs = list(self._run_flat(static_inputs))
         except Exception as exc:  # capture is an optimisation: never fail the call because of it
             self._uncapturable.add(key)
-            print(
-                f"aotc_runtime: CUDA-graph capture failed for inputs {[list(s) for s, _ in key]} "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); running without graphs",
-                file=sys.stderr,
-            )
-            torch.cuda.synchronize(self._device)
+            inputs = [list(s) for s, _ in key]
+            _capture_failed(self._device, f"for inputs {inputs}", exc, "running without graphs")
             return None
         entry = _Graph(graph, static_inputs, static_outputs)
         self._graphs[key] = entry
@@ -202,12 +208,7 @@ class DecodeGraph:
                 return self._capture_in(mode, flat)
         except Exception as exc:  # capture is an optimisation: never fail the call because of it
             self._failed.add(mode)
-            print(
-                f"aotc_runtime: CUDA-graph capture of the decode step failed ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); decoding without graphs",
-                file=sys.stderr,
-            )
-            torch.cuda.synchronize(self._device)
+            _capture_failed(self._device, "of the decode step", exc, "decoding without graphs")
             return None
 
     def _capture_in(self, mode: str, flat: list[torch.Tensor]) -> torch.cuda.CUDAGraph:
