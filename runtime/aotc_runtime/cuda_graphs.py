@@ -165,7 +165,7 @@ class DecodeGraph:
         self,
         run_flat: Callable[[list[torch.Tensor]], list[torch.Tensor]],
         device: torch.device,
-        step: Any,  # decode_engine.DecodeStep: its buffers and advance()
+        step: Any,  # decode_step.DecodeStep: its buffers and advance()
         sampler: Any,  # sampling.RowSampler: its buffers are the graph's
         state: list[torch.Tensor],
         settings: Callable[[], Any],  # the package's run_settings: the flags kernels are chosen by

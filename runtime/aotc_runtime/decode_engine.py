@@ -31,40 +31,38 @@ dropped if the row finished or left.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
+from .decode_step import DecodeStep
 from .errors import GenerationInputError
 from .generation_request import GenerationRequest
 from .sampling import GREEDY, RowSampler
 from .text_delta import TextDelta
 
 if TYPE_CHECKING:
-    from .package import Package
+    from .generation_gate import GenerationGate
+    from .generation_record import Generation
 
 
-class DecodeStep:
-    """A decode step's inputs as buffers on the device: ids [B, 1], cache lengths [B], input
-    lengths [B] (1 for a row decoding, 0 for none). `advance` leaves each row holding what it was
-    fed, so no host value crosses to the device per token."""
+class GeneratingPackage(Protocol):
+    """What the engine and the front ends use of a package: Package's public surface (the engine
+    is typed against this, so it imports nothing of package.py)."""
 
-    def __init__(self, batch: int, device: torch.device):
-        self.inputs = [
-            torch.zeros(batch, 1, dtype=torch.int64, device=device),
-            torch.zeros(batch, dtype=torch.int64, device=device),
-            torch.zeros(batch, dtype=torch.int64, device=device),
-        ]
-        self.ids, self.cache_lengths, self.input_lengths = self.inputs
+    path: Path
+    device: torch.device
+    generation_gate: GenerationGate
 
-    def advance(self) -> None:
-        self.cache_lengths.add_(self.input_lengths)
+    @property
+    def generation(self) -> Generation: ...
 
-    def load(self, inputs: Sequence[torch.Tensor]) -> None:
-        for mine, given in zip(self.inputs, inputs):
-            mine.copy_(given)
+    def call_without_graphs(self, *tensors: torch.Tensor) -> Any: ...
+
+    def decode_graph(self) -> Any: ...
 
 
 class HostCopy:
@@ -115,7 +113,7 @@ class DecodeEngine:
 
     def __init__(
         self,
-        package: Package,
+        package: GeneratingPackage,
         overlap: bool | None = None,
         prefill_chunk: int = 256,
         tokenizer: Any = None,  # a tokenizers.Tokenizer: each token's text, and stop strings

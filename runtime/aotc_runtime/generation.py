@@ -23,8 +23,8 @@ from .generation_request import GenerationRequest, check_eos, check_room, eos_tu
 from .sampling import GREEDY, Sampling, is_whole_number
 
 if TYPE_CHECKING:
+    from .decode_engine import GeneratingPackage
     from .generation_record import Generation
-    from .package import Package
 
 
 def prefill_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
@@ -37,7 +37,7 @@ def prefill_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tup
     return input_ids.gather(1, order), torch.zeros_like(lengths), lengths
 
 
-def load_tokenizer(package: Package) -> Any:  # a tokenizers.Tokenizer
+def load_tokenizer(package: GeneratingPackage) -> Any:  # a tokenizers.Tokenizer
     """The tokenizer the package carries (`aotc export --tokenizer`), read with the `tokenizers`
     library: a JSON file, nothing in it runs."""
     generation = package.generation
@@ -124,7 +124,7 @@ def check_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
 
 
 def stream(
-    package: Package,
+    package: GeneratingPackage,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,

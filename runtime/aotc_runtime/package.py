@@ -251,7 +251,7 @@ class Package:
             return None
         if self._decode_graph is None:
             from .cuda_graphs import DecodeGraph
-            from .decode_engine import DecodeStep
+            from .decode_step import DecodeStep
             from .sampling import RowSampler
 
             generation = self.generation
