@@ -52,7 +52,8 @@ from aotc.cli.types import exit_codes_epilog
 @click.option(
     "--threads",
     type=click.IntRange(min=1, max=256),
-    help="Intra-op threads per replica (CPU packages). Default: this machine's cores / replicas.",
+    help="Intra-op threads per replica (CPU packages). Default: this machine's cores / replicas "
+    "(one fewer for a text-generation package: a core for the HTTP side).",
 )
 @click.option(
     "--max-body-mb",

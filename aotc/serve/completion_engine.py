@@ -40,6 +40,11 @@ from aotc.serve.shipping import PackageSource, load_package
 
 logger = logging.getLogger("ray.serve")
 
+# The generating thread releases the GIL at every torch operation, dozens a step; each time the
+# event loop may take it and, while busy, keep it for Python's switch interval (5 ms by default),
+# so a step could wait milliseconds on the loop. A shorter interval bounds that wait.
+SWITCH_INTERVAL_S = 0.0005
+
 TTFT_BUCKETS_MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
 
 
@@ -90,6 +95,9 @@ class CompletionEngine:
         except Exception as exc:  # every reason a package cannot load here is reported, not raised
             self.refused = refusal_reason(exc)
             logger.error(self.refused)
+        import sys
+
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._executor = ThreadPoolExecutor(
             max_workers=1, initializer=torch.set_num_threads, initargs=(settings.threads,)
         )
