@@ -131,6 +131,7 @@ class DecodeEngine:
         self.decode_step: Any = None
         self.sampler: Any = None
         self._fresh = True  # rows joined or left: the decode step's buffers are loaded anew
+        self._fed = torch.zeros(self.size, dtype=torch.int64)  # each row's tokens a decode step
         self._held_gate = False
         # on the CPU a step queued ahead would run there and then, before its tokens are sent
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
@@ -166,6 +167,7 @@ class DecodeEngine:
         text = TextDelta(self.tokenizer, request.stop) if self.tokenizer is not None else None
         self.rows[slot] = _Row(key, request, list(request.prompt), text=text)
         self.held[slot] = 0
+        self._fresh = True
         self.sampler.set(slot, request.sampling)
 
     def leave(self, key: Hashable) -> None:
@@ -295,14 +297,14 @@ class DecodeEngine:
         device); returns the buffer its tokens will be in. After a decode step the ids buffer
         already holds them; after a join or a leave the step's buffers are loaded anew."""
         step = self.decode_step
-        fed = torch.tensor([row is not None for row in self.rows], dtype=torch.int64)
-        if self._fresh:
-            step.load([tokens[:, None], self.held, fed])
+        if self._fresh:  # the rows fed (1 each) change only at a join or a leave
+            self._fed = torch.tensor([row is not None for row in self.rows], dtype=torch.int64)
+            step.load([tokens[:, None], self.held, self._fed])
             self._fresh = False
         mode = self.sampler.mode
         if self.graph is None or not self.graph.replay(mode):
             logits = self.package.call_without_graphs(*step.inputs)
             step.advance()
             step.ids.copy_(self.sampler(logits, step.input_lengths, mode)[:, None])
-        self.held += fed  # what the step's own advance does to its buffers, mirrored here
+        self.held += self._fed  # what the step's own advance does to its buffers, mirrored here
         return self.sampler.tokens
