@@ -154,3 +154,19 @@ def test_a_model_with_a_sliding_window_takes_sequences_into_a_running_batch(gene
     made = run(DecodeEngine(package), plan)
     for key, prompt, new in plan.values():
         assert made[key] == alone(package, prompt, new), key
+
+
+def test_stop_strings_without_a_tokenizer_are_refused_and_hold_nothing(generation_packages):
+    """Stop strings are text: an engine given no tokenizer refuses them in one line, before it
+    takes the package (a generation runs on it at once after)."""
+    from aotc_runtime.errors import GenerationInputError
+
+    package = aotc_runtime.load(generation_packages["gpt2"][0])
+    engine = DecodeEngine(package)
+    stopped = GenerationRequest((5, 6), 4, GREEDY, eos_token_ids=(), stop=("w9",))
+    with pytest.raises(
+        GenerationInputError, match="^stop strings are text: they need the package's tokenizer"
+    ):
+        engine.join("a", stopped)
+    assert engine.active == 0
+    assert alone(package, [5, 6], 2) == alone(package, [5, 6], 2)
