@@ -156,6 +156,10 @@ class BuildConfig:
     cudnn_benchmark: bool = False
     # --specialize B=1,8: (dim name, sizes) of the static-shape members, () for none
     specialize: tuple = ()
+    # --quantize: the linear layers' weights stored quantized (aotc/export/quantization.py)
+    quantize: str | None = None
+    group_size: int | None = None  # int4-weight-only's input features per scale
+    quantize_skip: tuple = ()  # layers whose names contain one of these stay unquantized
 
     def validate(self) -> None:
         problems = []
@@ -197,8 +201,30 @@ class BuildConfig:
                 problems.append(f"{name} must be >= 0, got {value}")
         if self.cpu_isa not in ISAS:
             problems.append(f"--cpu-isa {self.cpu_isa} is not one of {', '.join(ISAS)}")
+        problems += self._quantize_problems()
         if problems:
             raise UserInputError("; ".join(problems))
+
+    def _quantize_problems(self) -> list:
+        if self.quantize is None:
+            given = self.group_size is not None or self.quantize_skip
+            return ["--group-size and --quantize-skip go with --quantize; add it"] if given else []
+        from aotc.export.quantization import problems
+
+        found = problems(self.quantize, self.group_size, self.device)
+        if self.backend != "aotinductor":
+            found.append(f"--quantize builds with AOTInductor, not --backend {self.backend}")
+        if self.specialize:
+            found.append("--quantize and --specialize do not go together yet; choose one")
+        return found
+
+    def quantization(self):
+        """The --quantize request as the build's pass takes it (None without --quantize)."""
+        if self.quantize is None:
+            return None
+        from aotc.export.quantization import Quantization
+
+        return Quantization(self.quantize, self.group_size, self.quantize_skip)
 
 
 def default_package_folder(artifact: Path) -> Path:
@@ -240,6 +266,8 @@ BUILD_FILE_KEYS = {
     "bsymbolic",
     "cpu_isa",
     "backend",
+    "quantize",
+    "group_size",
 }
 
 

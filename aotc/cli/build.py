@@ -40,6 +40,27 @@ from aotc.compiler.backends import BACKENDS
     help="Compute precision [default: fp32].",
 )
 @click.option(
+    "--quantize",
+    type=click.Choice(["int8-weight-only", "int4-weight-only", "fp8", "int8-dynamic"]),
+    default=None,
+    help="Store the linear layers' weights quantized: int8 or int4 weight-only (CPU, CUDA), fp8 "
+    "weights and activations (CUDA, compute capability 8.9+), int8 weights and activations (CPU) "
+    "[default: none].",
+)
+@click.option(
+    "--group-size",
+    type=int,
+    default=None,
+    help="int4-weight-only: input features per scale, one of 32, 64, 128, 256 [default: 128].",
+)
+@click.option(
+    "--quantize-skip",
+    default=None,
+    metavar="NAMES",
+    help="Keep the layers whose names contain one of these, comma-separated, in the base "
+    "precision, e.g. lm_head,embed.",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(path_type=Path),
@@ -130,6 +151,9 @@ def build(
     mode,
     device,
     precision,
+    quantize,
+    group_size,
+    quantize_skip,
     config_file,
     options,
     atol,
@@ -164,6 +188,8 @@ def build(
         "allow_mismatch": allow_mismatch,
         "cpu_isa": cpu_isa,
         "backend": backend,
+        "quantize": quantize,
+        "group_size": group_size,
     }
     given = {key for key, value in flags.items() if value is not None}
     cfg = BuildConfig(
@@ -188,6 +214,11 @@ def build(
         if tune_candidates
         else (),
         specialize=specialize or (),
+        quantize=quantize,
+        group_size=group_size,
+        quantize_skip=tuple(n.strip() for n in quantize_skip.split(",") if n.strip())
+        if quantize_skip
+        else (),
     )
     if config_file:
         cfg = apply_config_file(cfg, config_file, given)
@@ -197,10 +228,13 @@ def build(
         return
     m = result.manifest
     target = m.device.type if m.device.requested != "auto" else f"auto -> {m.device.type}"
+    scheme = f", {m.quantization['scheme']}" if m.quantization else ""
     click.echo(
-        f"built {result.output} ({m.mode}, {target}, {m.precision}) in {m.build_seconds:.1f}s, "
-        f"{(m.size_bytes or 0) / 1e6:.1f} MB"
+        f"built {result.output} ({m.mode}, {target}, {m.precision}{scheme}) in "
+        f"{m.build_seconds:.1f}s, {(m.size_bytes or 0) / 1e6:.1f} MB"
     )
+    if m.quantization:
+        click.echo(quantization_line(m.quantization))
     for out in m.numeric_check.outputs if m.numeric_check else ():
         status = "ok" if out.ok else "MISMATCH"
         click.echo(
@@ -260,3 +294,21 @@ def tuning_table(tuning: dict) -> str:
             )
     lines += [f"  left out {line}" for line in tuning.get("dropped", [])]
     return "\n".join(lines)
+
+
+def quantization_line(record: dict) -> str:
+    """One line on what --quantize did: layers quantized and kept, the worst layer's error."""
+    worst = record.get("worst_layer") or {}
+    kept = record.get("kept") or []
+    line = f"  quantized {len(record.get('layers') or [])} layers"
+    if worst:
+        line += (
+            f", worst error {worst['error']:.3g} ({worst['name']}; bound {record['error_bound']})"
+        )
+    if kept:
+        line += (
+            f"; kept {len(kept)} in the base precision: "
+            + ", ".join(k["name"] for k in kept[:4])
+            + (" ..." if len(kept) > 4 else "")
+        )
+    return line

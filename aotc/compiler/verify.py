@@ -30,15 +30,25 @@ STRICT_FP32_ENV = (
 )
 
 
-def reference_program(ep, signature: dict, device: str, precision):
+def reference_program(ep, signature: dict, device: str, precision, quantization=None):
     """(the program the check runs eagerly, the signature it checks against) for a package of
-    `precision`: fp32 on `device`, its weights rounded to the package's precision, and the
-    signature declaring the state in the dtype the package keeps it in (eager_outputs rounds the
-    reference's state to it after each call). The build and `aotc verify` share it."""
+    `precision`: fp32 on `device`, its weights rounded to the package's precision (and quantized
+    as `quantization` says, then dequantized), and the signature declaring the state in the dtype
+    the package keeps it in (eager_outputs rounds the reference's state to it after each call).
+    The build and `aotc verify` share it."""
     from aotc.config import Precision
     from aotc.export.placement import place_program, signature_in_precision, weights_rounded_to
 
-    placed = place_program(ep, device, Precision.FP32, signature)
+    if quantization is not None:
+        quantization = quantization.fresh()
+    placed = place_program(
+        ep,
+        device,
+        Precision.FP32,
+        signature,
+        quantization,
+        emulate=precision if quantization else None,
+    )
     return weights_rounded_to(placed, precision), signature_in_precision(signature, precision)
 
 
@@ -165,6 +175,7 @@ def check_numerics(
     fix: str = "loosen --atol/--rtol, try another --mode, or pass --allow-mismatch to keep the package anyway",
     task: dict | None = None,
     precision: str = "fp32",
+    scale_relative: bool | None = None,
 ) -> NumericCheck:
     """Run the check; return the manifest's numeric_check record or raise NumericMismatchError.
 
@@ -190,10 +201,12 @@ def check_numerics(
     names = [o["name"] for o in signature["outputs"]] or [
         f"output_{i}" for i in range(len(references[0]))
     ]
-    scale_relative = precision in SCALE_RELATIVE
+    if scale_relative is None:
+        scale_relative = precision in SCALE_RELATIVE
     report = compare(outputs, references, atol, rtol, names, labels, scale_relative)
     if scale_relative:
-        described += f" ({precision}: rtol times each output's largest |value|)"
+        what = precision if precision in SCALE_RELATIVE else "quantized activations"
+        described += f" ({what}: rtol times each output's largest |value|)"
     record = NumericCheck(
         reference=described + (", TF32 off on both sides" if strict else ""),
         cases=tuple(label for label, _ in cases),

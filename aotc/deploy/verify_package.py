@@ -285,10 +285,11 @@ def rerun_numeric_check(
     member, against the same program: every model in the folder answers to the user's artifact,
     never to a static artifact that was kept in the cache. `program`: the artifact's (program,
     metadata) when the caller has loaded it already."""
-    from aotc.compiler.tolerances import tolerance
+    from aotc.compiler.tolerances import scale_relative, tolerance
     from aotc.compiler.verify import check_numerics, reference_program
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
+    from aotc.export.quantization import Quantization
     from aotc.quiet import quiet_torch
 
     recorded = manifest.numeric_check
@@ -314,10 +315,16 @@ def rerun_numeric_check(
                 extra_sizes=member_sizes,
             )
     ep, meta = program or load_artifact(artifact)
+    record = manifest.quantization
+    quantization = (
+        Quantization(record["scheme"], record.get("group_size"), tuple(record.get("skip") or ()))
+        if record
+        else None
+    )
     atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
     with quiet_torch():
         reference, checked = reference_program(
-            ep, meta.signature, device, Precision(manifest.precision)
+            ep, meta.signature, device, Precision(manifest.precision), quantization
         )
         strict = device == "cuda" and manifest.precision == Precision.FP32.value
         return check_numerics(
@@ -332,6 +339,7 @@ def rerun_numeric_check(
             extra_sizes=member_sizes,
             task=meta.task,
             precision=manifest.precision,
+            scale_relative=scale_relative(manifest.precision, record.get("scheme")),
         )
 
 

@@ -15,6 +15,7 @@ import copy
 
 from aotc.config import Precision
 from aotc.errors import BuildError
+from aotc.export.quantization import Quantization, quantize_graph
 from aotc.export.reduced_precision import (
     cast_weight_matmul_operands,
     clamp_float_extremes,
@@ -25,7 +26,17 @@ from aotc.export.user_frames import first_line
 from aotc.math_mode import REDUCED
 
 
-def place_program(ep, device: str, precision: Precision, signature: dict):
+def place_program(
+    ep,
+    device: str,
+    precision: Precision,
+    signature: dict,
+    quantization: Quantization | None = None,
+    emulate: Precision | None = None,
+):
+    """`ep` on `device` in `precision`, its linear weights quantized as `quantization` asks (filled
+    in with what was done). `emulate`: build the numeric check's fp32 reference for a quantized
+    package of that precision instead: the same quantized weights, dequantized in fp32."""
     import torch
 
     target = target_device(device)
@@ -34,18 +45,28 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
         # Moved first in every precision: the graph's own device arguments (torch.arange(...,
         # device=x.device), .to(x.device)) were traced as cpu and must name the target too.
         ep = move_program(ep, target)
-    if precision not in REDUCED:
+    if precision not in REDUCED and quantization is None:
         return ep
-    low = getattr(torch, REDUCED[precision])
+    low = getattr(torch, REDUCED[precision]) if precision in REDUCED else torch.float32
     # ep.module() shares its parameters with `ep`; casting them in place would change the fp32
     # program the numeric check uses as its reference, so cast a copy.
     inner = copy.deepcopy(ep.module()).to(device=target, dtype=low)
-    drop_dtype_assertions(inner)
-    cast_weight_matmul_operands(inner, low)
-    clamp_float_extremes(inner, low)
+    if precision in REDUCED:
+        drop_dtype_assertions(inner)
+        cast_weight_matmul_operands(inner, low)
+        clamp_float_extremes(inner, low)
 
     n_inputs = len(signature["inputs"])
     n_outputs = len(signature["outputs"])
+    example = [t.to(target) for t in ep.example_inputs[0]]
+    example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
+    if quantization is not None:
+        cast = [a.to(low) if a.is_floating_point() else a for a in example[:n_inputs]]
+        # the reference rounds each weight to the package's precision before quantizing it
+        weights = getattr(torch, REDUCED[emulate]) if emulate in REDUCED else low
+        quantize_graph(
+            inner, quantization, device, weights, cast + example[n_inputs:], emulate is not None
+        )
 
     class CastWrapper(torch.nn.Module):
         """Computes in reduced precision, keeps the exported float dtypes at the boundary.
@@ -66,8 +87,6 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
             outputs = [t.float() if t.is_floating_point() else t for t in flat[:n_outputs]]
             return (*outputs, *flat[n_outputs:])
 
-    example = [t.to(target) for t in ep.example_inputs[0]]
-    example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
     try:
         return torch.export.export(
             CastWrapper(inner),
@@ -76,6 +95,11 @@ def place_program(ep, device: str, precision: Precision, signature: dict):
             strict=False,
         )
     except Exception as exc:
+        if quantization is not None:
+            raise BuildError(
+                f"the program cannot be quantized {quantization.scheme} ({type(exc).__name__}: "
+                f"{first_line(exc)[:200]}); build it without --quantize"
+            ) from exc
         raise BuildError(
             f"the program cannot run in {precision.value} ({type(exc).__name__}: {first_line(exc)[:200]}); "
             "build it in fp32 (or tf32 on CUDA)"

@@ -320,6 +320,10 @@ class Manifest:
     generation: Generation | None = None
     # one copy of the weights for the package and its members (SharedWeights above)
     shared_weights: SharedWeights | None = None
+    # `aotc build --quantize`: the scheme, its group size, the layers quantized (each with its
+    # error on the example inputs) and those kept in the base precision, and why; {} for none.
+    # Written by the build, read by people and `aotc verify`: the compiled model holds the kernels.
+    quantization: dict = field(default_factory=dict)
 
     @property
     def model_file(self) -> str:
@@ -383,6 +387,7 @@ class Manifest:
             varies_per_build=fields.raw_object("varies_per_build", {}),
             specializations=tuple(specializations),
             tuning=fields.raw_object("tuning", {}),
+            quantization=fields.raw_object("quantization", {}),
             generation=Generation.read(fields.object("generation"))
             if generation is not None
             else None,
@@ -418,6 +423,8 @@ class Manifest:
             data["specializations"] = [s.to_json() for s in self.specializations]
         if self.tuning:
             data["tuning"] = dict(self.tuning)
+        if self.quantization:
+            data["quantization"] = dict(self.quantization)
         if self.generation is not None:
             data["generation"] = self.generation.to_json()
         if self.shared_weights is not None:

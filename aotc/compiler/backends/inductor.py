@@ -26,7 +26,7 @@ from aotc.compiler.profile import TuningProgress, inductor_phase_times
 from aotc.compiler.ptxas import same_ptxas_as_workers
 from aotc.compiler.reproducible import normalize_archive
 from aotc.compiler.state_file import write_state
-from aotc.compiler.tolerances import tolerance
+from aotc.compiler.tolerances import scale_relative, tolerance
 from aotc.compiler.toolchain import compiler_options, use_compiler
 from aotc.compiler.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
@@ -71,12 +71,16 @@ def _build(
     with progress.stage(f"loading {cfg.artifact}", key="load"):
         ep, meta = load_artifact(cfg.artifact)
     signature = meta.signature
+    quantization = cfg.quantization()
+    scheme = f", {quantization.scheme}" if quantization else ""
     with output_lock(cfg.output), staging_folder(cfg.output) as staging:
         with (
-            progress.stage(f"lowering for {cfg.device} ({cfg.precision.value})", key="lower"),
+            progress.stage(
+                f"lowering for {cfg.device} ({cfg.precision.value}{scheme})", key="lower"
+            ),
             quiet_torch(),
         ):
-            placed = place_program(ep, cfg.device, cfg.precision, signature)
+            placed = place_program(ep, cfg.device, cfg.precision, signature, quantization)
             # a generation step's attention, as this device runs it best
             placed = lower_cached_attention(placed, implementation_for(cfg.device))
         phases: dict = {}
@@ -90,6 +94,8 @@ def _build(
                 meta, signature=signature_in_precision(signature, cfg.precision)
             )
             manifest = new_manifest(cfg, packaged, options, compiler_record, features)
+            if quantization:
+                manifest = dataclasses.replace(manifest, quantization=quantization.record())
             if not placed.state_dict and not placed.constants:
                 # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
                 # keeps the default layout, its (empty) constants inside the .so
@@ -140,12 +146,14 @@ def _build(
         )
         # the check's child loads the package through the runtime
         manifest = write_manifest(staging, manifest)
-        atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol)
+        atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol, cfg.quantize)
         with (
             progress.stage("checking the package against eager in a child process", key="check"),
             quiet_torch(),
         ):
-            reference, checked = reference_program(ep, signature, cfg.device, cfg.precision)
+            reference, checked = reference_program(
+                ep, signature, cfg.device, cfg.precision, quantization
+            )
             strict = cfg.device == "cuda" and cfg.precision == Precision.FP32
             check = check_numerics(
                 reference,
@@ -158,6 +166,7 @@ def _build(
                 strict=strict,
                 task=meta.task,
                 precision=cfg.precision.value,
+                scale_relative=scale_relative(cfg.precision.value, cfg.quantize),
             )
         return finish(staging, manifest, check, cfg.output, started, progress)
 

@@ -1,0 +1,500 @@
+"""`aotc build --quantize`: the graph pass that stores a program's linear weights quantized.
+
+It runs on the module the build re-exports (placement.place_program), after the precision passes.
+Every weight that only linear layers and embeddings read is replaced by its quantized tensors
+(quantized_linear.py), registered as buffers, so AOTInductor stores those and not the float weight:
+on disk and in the device's memory. Each `aten.linear` on it becomes the scheme's product for the
+device, each `aten.embedding` a gather of quantized rows. A weight shared by an embedding and the
+output layer (tied embeddings) is stored once where both read the same form (int8 rows; int4
+groups on the CPU).
+
+Quantizing at build, not at export: one exported artifact gives a package per scheme and device,
+the way --precision does, and the kernels and layouts (tinygemm's tiles on CUDA, the CPU's
+reduction form) are the build device's to choose. The artifact stays the float model, which is
+also what the build checks the quantized package against.
+
+Each layer's quantization error is measured on the activations the model's example inputs give it:
+|x W_q^T - x W^T| / |x W^T| over the layer's outputs, against a bound per scheme (ERROR_BOUNDS);
+a layer over it fails the build naming the layer, before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from aotc.errors import NumericMismatchError, UserInputError
+from aotc.export import quantized_linear as ql
+
+SCHEMES = ("int8-weight-only", "int4-weight-only", "fp8", "int8-dynamic")
+GROUP_SIZES = (32, 64, 128, 256)
+DEFAULT_GROUP_SIZE = 128
+# The largest relative output error a layer may have on its example activations (docs/quantization.md):
+# several times what the scheme gives a Gaussian weight (int8 0.009, int4 g128 0.10, fp8 0.027
+# plus its activations' 0.02), so a healthy layer passes and one whose outliers the scheme cannot
+# hold (a few huge values per row flatten the rest to zero) fails.
+ERROR_BOUNDS = {
+    "int8-weight-only": 0.05,
+    "int4-weight-only": 0.30,
+    "fp8": 0.15,
+    "int8-dynamic": 0.08,
+}
+DEVICES = {
+    "int8-weight-only": ("cpu", "cuda"),
+    "int4-weight-only": ("cpu", "cuda"),
+    "fp8": ("cuda",),
+    "int8-dynamic": ("cpu",),
+}
+FP8_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada (8.9) and Hopper (9.0) onwards
+TINYGEMM_CAPABILITY = (8, 0)
+
+
+@dataclass
+class Quantization:
+    """What --quantize asked for, and (filled in by quantize_graph) what it did."""
+
+    scheme: str
+    group_size: int | None = None  # int4 only
+    skip: tuple = ()  # a layer whose name contains one of these stays in the base precision
+    layers: list = field(default_factory=list)  # [{name, shape, error, shared}] quantized
+    kept: list = field(default_factory=list)  # [{name, why}] left in the base precision
+
+    def record(self) -> dict:
+        """The manifest's `quantization`."""
+        worst = max(self.layers, key=lambda layer: layer["error"], default=None)
+        return {
+            "scheme": self.scheme,
+            "group_size": self.group_size,
+            "skip": list(self.skip),
+            "error_bound": ERROR_BOUNDS[self.scheme],
+            "worst_layer": {"name": worst["name"], "error": worst["error"]} if worst else None,
+            "layers": [
+                {"name": layer["name"], "shape": layer["shape"], "error": layer["error"]}
+                for layer in self.layers
+            ],
+            "kept": list(self.kept),
+        }
+
+    def fresh(self) -> Quantization:
+        """The same request with nothing done yet (the reference's pass fills its own)."""
+        return Quantization(self.scheme, self.group_size, self.skip)
+
+
+def problems(scheme: str, group_size: int | None, device: str) -> list[str]:
+    """What is wrong with --quantize SCHEME [--group-size N] on `device` (cpu or cuda)."""
+    found = []
+    if scheme not in SCHEMES:
+        return [f"--quantize {scheme} is not one of {', '.join(SCHEMES)}"]
+    if device not in DEVICES[scheme]:
+        other = {
+            "fp8": "on the CPU use int8-weight-only or int8-dynamic",
+            "int8-dynamic": "on CUDA use int8-weight-only or fp8",
+        }[scheme]
+        found.append(f"--quantize {scheme} runs on {' and '.join(DEVICES[scheme])} only; {other}")
+    if group_size is not None and scheme != "int4-weight-only":
+        found.append("--group-size goes with --quantize int4-weight-only; leave it out")
+    if group_size is not None and group_size not in GROUP_SIZES:
+        found.append(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
+    if device == "cuda" and scheme in ("fp8", "int4-weight-only"):
+        found += _gpu_problems(scheme)
+    return found
+
+
+def _gpu_problems(scheme: str) -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []  # said elsewhere: --device cuda on a machine without one
+    have = torch.cuda.get_device_capability(0)
+    need = FP8_CAPABILITY if scheme == "fp8" else TINYGEMM_CAPABILITY
+    if have >= need:
+        return []
+    name = torch.cuda.get_device_name(0)
+    return [
+        f"--quantize {scheme} needs a GPU of compute capability {need[0]}.{need[1]} or newer; "
+        f"{name} is {have[0]}.{have[1]}: use int8-weight-only"
+    ]
+
+
+def quantize_graph(module, quantization: Quantization, device: str, dtype, example, emulate=False):
+    """Quantize the linear weights of `module` (an unlifted GraphModule, in `dtype` on `device`)
+    in place, filling quantization.layers and .kept. `example`: arguments to run it on once, for
+    each layer's error. `emulate`: the build's reference instead of the package: the same stored
+    tensors, dequantized and multiplied in `dtype` by eager PyTorch."""
+    graph = module.graph
+    weights = _weight_uses(module)
+    if not any(uses["linear"] for uses in weights.values()):
+        raise UserInputError(
+            f"--quantize {quantization.scheme}: the model has no linear layers to quantize; "
+            "build it without --quantize"
+        )
+    chosen = {}
+    for target, uses in weights.items():
+        name = target.removesuffix(".weight")
+        if not uses["linear"]:
+            continue
+        why = _kept_because(name, uses, module.get_parameter(target), quantization, device)
+        if why:
+            quantization.kept.append({"name": name, "why": why})
+        else:
+            chosen[target] = uses
+    inputs = _linear_inputs(module, example, [n for u in chosen.values() for n in u["linear"]])
+    forms = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate)
+    reference = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate=True)
+    for index, (target, uses) in enumerate(chosen.items()):
+        name = target.removesuffix(".weight")
+        weight = module.get_parameter(target).detach()
+        stored = forms.pack(weight, with_embedding=bool(uses["embedding"]))
+        error = _layer_error(
+            weight, reference.pack(weight, False), reference, [inputs[n] for n in uses["linear"]]
+        )
+        quantization.layers.append(
+            {"name": name, "shape": list(weight.shape), "error": round(error, 5)}
+        )
+        attrs = {}
+        for key, tensor in stored.items():
+            attr = f"quantized__{index}__{key}"
+            module.register_buffer(attr, tensor)
+            attrs[key] = attr
+        for node in uses["linear"]:
+            _replace(graph, node, forms.linear_call(attrs, node))
+        for node in uses["embedding"]:
+            _replace(graph, node, forms.embedding_call(attrs, node))
+        for node in uses["nodes"]:
+            graph.erase_node(node)
+        _delete_parameter(module, target)
+    _check_errors(quantization)
+    graph.lint()
+    module.recompile()
+
+
+def _weight_uses(module) -> dict:
+    """weight target -> {"linear": [nodes], "embedding": [nodes], "other": n, "nodes": [get_attr]}
+    for every 2-D floating parameter the graph reads."""
+    import torch
+
+    aten = torch.ops.aten
+    uses: dict = {}
+    params = dict(module.named_parameters())
+    for node in module.graph.nodes:
+        if node.op != "get_attr" or node.target not in params:
+            continue
+        param = params[node.target]
+        if param.dim() != 2 or not param.is_floating_point():
+            continue
+        entry = uses.setdefault(
+            node.target, {"linear": [], "embedding": [], "other": 0, "nodes": []}
+        )
+        entry["nodes"].append(node)
+        for user in node.users:
+            if (
+                user.target is aten.linear.default
+                and user.args[1] is node
+                and user.args[0] is not node
+            ):
+                entry["linear"].append(user)
+            elif user.target is aten.embedding.default and user.args[0] is node:
+                entry["embedding"].append(user)
+            else:
+                entry["other"] += 1
+    return uses
+
+
+def _kept_because(name: str, uses: dict, weight, quantization: Quantization, device: str) -> str:
+    """Why the layer stays in the base precision ("" when it is quantized)."""
+    hit = next((s for s in quantization.skip if s in name), None)
+    if hit:
+        return f"--quantize-skip {hit}"
+    if uses["other"]:
+        return "its weight is read by an operation other than a linear layer or an embedding"
+    n_out, k_in = weight.shape
+    scheme = quantization.scheme
+    if scheme == "int4-weight-only":
+        group = quantization.group_size or DEFAULT_GROUP_SIZE
+        if k_in % group:
+            fits = [g for g in GROUP_SIZES if k_in % g == 0]
+            instead = f"use --group-size {max(fits)}" if fits else "no group size divides it"
+            raise UserInputError(
+                f"--group-size {group} does not divide the {k_in} input features of {name}; "
+                f"{instead}, or keep the layer with --quantize-skip {name.rsplit('.', 1)[-1]}"
+            )
+        if device == "cuda" and (n_out % 8 or k_in % 32):
+            return (
+                f"tinygemm needs out features divisible by 8 and in features by 32 ({n_out}x{k_in})"
+            )
+    if scheme == "fp8" and (n_out % 16 or k_in % 16):
+        return f"fp8 tensor cores need both sizes divisible by 16 ({n_out}x{k_in})"
+    return ""
+
+
+def _linear_inputs(module, example, nodes) -> dict:
+    """node -> the input `module` gives that linear node on `example` (one eager run)."""
+    import torch
+
+    wanted = {node.args[0]: node for node in nodes}
+    seen: dict = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            if n in wanted and isinstance(result, torch.Tensor):
+                seen[n] = result.detach().reshape(-1, result.shape[-1])
+            return result
+
+    with torch.no_grad():
+        Recorder(module).run(*[t.clone() for t in example])
+    return {node: seen.get(node.args[0]) for node in nodes}
+
+
+def _layer_error(weight, stored: dict, forms: Forms, inputs: list) -> float:
+    """The largest |x W_q^T - x W^T| / |x W^T| (Frobenius) over the layer's example inputs."""
+    import torch
+
+    worst = 0.0
+    with torch.no_grad():
+        for x in inputs:
+            if x is None or x.numel() == 0:
+                continue
+            x = x.float()
+            want = x @ weight.float().t()
+            got = forms.emulated_product(x, stored)
+            scale = float(want.norm())
+            if not torch.isfinite(got).all():
+                return float("inf")
+            worst = max(worst, float((got - want).norm()) / scale if scale else 0.0)
+    return worst
+
+
+def _check_errors(quantization: Quantization) -> None:
+    bound = ERROR_BOUNDS[quantization.scheme]
+    bad = [layer for layer in quantization.layers if not layer["error"] <= bound]
+    if bad:
+        worst = max(bad, key=lambda layer: layer["error"])
+        leaf = worst["name"].rsplit(".", 1)[-1]
+        raise NumericMismatchError(
+            f"--quantize {quantization.scheme} breaks layer {worst['name']}: its outputs on the "
+            f"example inputs differ by {worst['error']:.3g} (relative), above the scheme's bound "
+            f"{bound}; keep it with --quantize-skip {leaf}, or choose a finer scheme"
+        )
+
+
+def _replace(graph, old, new_args) -> None:
+    function, args = new_args
+    with graph.inserting_before(old):
+        attrs = [graph.get_attr(a) if isinstance(a, _Attr) else a for a in args]
+        new = graph.call_function(function, tuple(attrs))
+    new.meta = dict(old.meta)
+    old.replace_all_uses_with(new)
+    graph.erase_node(old)
+
+
+def _delete_parameter(module, target: str) -> None:
+    owner_name, _, leaf = target.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    del owner._parameters[leaf]
+
+
+class _Attr(str):
+    """A buffer name in a call's arguments: becomes a get_attr node."""
+
+
+class Forms:
+    """One scheme on one device: how a weight is stored, multiplied and gathered."""
+
+    def __init__(self, scheme: str, group_size: int | None, device: str, dtype, emulate: bool):
+        self.scheme = scheme
+        self.group = group_size or DEFAULT_GROUP_SIZE
+        self.device = device
+        self.dtype = dtype
+        self.emulate = emulate
+
+    def pack(self, weight, with_embedding: bool) -> dict:
+        w = weight.to(self.dtype)  # what the base-precision package would hold
+        if self.scheme in ("int8-weight-only", "int8-dynamic"):
+            q, scale = ql.int8_rows(w, self.dtype)
+            stored = {"q": q, "scale": scale}
+            if self.scheme == "int8-dynamic":
+                stored["q_t"] = q.t().contiguous()
+                if not with_embedding:
+                    del stored["q"]
+            return stored
+        if self.scheme == "fp8":
+            q, scale = ql.fp8_rows(w)
+            stored = {"q": q, "scale": scale}
+            if with_embedding:
+                stored["rows_q"], stored["rows_scale"] = ql.int8_rows(w, self.dtype)
+            return stored
+        packed, scale_zero = ql.int4_groups(w, self.group, self.dtype)
+        stored = {"packed": packed, "scale_zero": scale_zero}
+        if self.device == "cuda" and not self.emulate:
+            tiles, tile_scale_zero = ql.int4_tinygemm(w, self.group)
+            stored = {"tiles": tiles, "tile_scale_zero": tile_scale_zero}
+            if with_embedding:
+                stored.update(packed=packed, scale_zero=scale_zero)
+        return stored
+
+    def emulated_product(self, x, stored: dict):
+        """x [M, K] (fp32) times the stored weight, as the package means it, in fp32."""
+        import torch
+
+        if self.scheme == "fp8":
+            return ql.fp8_emulated(x, stored["q"], stored["scale"])
+        if self.scheme == "int8-dynamic":
+            return ql.int8_dynamic_emulated(x, stored["q_t"], stored["scale"])
+        return torch.nn.functional.linear(x, self.dequantized(stored))
+
+    def dequantized(self, stored: dict):
+        if "q" in stored and self.scheme == "int8-weight-only":
+            return ql.int8_rows_dequantized(stored["q"], stored["scale"])
+        if "packed" in stored:
+            return ql.int4_groups_dequantized(stored["packed"], stored["scale_zero"], self.group)
+        raise AssertionError(f"no dequantized form stored for {self.scheme}")
+
+    def linear_call(self, attrs: dict, node):
+        """(function, args) that replaces the linear `node`."""
+        x, bias = node.args[0], (node.args[2] if len(node.args) > 2 else None)
+        a = {k: _Attr(v) for k, v in attrs.items()}
+        if self.emulate:
+            keys = {
+                "int8-weight-only": ("q", "scale"),
+                "int4-weight-only": ("packed", "scale_zero"),
+                "fp8": ("q", "scale"),
+                "int8-dynamic": ("q_t", "scale"),
+            }[self.scheme]
+            return emulated_linear, (x, *(a[k] for k in keys), bias, self.scheme, self.group)
+        if self.scheme == "int8-weight-only":
+            function = cuda_int8_linear if self.device == "cuda" else cpu_int8_linear
+            return function, (x, a["q"], a["scale"], bias)
+        if self.scheme == "int8-dynamic":
+            return dynamic_int8_linear, (x, a["q_t"], a["scale"], bias)
+        if self.scheme == "fp8":
+            return fp8_linear, (x, a["q"], a["scale"], bias)
+        if self.device == "cuda":
+            return tinygemm_linear, (x, a["tiles"], a["tile_scale_zero"], bias, self.group)
+        return cpu_int4_linear, (x, a["packed"], a["scale_zero"], bias, self.group)
+
+    def embedding_call(self, attrs: dict, node):
+        ids = node.args[1]
+        a = {k: _Attr(v) for k, v in attrs.items()}
+        if "packed" in a:
+            return int4_embedding, (a["packed"], a["scale_zero"], ids, self.group)
+        if "rows_q" in a:
+            return int8_embedding, (a["rows_q"], a["rows_scale"], ids)
+        return int8_embedding, (a["q"], a["scale"], ids)
+
+
+# The products the pass puts into the graph: plain PyTorch over the stored tensors, traced by the
+# build's re-export (named functions, with settings as trailing arguments: the graph's code names
+# its calls). Each flattens the leading dims, multiplies, and restores them.
+
+
+def _flat(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+def _finish(x, out, bias):
+    out = out.reshape(*x.shape[:-1], out.shape[-1])
+    return out if bias is None else out + bias
+
+
+def _by_rows(x2, small, large, operands, limit: int = ql.DECODE_ROWS):
+    """small(*operands) for at most `limit` rows, large(*operands) for more: decided at export when
+    the row count is fixed there, else a torch.cond AOTInductor compiles to both kernels."""
+    import torch
+
+    rows = x2.shape[0]
+    if isinstance(rows, int):
+        return small(*operands) if rows <= limit else large(*operands)
+    return torch.cond(rows <= limit, small, large, operands)
+
+
+def cpu_int8_linear(x, q, scale, bias):
+    x2 = _flat(x)
+    return _finish(x, _by_rows(x2, ql.int8_rows_gemv, ql.int8_rows_mm, (x2, q, scale)), bias)
+
+
+def cpu_int4_linear(x, packed, scale_zero, bias, group):
+    x2 = _flat(x)
+    small = functools.partial(_int4_gemv, group)
+    large = functools.partial(_int4_mm, group)
+    return _finish(x, _by_rows(x2, small, large, (x2, packed, scale_zero)), bias)
+
+
+def _int4_gemv(group, x, packed, scale_zero):
+    return ql.int4_groups_gemv(x, packed, scale_zero, group)
+
+
+def _int4_mm(group, x, packed, scale_zero):
+    return ql.int4_groups_mm(x, packed, scale_zero, group)
+
+
+def _gemv_one(x, q, scale):
+    from aotc.export.gemv_kernel import rows_gemv
+
+    return rows_gemv(x, q, scale, 1)
+
+
+def _gemv_few(x, q, scale):
+    from aotc.export.gemv_kernel import rows_gemv
+
+    return rows_gemv(x, q, scale, ql.DECODE_ROWS)
+
+
+def _gemv(x, q, scale):
+    """The Triton GEMV, its one-row kernel for one row and its eight-row kernel for up to eight."""
+    return _by_rows(x, _gemv_one, _gemv_few, (x, q, scale), limit=1)
+
+
+def cuda_int8_linear(x, q, scale, bias):
+    x2 = _flat(x)
+    return _finish(x, _by_rows(x2, _gemv, ql.int8_rows_mm, (x2, q, scale)), bias)
+
+
+def fp8_linear(x, q, scale, bias):
+    x2 = _flat(x)
+    return _finish(x, _by_rows(x2, _gemv, ql.fp8_scaled_mm, (x2, q, scale)), bias)
+
+
+def tinygemm_linear(x, tiles, scale_zero, bias, group):
+    return _finish(x, ql.int4_tinygemm_mm(_flat(x), tiles, scale_zero, group), bias)
+
+
+def dynamic_int8_linear(x, q_t, scale, bias):
+    return _finish(x, ql.int8_dynamic_mm(_flat(x), q_t, scale), bias)
+
+
+def emulated_linear(x, a, b, bias, scheme, group):
+    """The reference's product: dequantized weights (and, for fp8 and int8-dynamic, quantized
+    activations) multiplied by eager PyTorch in fp32."""
+    import torch
+
+    x2 = _flat(x).float()
+    if scheme == "fp8":
+        out = ql.fp8_emulated(x2, a, b)
+    elif scheme == "int8-dynamic":
+        out = ql.int8_dynamic_emulated(x2, a, b)
+    elif scheme == "int8-weight-only":
+        out = torch.nn.functional.linear(x2, ql.int8_rows_dequantized(a, b))
+    else:
+        out = torch.nn.functional.linear(x2, ql.int4_groups_dequantized(a, b, group))
+    return _finish(x, out.to(x.dtype), bias)
+
+
+def int8_embedding(q, scale, ids):
+    import torch
+
+    rows = torch.nn.functional.embedding(ids, q)
+    return rows.to(scale.dtype) * torch.nn.functional.embedding(ids, scale[:, None])
+
+
+def int4_embedding(packed, scale_zero, ids, group):
+    """Rows of an int4-groups weight: the packed rows gathered, then dequantized."""
+    import torch
+
+    n_rows = packed.shape[0]
+    rows = torch.nn.functional.embedding(ids, packed)
+    rows_scale = torch.nn.functional.embedding(ids, scale_zero.reshape(n_rows, -1))
+    flat_rows = rows.reshape(-1, packed.shape[1])
+    flat_scale = rows_scale.reshape(flat_rows.shape[0], -1, 2)
+    out = ql.int4_groups_dequantized(flat_rows, flat_scale, group, scale_zero.dtype)
+    return out.reshape(*ids.shape, -1)

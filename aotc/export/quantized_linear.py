@@ -1,0 +1,196 @@
+"""The stored forms of quantized weights and the products that read them.
+
+Each scheme has a packer (float weight -> the tensors a package stores) and a product (activations
+and those tensors -> what `F.linear` with the float weight gives). The packers run at build time;
+the products are plain PyTorch that the quantization pass (quantization.py) puts into the graph,
+so AOTInductor compiles them like the rest of the model. The same packers dequantize for the
+build's reference (`dequantized`), so the check compares the package with exactly the weights it
+stores.
+
+Kernel choices, measured with scripts/quantized_gemv.py (docs/quantization.md):
+- Decode (a few rows): a product written as multiply-and-sum over the input features, which
+  Inductor compiles to one reduction kernel that reads the int8 or int4 bytes once and converts
+  them in registers: the weight-only GEMV gpt-fast gets from Inductor. torch's packed kernels
+  (`_weight_int8pack_mm`, the CPU int4 kernel) were 3-10x slower at one row on the build machine.
+- Prefill (many rows): the weight dequantized once per call, then a dense product: the reduction
+  form recomputes each weight element per row there.
+- The two are one `torch.cond` on the row count, which AOTInductor compiles to both kernels and a
+  branch; where the row count is fixed at export, the branch is chosen then.
+- int4 on CUDA at many rows: torch's tinygemm (`_weight_int4pack_mm`, bf16 only), the kernel
+  torchao's int4 layout uses; fp8: `torch._scaled_mm` with per-row scales (Hopper's fp8 tensor
+  cores), activations quantized per row as they come.
+"""
+
+from __future__ import annotations
+
+# Products with at most this many rows take the reduction form (the decode side of torch.cond).
+DECODE_ROWS = 8
+INT8_MAX = 127.0
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def int8_rows(w, dtype):
+    """(int8 [N, K], scale [N] in `dtype`): symmetric per output row, scale = max |w| / 127."""
+    import torch
+
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / INT8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    scale = scale.to(dtype)  # quantize with the scale the package stores
+    q = torch.round(w / scale.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def int8_rows_dequantized(q, scale):
+    return q.float() * scale.float()[:, None]
+
+
+def int8_rows_gemv(x, q, scale):
+    """x [M, K] @ dequantized(q).T: one reduction over K, the weight read as int8."""
+    return (x.unsqueeze(-2) * q.to(x.dtype)).sum(-1) * scale
+
+
+def int8_rows_mm(x, q, scale):
+    import torch
+
+    return torch.nn.functional.linear(x, q.to(x.dtype)) * scale
+
+
+def int4_groups(w, group: int, dtype):
+    """(uint8 [N, K/2], scale_zero [N, K/group, 2] in `dtype`): asymmetric per group of `group` input
+    features, 16 levels between the group's min and max; w = (q - 8) * scale + zero (tinygemm's
+    convention). A group's first half sits in the low nibbles of its bytes, its second half in
+    the high ones, so the product reads the activations in two contiguous runs per group."""
+    import torch
+
+    n, k = w.shape
+    wg = w.float().reshape(n, k // group, group)
+    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-8).to(dtype)
+    zero = (lo + 8 * scale.float()).to(dtype)
+    q = torch.round((wg - zero.float()[..., None]) / scale.float()[..., None] + 8).clamp(0, 15)
+    q = q.to(torch.uint8).reshape(n, k // group, 2, group // 2)
+    packed = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    return packed, torch.stack([scale, zero], dim=-1).contiguous()
+
+
+def _int4_halves(packed, scale_zero, group: int, dtype):
+    """The dequantized weight as its low- and high-nibble halves, each [N, K/group, group/2]."""
+    n = packed.shape[0]
+    halves = []
+    for nibbles in (packed & 15, packed >> 4):
+        q = nibbles.reshape(n, -1, group // 2).to(dtype)
+        halves.append((q - 8) * scale_zero[..., 0:1].to(dtype) + scale_zero[..., 1:2].to(dtype))
+    return halves
+
+
+def int4_groups_dequantized(packed, scale_zero, group: int, dtype=None):
+    import torch
+
+    dtype = dtype or torch.float32
+    low, high = _int4_halves(packed, scale_zero, group, dtype)
+    return torch.stack([low, high], dim=2).reshape(packed.shape[0], -1)
+
+
+def int4_groups_gemv(x, packed, scale_zero, group: int):
+    m, k = x.shape
+    xg = x.reshape(m, 1, k // group, 2, group // 2)
+    low, high = _int4_halves(packed, scale_zero, group, x.dtype)
+    return (xg[..., 0, :] * low + xg[..., 1, :] * high).sum(-1).sum(-1)
+
+
+def int4_groups_mm(x, packed, scale_zero, group: int):
+    import torch
+
+    return torch.nn.functional.linear(
+        x, int4_groups_dequantized(packed, scale_zero, group, x.dtype)
+    )
+
+
+def int4_tinygemm(w, group: int):
+    """(packed int32, scale_zero [K/group, N, 2] bf16) for torch's CUDA int4 kernel: the same
+    quantized values as int4_groups, in the tiled layout `_convert_weight_to_int4pack` makes."""
+    import torch
+
+    n, k = w.shape
+    packed, scale_zero = int4_groups(w, group, torch.bfloat16)
+    halves = packed.reshape(n, k // group, group // 2)
+    q = torch.stack([halves & 15, halves >> 4], dim=2).reshape(n, k)  # in input-feature order
+    pairs = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)  # tinygemm's byte order
+    tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
+    tinygemm = torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), tiles)
+    return tinygemm, scale_zero.transpose(0, 1).contiguous()
+
+
+def int4_tinygemm_mm(x, packed, scale_zero, group: int):
+    import torch
+
+    out = torch.ops.aten._weight_int4pack_mm(x.to(torch.bfloat16), packed, group, scale_zero)
+    return out.to(x.dtype)
+
+
+def fp8_rows(w):
+    """(float8_e4m3fn [N, K], scale [N] float32): per output row, scale = max |w| / 448."""
+    import torch
+
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+    q = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fp8_rows_dequantized(q, scale):
+    return q.float() * scale[:, None]
+
+
+def fp8_activations(x):
+    """(float8 [M, K], scale [M, 1] float32): each row of activations scaled to fp8's range."""
+    import torch
+
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def fp8_scaled_mm(x, q, scale):
+    """Both operands in fp8, per-row scales on each side, accumulated in fp32 (cuBLAS on Hopper)."""
+    import torch
+
+    xq, x_scale = fp8_activations(x)
+    out = torch._scaled_mm(
+        xq, q.t(), scale_a=x_scale, scale_b=scale[None, :], out_dtype=torch.bfloat16
+    )
+    return out.to(x.dtype)
+
+
+def fp8_emulated(x, q, scale):
+    """What fp8_scaled_mm computes, in fp32: the build's reference."""
+    import torch
+
+    xq, x_scale = fp8_activations(x)
+    return torch.nn.functional.linear(xq.float() * x_scale, fp8_rows_dequantized(q, scale)).to(
+        x.dtype
+    )
+
+
+def int8_activations(x):
+    """(int8 [M, K], scale [M, 1]): each row of activations symmetric in 127 levels."""
+    import torch
+
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / INT8_MAX).clamp(min=1e-12)
+    return torch.round(x.float() / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+def int8_dynamic_mm(x, q_t, scale):
+    """int8 x int8 -> int32 (oneDNN's VNNI kernels on x86), both sides' scales after."""
+    import torch
+
+    xq, x_scale = int8_activations(x)
+    return (torch._int_mm(xq, q_t).float() * x_scale * scale.float()).to(x.dtype)
+
+
+def int8_dynamic_emulated(x, q_t, scale):
+    import torch
+
+    xq, x_scale = int8_activations(x)
+    return torch.nn.functional.linear(
+        xq.float() * x_scale, q_t.t().float() * scale.float()[:, None]
+    ).to(x.dtype)
