@@ -102,6 +102,9 @@ def get_model():  # Qwen3-0.6B's shape (28 layers, head_dim 128, q/k norms), ran
 """
 
 
+PACKAGE_NAME = "package"  # aotc.bench.generation.PACKAGE: the package's row
+
+
 def run_aotc(command: list) -> float:
     """Seconds an `aotc` command took; its stderr's tail if it fails."""
     started = time.perf_counter()
@@ -121,11 +124,15 @@ def export(model_file: Path, work: Path, args) -> tuple[Path, float]:
     return artifact, seconds
 
 
-def build(artifact: Path, precision: str, args) -> tuple[Path, float]:
-    package = artifact.with_name(f"{artifact.stem}_{precision}_pkg")
+def build(artifact: Path, precision: str, scheme: str, args) -> tuple[Path, float]:
+    quantized = [] if scheme == "none" else ["--quantize", scheme]
+    if scheme == "int4-weight-only":
+        quantized += ["--group-size", str(args.group_size)]
+    name = precision if scheme == "none" else f"{precision}_{scheme}"
+    package = artifact.with_name(f"{artifact.stem}_{name}_pkg")
     seconds = run_aotc(
         [*AOTC, "build", str(artifact), "-o", str(package), "--device", args.device,
-         "--precision", precision, "--mode", args.mode, "--force", "--quiet"]
+         "--precision", precision, "--mode", args.mode, *quantized, "--force", "--quiet"]
     )  # fmt: skip
     return package, seconds
 
@@ -135,26 +142,29 @@ def folder_mb(folder: Path) -> float:
 
 
 def measure_precision(
-    model_file: Path, artifact: Path, export_s: float, precision: str, args
+    model_file: Path, artifact: Path, export_s: float, precision: str, scheme: str, args
 ) -> dict:
-    """Build the artifact at this precision and time it (aotc/bench/generation.py's measure)."""
-    package_dir, build_s = build(artifact, precision, args)
+    """Build the artifact at this precision (quantized as `scheme` says, "none" for not) and time
+    it (aotc/bench/generation.py's measure); a quantized package alone, without baselines."""
+    package_dir, build_s = build(artifact, precision, scheme, args)
+    contenders = args.contenders if scheme == "none" else [PACKAGE_NAME]
     return {
         "export_s": round(export_s, 1),
         "build_s": round(build_s, 1),
-        **measure_package(model_file, artifact, package_dir, precision, args),
+        "quantize": scheme,
+        **measure_package(model_file, artifact, package_dir, precision, args, contenders),
     }
 
 
 def measure_package(
-    model_file: Path, artifact: Path, package_dir: Path, precision: str, args
+    model_file: Path, artifact: Path, package_dir: Path, precision: str, args, contenders=None
 ) -> dict:
     from aotc.bench.generation import PACKAGE, GenerationBench, measure
 
     spec = GenerationBench(
         package=package_dir,
         model=(str(model_file), None),
-        against=tuple(c for c in args.contenders if c != PACKAGE),
+        against=tuple(c for c in (contenders or args.contenders) if c != PACKAGE),
         device=args.device,
         precision=precision,
         prompt_tokens=args.prompt_tokens,
@@ -214,8 +224,15 @@ def main() -> None:
         default=[],
         help="comma list of packages built from the one model given: time them as they are",
     )
+    parser.add_argument(
+        "--quantize",
+        default="none",
+        help="comma list of none and aotc build --quantize schemes: a package each, per precision",
+    )
+    parser.add_argument("--group-size", type=int, default=128, help="int4-weight-only's groups")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    args.quantize = args.quantize.split(",")
     cuda = args.device == "cuda"
     args.mode = args.mode or ("reduce-overhead" if cuda else "default")
     args.max_seq_len = args.max_seq_len or args.prompt_tokens + args.new
@@ -275,8 +292,9 @@ def main() -> None:
             else:
                 artifact, export_s = export(model_file, work, args)
                 timed = (
-                    measure_precision(model_file, artifact, export_s, precision, args)
+                    measure_precision(model_file, artifact, export_s, precision, scheme, args)
                     for precision in args.precision
+                    for scheme in args.quantize
                 )
             for record in timed:
                 # other work on the host slows eager most; a figure says what it was taken beside

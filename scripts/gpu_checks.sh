@@ -27,6 +27,10 @@
 #                   streams of mixed prompts (16-512 tokens) and max_tokens (16-256), greedy and at OpenAI's
 #                   default temperature, in-process (the serve engine without HTTP); JSON in RESULTS_DIR
 #   step_cost       scripts/step_cost.py on CUDA: a decode step with 64 tokens in context at 256 and 4,096 positions
+#   quantize        the GPU tests of --quantize (tests/test_gpu_quantize.py), then generate_bench.py on the
+#                   Llama-3.2-1B shape, bf16, batch 1, 32-token prompt, 288 new: unquantized, int8-weight-only,
+#                   int4-weight-only (group 128) and fp8 packages side by side; JSON in RESULTS_DIR
+#   quantize_tests  the first half of quantize alone; quantize_bench its second half
 #   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
 #   generate_llama  generate_bench's Llama-3.2-1B part alone
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
@@ -139,6 +143,17 @@ PY
           -o "$WORK/gpt2_engine_pkg" --force --quiet &&
         python3 scripts/engine_load.py "$WORK/gpt2_engine_pkg" --streams 1,32 --requests 8 \
           --prefill-chunks 256,64 --out "$RESULTS/engine_load.json"; } > "$RESULTS/engine_load.log" 2>&1 || rc=$? ;;
+    quantize)
+      python3 -m pytest -m gpu tests/test_gpu_quantize.py -q -p no:cacheprovider > "$RESULTS/quantize_tests.log" 2>&1 || rc=$?
+      python3 scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc \
+        --quantize none,int8-weight-only,int4-weight-only,fp8 --prompt-tokens 32 --new 288 --max-seq-len 1024 \
+        --rounds 3 --bandwidth --out "$RESULTS/quantize_llama.json" > "$RESULTS/quantize_bench.log" 2>&1 || rc=$? ;;
+    quantize_bench)
+      python3 scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc \
+        --quantize none,int8-weight-only,int4-weight-only,fp8 --prompt-tokens 32 --new 288 --max-seq-len 1024 \
+        --rounds 3 --bandwidth --out "$RESULTS/quantize_llama.json" > "$RESULTS/quantize_bench.log" 2>&1 || rc=$? ;;
+    quantize_tests)
+      python3 -m pytest -m gpu tests/test_gpu_quantize.py -q -p no:cacheprovider > "$RESULTS/quantize_tests.log" 2>&1 || rc=$? ;;
     step_cost)
       python3 scripts/step_cost.py --device cuda --lengths 256,4096 --context 64 --batch 4 \
         --out "$RESULTS/step_cost_cuda.json" > "$RESULTS/step_cost.log" 2>&1 || rc=$? ;;

