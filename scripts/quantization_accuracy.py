@@ -28,9 +28,15 @@ JSON records the Python version and a hash of the token ids. The base row measur
 against itself (KL 0, agreement 1); --eager adds the transformers model run eagerly (fp32) as a
 row, a check of the harness: its perplexity is the base's to a few digits.
 
+Everything made is kept in --work and reused by later runs: the saved model, the artifact
+(smollm2_s<max-seq-len>.pt2) and the packages (smollm2_s<max-seq-len>_<device>_<precision>_<row>).
+--built NAME=PACKAGE measures a package as it is instead: "base" replaces the reference, a scheme's
+name its package, any other name adds a row (a package built by hand, e.g. with --quantize-skip).
+On a 2-core CPU a build takes 2 to 4 minutes and an fp32 row's measurement about 40 s.
+
     python scripts/quantization_accuracy.py --work ~/.cache/aotc-quantization --out results.json
-    python scripts/quantization_accuracy.py --work W --tokens 64 --prompts 2 --schemes "" --eager
-    python scripts/quantization_accuracy.py --work W --built base=W/base_pkg,int8-weight-only=P
+    python scripts/quantization_accuracy.py --work W --schemes "" --tokens 64 --prompts 2 --eager
+    python scripts/quantization_accuracy.py --work W --built int4-skip-lm_head=PACKAGE
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +167,7 @@ def build(artifact: Path, scheme: str, args: argparse.Namespace) -> Path:
 def packages(args: argparse.Namespace) -> dict[str, Path]:
     """Row name -> package folder: the base, each scheme, then any other --built package; those
     --built names are used as given, the rest built in --work (the model prepared first)."""
-    rows = [BASE, *args.schemes, *(name for name in args.built if name not in args.schemes)]
+    rows = list(dict.fromkeys([BASE, *args.schemes, *args.built]))
     missing = [name for name in rows if name not in args.built]
     folders = dict(args.built)
     if missing:
@@ -197,25 +204,25 @@ class PackageModel:
         self.package = aotc_runtime.load(folder)
 
     def next_token_logprobs(self, ids: list[int]) -> torch.Tensor:
-        """Teacher forcing: token t fed alone at cache position t, the logits it returns being
+        """Teacher forcing: token t fed alone at cache position t in the cache's row 0 (the other
+        rows of a package exported for a larger batch fed nothing), the logits it returns being
         the next token's (a prefill would return the last position's only)."""
-        held = self.package.generation.max_seq_len
-        if len(ids) - 1 > held:
+        generation = self.package.generation
+        if len(ids) - 1 > generation.max_seq_len:
             raise SystemExit(
-                f"{self.folder} holds {held} tokens; give --tokens {held + 1} or fewer"
+                f"{self.folder} holds {generation.max_seq_len} tokens; give --tokens "
+                f"{generation.max_seq_len + 1} or fewer"
             )
         self.package.reset_state()  # a fresh cache
-        one = torch.ones(1, dtype=torch.int64)
-        rows = [
-            self.package(
-                input_ids=torch.tensor([[token]]),
-                cache_lengths=torch.tensor([position]),
-                input_lengths=one,
-            )[0]
-            .double()
-            .log_softmax(-1)
-            for position, token in enumerate(ids[:-1])
-        ]
+        step = torch.zeros(generation.batch_size, 1, dtype=torch.int64)
+        held = torch.zeros(generation.batch_size, dtype=torch.int64)
+        fed = torch.zeros_like(held)
+        fed[0] = 1
+        rows = []
+        for position, token in enumerate(ids[:-1]):
+            step[0, 0], held[0] = token, position
+            logits = self.package(input_ids=step, cache_lengths=held, input_lengths=fed)
+            rows.append(logits[0].double().log_softmax(-1))
         return torch.stack(rows).cpu()
 
     def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
@@ -247,22 +254,37 @@ class EagerModel:
         return out[0, len(prompt) :].tolist()
 
 
+Model = PackageModel | EagerModel
+
+
+def load_model(folder: Path | None, args: argparse.Namespace) -> Model:
+    """A row's package (None: the transformers model, eager)."""
+    if folder is None:
+        return EagerModel(prepare_folder(args.work), args.device)
+    return PackageModel(folder)
+
+
 def run_model(
-    model: PackageModel | EagerModel, text: list[int], prompts: list[list[int]], new_tokens: int
+    name: str, model: Model, text: list[int], prompts: list[list[int]], new_tokens: int
 ) -> Outputs:
-    return Outputs(
+    started = time.perf_counter()
+    outputs = Outputs(
         model.next_token_logprobs(text), [model.greedy(prompt, new_tokens) for prompt in prompts]
     )
+    log(f"{name}: measured in {time.perf_counter() - started:.0f}s")
+    return outputs
 
 
-def compare(base: Outputs, row: Outputs, text: list[int]) -> dict:
-    """The row's perplexity on the text, and how close its outputs are to the base's."""
+def compare(base: Outputs, other: Outputs, text: list[int]) -> dict:
+    """A row's perplexity on the text, and how close its outputs are to the base's."""
     targets = torch.tensor(text[1:])[:, None]
-    nll = -row.logprobs.gather(1, targets).mean().item()
-    p, q = base.logprobs, row.logprobs
+    nll = -other.logprobs.gather(1, targets).mean().item()
+    p, q = base.logprobs, other.logprobs
     kl = (p.exp() * (p - q)).sum(-1).mean().item()
     top1 = (p.argmax(-1) == q.argmax(-1)).double().mean().item()
-    same = [[a == b for a, b in zip(ours, theirs)] for ours, theirs in zip(row.greedy, base.greedy)]
+    same = [
+        [a == b for a, b in zip(ours, theirs)] for ours, theirs in zip(other.greedy, base.greedy)
+    ]
     prefixes = [next((i for i, equal in enumerate(s) if not equal), len(s)) for s in same]
     return {
         "perplexity": math.exp(nll),
@@ -270,6 +292,19 @@ def compare(base: Outputs, row: Outputs, text: list[int]) -> dict:
         "top1_agreement": top1,
         "greedy_agreement": sum(map(sum, same)) / sum(map(len, same)),
         "identical_prefix": sum(prefixes) / len(prefixes),
+    }
+
+
+def result_row(name: str, folder: Path | None, measured: dict) -> dict:
+    """A row of the results: its measurements, its package (None: eager) and what it is."""
+    if folder is None:
+        return {"name": name, "package": None, **measured, "size_mb": None, "quantization": None}
+    return {
+        "name": name,
+        "package": str(folder),
+        **measured,
+        "size_mb": folder_mb(folder),
+        "quantization": quantization(folder),
     }
 
 
@@ -362,33 +397,22 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     folders = packages(args)
+    others = [*([("eager", None)] if args.eager else []), *list(folders.items())[1:]]
     base_model = PackageModel(folders[BASE])
     tokenizer = base_model.package.tokenizer
     text = tokenizer.encode(evaluation_text()).ids[: args.tokens]
     prompts = [tokenizer.encode(prompt).ids for prompt in PROMPTS[: args.prompts]]
     with torch.inference_mode():
-        log(f"{BASE}: {folders[BASE]}")
-        base = run_model(base_model, text, prompts, args.new_tokens)
+        base = run_model(BASE, base_model, text, prompts, args.new_tokens)
         del base_model  # one model in memory at a time
-        rows = [{"name": BASE, "package": str(folders[BASE]), **compare(base, base, text)}]
-        contenders: list[tuple[str, Path | None]] = list(folders.items())[1:]
-        if args.eager:
-            contenders.insert(0, ("eager", None))
-        for name, folder in contenders:
-            log(f"{name}: {folder or 'transformers, eager'}")
-            if folder is None:
-                model = EagerModel(prepare_folder(args.work), args.device)
-            else:
-                model = PackageModel(folder)
-            outputs = run_model(model, text, prompts, args.new_tokens)
+        rows = [result_row(BASE, folders[BASE], compare(base, base, text))]
+        for name, folder in others:
+            model = load_model(folder, args)
+            outputs = run_model(name, model, text, prompts, args.new_tokens)
             del model
-            rows.append({"name": name, "package": folder and str(folder),
-                         **compare(base, outputs, text)})  # fmt: skip
-    for row in rows:
-        folder = row["package"]
-        row["size_mb"] = folder_mb(Path(folder)) if folder else None
-        row["quantization"] = quantization(Path(folder)) if folder else None
-        row["ppl_increase_pct"] = 100 * (row["perplexity"] / rows[0]["perplexity"] - 1)
+            rows.append(result_row(name, folder, compare(base, outputs, text)))
+    for each in rows:
+        each["ppl_increase_pct"] = 100 * (each["perplexity"] / rows[0]["perplexity"] - 1)
     print(markdown(rows))
     result = {
         "model": f"SmolLM2-135M-Instruct ({gguf_file().name}, de-quantized)",

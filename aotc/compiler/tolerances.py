@@ -22,7 +22,7 @@ DEFAULTS = {
 # quantization pass builds), so what remains is arithmetic. Schemes that quantize activations too
 # can round an activation to the neighbouring level where the package and the reference compute
 # its scale in another order: one level of one activation, scaled by a weight.
-QUANTIZED_ACTIVATIONS = {"fp8": (5e-2, 5e-2), "int8-dynamic": (5e-2, 5e-2)}
+QUANTIZED_ACTIVATIONS = {"int8-dynamic": (5e-2, 5e-2)}
 WEIGHT_ONLY_FP32 = (1e-3, 1e-3)  # fp32 products that read int8/int4 weights sum in another order
 
 

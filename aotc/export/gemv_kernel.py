@@ -33,7 +33,7 @@ def _gemv_kernel(
 ):  # fmt: skip
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
-    m = tl.arange(0, BLOCK_M)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = n < n_out
     m_ok = m < rows
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -68,13 +68,13 @@ def launch_shape(n_out: int, k_in: int, block_m: int) -> tuple[int, int, int]:
 @triton_op(OP, mutates_args={})
 def quantized_gemv_cuda(x: torch.Tensor, weight: torch.Tensor, block_m: int) -> torch.Tensor:
     """Partial sums [splits, rows, N] (fp32) of x [rows, K] times weight [N, K] (int8 or fp8)
-    transposed, for rows <= block_m (1 or 8); the caller adds the splits and applies the scales."""
+    transposed, block_m rows a program; the caller adds the splits and applies the scales."""
     rows, k_in = x.shape
     n_out = weight.shape[0]
     block_k, blocks_n, splits = launch_shape(n_out, k_in, block_m)
     per_split = triton.cdiv(triton.cdiv(k_in, splits), block_k) * block_k
     out = torch.empty((splits, rows, n_out), dtype=torch.float32, device=x.device)
-    wrap_triton(_gemv_kernel)[(blocks_n, splits)](
+    wrap_triton(_gemv_kernel)[(blocks_n, splits, triton.cdiv(rows, block_m))](
         x, weight, out, rows, n_out, k_in, per_split,
         x.stride(0), weight.stride(0), out.stride(0), out.stride(1),
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
@@ -85,6 +85,6 @@ def quantized_gemv_cuda(x: torch.Tensor, weight: torch.Tensor, block_m: int) -> 
 def rows_gemv(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_m: int = 1
 ) -> torch.Tensor:
-    """x [rows <= block_m, K] @ (weight * scale[:, None]).T in x's dtype."""
+    """x [rows, K] @ (weight * scale[:, None]).T in x's dtype."""
     partial = torch.ops.aotc.quantized_gemv_cuda(x.contiguous(), weight, block_m)
     return (partial.sum(0) * scale.float()).to(x.dtype)
