@@ -44,7 +44,7 @@ from aotc.compiler.backends import BACKENDS
     type=click.Choice(["int8-weight-only", "int4-weight-only", "fp8", "int8-dynamic"]),
     default=None,
     help="Store the linear layers' weights quantized: int8 or int4 weight-only (CPU, CUDA), fp8 "
-    "weights and activations (CUDA, compute capability 8.9+), int8 weights and activations (CPU) "
+    "weight-only (CUDA, compute capability 8.9+), int8 weights and activations (CPU) "
     "[default: none].",
 )
 @click.option(
