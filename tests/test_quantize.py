@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, load_model_file
+from conftest import assert_manifest_matches_schema, invoke, load_model_file
 from test_cpp_runner import GENERATE_PROMPTS, python_generate, run_cpp
 from test_cpp_runner import runner as runner  # the session's C++ runner, a fixture
 from test_generate import prompts, reference
@@ -97,6 +97,7 @@ def test_manifest_records_the_scheme_and_the_package_stores_it(llama, scheme):
     _artifact, _source, base, get = llama
     package = get(scheme)
     manifest = json.loads((package / "manifest.json").read_text())
+    assert_manifest_matches_schema(package)
     record = manifest["quantization"]
     assert record["scheme"] == scheme
     assert record["group_size"] == (32 if scheme == "int4-weight-only" else None)

@@ -53,9 +53,10 @@ def _heading(report: dict, timing: str) -> list:
     tuned = (
         [f"tuned    {pkg['tuning']}"] if pkg.get("tuning") else []
     )  # which candidate each model of the package is
+    quantized = f", {pkg['quantization']}" if pkg.get("quantization") else ""
     return [
         f"aotc bench {pkg['path']} ({pkg['model']}; {pkg['device']['type']}, mode {pkg['mode']}, "
-        f"{pkg['precision']}) {report['created']}",
+        f"{pkg['precision']}{quantized}) {report['created']}",
         f"machine  {describe_machine(report)}",
         f"timing   {timing}",
         f"build    {pkg['build_seconds']:.1f} s once, ahead of time ({pkg.get('backend', 'aotinductor')}){size}"
@@ -226,7 +227,17 @@ def package_summary(package: Path, manifest: Manifest) -> dict:
         "size_bytes": manifest.size_bytes,
         "backend": manifest.backend,
         "tuning": tuning_summary(manifest),
+        "quantization": quantization_summary(manifest),
     }
+
+
+def quantization_summary(manifest: Manifest) -> str | None:
+    """'int4-weight-only, group 64' for a quantized package, else None."""
+    record = manifest.quantization
+    if not record:
+        return None
+    group = f", group {record['group_size']}" if record.get("group_size") else ""
+    return f"{record['scheme']}{group}"
 
 
 def tuning_summary(manifest: Manifest) -> str | None:
