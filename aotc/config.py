@@ -209,7 +209,7 @@ class BuildConfig:
         if self.quantize is None:
             given = self.group_size is not None or self.quantize_skip
             return ["--group-size and --quantize-skip go with --quantize; add it"] if given else []
-        from aotc.export.quantization import problems
+        from aotc.quantize_schemes import problems
 
         found = problems(self.quantize, self.group_size, self.device)
         if self.backend != "aotinductor":
@@ -222,7 +222,7 @@ class BuildConfig:
         """The --quantize request as the build's pass takes it (None without --quantize)."""
         if self.quantize is None:
             return None
-        from aotc.export.quantization import Quantization
+        from aotc.quantize_schemes import Quantization
 
         return Quantization(self.quantize, self.group_size, self.quantize_skip)
 

@@ -44,6 +44,7 @@ FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
             "aotc.child_process",
             "aotc.optional",
             "aotc.math_mode",
+            "aotc.quantize_schemes",
         ),
     ),
     "runtime": (("aotc_runtime",),),

@@ -289,7 +289,7 @@ def rerun_numeric_check(
     from aotc.compiler.verify import check_numerics, reference_program
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
-    from aotc.export.quantization import Quantization
+    from aotc.quantize_schemes import Quantization
     from aotc.quiet import quiet_torch
 
     recorded = manifest.numeric_check

@@ -15,7 +15,7 @@ import copy
 
 from aotc.config import Precision
 from aotc.errors import BuildError
-from aotc.export.quantization import Quantization, linear_inputs, quantize_graph
+from aotc.export.quantization import linear_inputs, quantize_graph
 from aotc.export.reduced_precision import (
     cast_weight_matmul_operands,
     clamp_float_extremes,
@@ -24,6 +24,7 @@ from aotc.export.reduced_precision import (
 from aotc.export.shapes import signature_dynamic_shapes
 from aotc.export.user_frames import first_line
 from aotc.math_mode import REDUCED
+from aotc.quantize_schemes import Quantization
 
 
 def place_program(

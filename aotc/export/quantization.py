@@ -21,99 +21,10 @@ a layer over it fails the build naming the layer, before anything is compiled.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 
 from aotc.errors import NumericMismatchError, UserInputError
 from aotc.export import quantized_linear as ql
-
-SCHEMES = ("int8-weight-only", "int4-weight-only", "fp8", "int8-dynamic")
-GROUP_SIZES = (32, 64, 128, 256)
-DEFAULT_GROUP_SIZE = 128
-# The largest relative output error a layer may have on its example activations (docs/quantization.md):
-# several times what the scheme gives a Gaussian weight (int8 0.009, int4 g128 0.10, fp8 0.027,
-# int8-dynamic 0.012 with its activations), so a healthy layer passes and one whose outliers the scheme cannot
-# hold (a few huge values per row flatten the rest to zero) fails.
-ERROR_BOUNDS = {
-    "int8-weight-only": 0.05,
-    "int4-weight-only": 0.30,
-    "fp8": 0.10,
-    "int8-dynamic": 0.08,
-}
-DEVICES = {
-    "int8-weight-only": ("cpu", "cuda"),
-    "int4-weight-only": ("cpu", "cuda"),
-    "fp8": ("cuda",),
-    "int8-dynamic": ("cpu",),
-}
-FP8_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada (8.9) and Hopper (9.0) onwards
-TINYGEMM_CAPABILITY = (8, 0)
-
-
-@dataclass
-class Quantization:
-    """What --quantize asked for, and (filled in by quantize_graph) what it did."""
-
-    scheme: str
-    group_size: int | None = None  # int4 only
-    skip: tuple = ()  # a layer whose name contains one of these stays in the base precision
-    layers: list = field(default_factory=list)  # [{name, shape, error, shared}] quantized
-    kept: list = field(default_factory=list)  # [{name, why}] left in the base precision
-
-    def record(self) -> dict:
-        """The manifest's `quantization`."""
-        worst = max(self.layers, key=lambda layer: layer["error"], default=None)
-        return {
-            "scheme": self.scheme,
-            "group_size": self.group_size,
-            "skip": list(self.skip),
-            "error_bound": ERROR_BOUNDS[self.scheme],
-            "worst_layer": {"name": worst["name"], "error": worst["error"]} if worst else None,
-            "layers": [
-                {"name": layer["name"], "shape": layer["shape"], "error": layer["error"]}
-                for layer in self.layers
-            ],
-            "kept": list(self.kept),
-        }
-
-    def fresh(self) -> Quantization:
-        """The same request with nothing done yet (the reference's pass fills its own)."""
-        return Quantization(self.scheme, self.group_size, self.skip)
-
-
-def problems(scheme: str, group_size: int | None, device: str) -> list[str]:
-    """What is wrong with --quantize SCHEME [--group-size N] on `device` (cpu or cuda)."""
-    found = []
-    if scheme not in SCHEMES:
-        return [f"--quantize {scheme} is not one of {', '.join(SCHEMES)}"]
-    if device not in DEVICES[scheme]:
-        other = {
-            "fp8": "on the CPU use int8-weight-only or int8-dynamic",
-            "int8-dynamic": "on CUDA use int8-weight-only or fp8",
-        }[scheme]
-        found.append(f"--quantize {scheme} runs on {' and '.join(DEVICES[scheme])} only; {other}")
-    if group_size is not None and scheme != "int4-weight-only":
-        found.append("--group-size goes with --quantize int4-weight-only; leave it out")
-    if group_size is not None and group_size not in GROUP_SIZES:
-        found.append(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
-    if device == "cuda" and scheme in ("fp8", "int4-weight-only"):
-        found += _gpu_problems(scheme)
-    return found
-
-
-def _gpu_problems(scheme: str) -> list[str]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return []  # said elsewhere: --device cuda on a machine without one
-    have = torch.cuda.get_device_capability(0)
-    need = FP8_CAPABILITY if scheme == "fp8" else TINYGEMM_CAPABILITY
-    if have >= need:
-        return []
-    name = torch.cuda.get_device_name(0)
-    return [
-        f"--quantize {scheme} needs a GPU of compute capability {need[0]}.{need[1]} or newer; "
-        f"{name} is {have[0]}.{have[1]}: use int8-weight-only"
-    ]
+from aotc.quantize_schemes import DEFAULT_GROUP_SIZE, ERROR_BOUNDS, GROUP_SIZES, Quantization
 
 
 def quantize_graph(
