@@ -10,6 +10,7 @@ token), and with the unquantized package within the agreement docs/quantization.
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -144,9 +145,8 @@ def test_int8_dynamic_one_call_model_is_close_to_eager(tmp_path):
     inputs = _module(source).example_inputs()
     loaded = aotc_runtime.load(package)
     with torch.no_grad():
-        want = model(*inputs)
-        want = want if isinstance(want, torch.Tensor) else want[0]
-        got = aotc_runtime.flatten_outputs(loaded(*inputs))[0]
+        want = model(**inputs).last_hidden_state
+        got = aotc_runtime.flatten_outputs(loaded(**inputs))[0]
     error = float((got - want).norm() / want.norm())
     assert error < 0.05, error  # int8 activations and weights: about 1% per layer
     assert (
@@ -189,7 +189,7 @@ def test_a_tampered_scale_is_refused_by_the_hashes(llama, tmp_path):
 )  # fmt: skip
 def test_bad_quantize_flags_exit_2_in_one_line(llama, tmp_path, flags, message):
     artifact = llama[0]
-    done = invoke("build", artifact, "--device", "cpu", *flags, "-o", tmp_path / "pkg")
+    done = invoke("build", artifact, "--device", "cpu", *flags, "-o", tmp_path / "pkg", "--quiet")
     assert done.exit_code == 2, done.stderr
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "pkg").exists()
@@ -232,5 +232,6 @@ def test_a_layer_the_scheme_breaks_fails_the_build_naming_it(tmp_path):
     done = invoke("build", artifact, "--device", "cpu", "--quantize", "int4-weight-only",
                   "--group-size", "32", "-o", tmp_path / "pkg")  # fmt: skip
     assert done.exit_code == 6, done.stderr
-    assert "breaks layer proj" in done.stderr and "--quantize-skip proj" in done.stderr
+    assert re.search(r"breaks layer (\S+\.)?proj: ", done.stderr), done.stderr
+    assert "--quantize-skip proj" in done.stderr
     assert not (tmp_path / "pkg").exists()
