@@ -97,13 +97,11 @@ def log(message: str) -> None:
     print(f"[quantization_accuracy] {message}", file=sys.stderr, flush=True)
 
 
-def run_aotc(*arguments: object) -> None:
-    """An `aotc` command, its progress on stderr; exits with its code if it fails."""
+def run_aotc(*arguments: object) -> int:
+    """An `aotc` command, its progress and errors on stderr; its exit code."""
     command = [AOTC, *map(str, arguments)]
     log(" ".join(command))
-    done = subprocess.run(command)
-    if done.returncode:
-        raise SystemExit(f"aotc {arguments[0]} failed (exit {done.returncode})")
+    return subprocess.run(command).returncode
 
 
 def gguf_file() -> Path:
@@ -145,36 +143,48 @@ def export(work: Path, folder: Path, max_seq_len: int) -> Path:
         return artifact
     model_file = work / "smollm2_model.py"
     model_file.write_text(MODEL_FILE.format(folder=str(folder)))
-    run_aotc("export", model_file, "--task", "text-generation", "--max-seq-len", max_seq_len,
-             "--batch-size", 1, "--tokenizer", folder, "-o", artifact)  # fmt: skip
+    code = run_aotc("export", model_file, "--task", "text-generation", "--max-seq-len",
+                    max_seq_len, "--batch-size", 1, "--tokenizer", folder, "-o", artifact)  # fmt: skip
+    if code:
+        raise SystemExit(f"aotc export failed (exit {code})")
     return artifact
 
 
-def build(artifact: Path, scheme: str, args: argparse.Namespace) -> Path:
-    """The package of one row (BASE: not quantized), built once."""
+def build(artifact: Path, scheme: str, args: argparse.Namespace) -> tuple[Path, int]:
+    """The package of one row (BASE: not quantized), built once, and the build's exit code (0
+    for a package already there)."""
     flags = [] if scheme == BASE else ["--quantize", scheme]
     label = scheme
     if scheme == "int4-weight-only":
         flags += ["--group-size", args.group_size]
         label += f"-g{args.group_size}"
     package = artifact.with_name(f"{artifact.stem}_{args.device}_{args.precision}_{label}")
-    if not (package / "manifest.json").exists():
-        run_aotc("build", artifact, "--device", args.device, "--precision", args.precision,
-                 *flags, "-o", package)  # fmt: skip
-    return package
+    if (package / "manifest.json").exists():
+        return package, 0
+    code = run_aotc("build", artifact, "--device", args.device, "--precision", args.precision,
+                    *flags, "-o", package)  # fmt: skip
+    return package, code
 
 
-def packages(args: argparse.Namespace) -> dict[str, Path]:
-    """Row name -> package folder: the base, each scheme, then any other --built package; those
-    --built names are used as given, the rest built in --work (the model prepared first)."""
+def packages(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, int]]:
+    """(row name -> package folder, row name -> exit code of its failed build). The rows: the
+    base, each scheme, then any other --built package; --built ones are used as given, the rest
+    built in --work (the model prepared first). A failed build leaves its row out, but the base's
+    ends the run."""
     rows = list(dict.fromkeys([BASE, *args.schemes, *args.built]))
+    folders, failed = dict(args.built), {}
     missing = [name for name in rows if name not in args.built]
-    folders = dict(args.built)
     if missing:
         args.work.mkdir(parents=True, exist_ok=True)
         artifact = export(args.work, prepare_folder(args.work), args.max_seq_len)
-        folders.update({name: build(artifact, name, args) for name in missing})
-    return {name: folders[name] for name in rows}
+    for name in missing:
+        folders[name], code = build(artifact, name, args)
+        if code and name == BASE:
+            raise SystemExit(f"the base package did not build (exit {code})")
+        if code:
+            log(f"{name}: aotc build failed (exit {code}); its row is left out")
+            failed[name] = code
+    return {name: folders[name] for name in rows if name not in failed}, failed
 
 
 def evaluation_text() -> str:
@@ -396,7 +406,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    folders = packages(args)
+    folders, failed = packages(args)
     others = [*([("eager", None)] if args.eager else []), *list(folders.items())[1:]]
     base_model = PackageModel(folders[BASE])
     tokenizer = base_model.package.tokenizer
@@ -414,6 +424,8 @@ def main() -> None:
     for each in rows:
         each["ppl_increase_pct"] = 100 * (each["perplexity"] / rows[0]["perplexity"] - 1)
     print(markdown(rows))
+    for name, code in failed.items():
+        print(f"\n{name}: `aotc build` failed (exit {code}), not measured")
     result = {
         "model": f"SmolLM2-135M-Instruct ({gguf_file().name}, de-quantized)",
         "text": {
@@ -428,6 +440,7 @@ def main() -> None:
         "precision": args.precision,
         "group_size": args.group_size,
         "rows": rows,
+        "build_failed": failed,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {args.out}")

@@ -4,7 +4,9 @@
 measures whether it does, against what a CPU user would otherwise run, on the same host at the
 same moment and with the same thread count (--threads: torch.set_num_threads, ONNX Runtime's
 intra_op_num_threads and llama.cpp's n_threads alike). Contenders alternate round by round, the
-order rotating, so other work on the host slows all alike. Two parts (--part):
+order rotating, so other work on the host slows all alike; the JSON records the load average
+before and after. torch's OpenMP threads slow down far more than the others' on a busy host
+(threads preempted at each barrier): there, compare --threads 1 too. Two parts (--part):
 
   bert    BERT-base's shape (BertConfig(): hidden 768, 12 layers; random weights, seed 0), one
           --bert-shape batch (default 1x128 tokens), last_hidden_state. `aotc export` once, then
@@ -371,12 +373,13 @@ def bench_decode(args: argparse.Namespace) -> dict:
     reference = timed[LM_BASE][-1].tokens
     rows = [decode_row(name, timed[name], reference, args) for name in runs]
     sizes = {name: qa.folder_mb(folder) for name, folder in folders.items()}
-    sizes[LLAMA_CPP] = qa.gguf_file().stat().st_size / qa.MB
+    gguf = qa.gguf_file()
+    sizes[LLAMA_CPP] = gguf.stat().st_size / qa.MB
     for row in rows:
         row["size_mb"] = round(sizes[row["contender"]], 1)
     rate = {row["contender"]: row["tokens_per_s"] for row in rows}
     return {
-        "model": f"SmolLM2-135M-Instruct ({qa.gguf_file().name}; aotc: de-quantized to float32)",
+        "model": f"SmolLM2-135M-Instruct ({gguf.name}; aotc: de-quantized to float32)",
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new,
         "max_seq_len": args.max_seq_len,
@@ -400,15 +403,16 @@ def decode_table(record: dict) -> str:
         f"{record['new_tokens']} new tokens, {record['rounds']} rounds",
         "",
         "| contender | tokens/s | ms/token median | ms/token p90 | first token ms | size MB "
-        "| tokens = fp32's |",
+        "| new tokens equal to fp32's |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for row in record["rows"]:
         differs = row["first_token_differing_from_fp32"]
+        equal = record["new_tokens"] if differs is None else differs  # the identical prefix
         lines.append(
             f"| {row['contender']} | {row['tokens_per_s']:.1f} | {row['ms_per_token']['median']:.2f} "
             f"| {row['ms_per_token']['p90']:.2f} | {row['first_token_ms']:.1f} "
-            f"| {row['size_mb']:.1f} | {'all' if differs is None else f'first {differs}'} |"
+            f"| {row['size_mb']:.1f} | {equal}/{record['new_tokens']} |"
         )
     ratios = ", ".join(f"{name} {value:.2f}x" for name, value in record["ratios"].items())
     return "\n".join([*lines, "", f"decode tokens/s ratios: {ratios}"])
