@@ -160,7 +160,10 @@ def bert_packages(model_file: Path, args: argparse.Namespace) -> dict[str, Path]
     artifact = model_file.with_suffix(".pt2")
     if not artifact.exists():
         qa.run_aotc("export", model_file, "-o", artifact)
-    return {scheme: qa.build(artifact, scheme, args) for scheme in (qa.BASE, BERT_SCHEME)}
+    built = {scheme: qa.build(artifact, scheme, args) for scheme in (qa.BASE, BERT_SCHEME)}
+    if failed := {scheme: code for scheme, (_, code) in built.items() if code}:
+        raise SystemExit(f"aotc build failed: {failed}")
+    return {scheme: package for scheme, (package, _) in built.items()}
 
 
 def onnx_files(model: torch.nn.Module, inputs: dict, stem: Path) -> dict[str, Path]:
@@ -188,6 +191,9 @@ def ort_session(path: Path, threads: int) -> Callable:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # ONNX Runtime's threads spin after each run by default, taking the cores from the torch
+    # contenders timed between its calls (they ran 10x slower beside it on 2 cores)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def run(inputs: dict) -> torch.Tensor:
@@ -360,7 +366,10 @@ def decode_row(name: str, timed: list, reference: torch.Tensor, args: argparse.N
 def bench_decode(args: argparse.Namespace) -> dict:
     import aotc_runtime
 
-    folders = {LM_NAMES.get(name, f"aotc {name}"): f for name, f in qa.packages(args).items()}
+    built, failed = qa.packages(args)
+    if failed:
+        raise SystemExit(f"aotc build failed: {failed}")
+    folders = {LM_NAMES.get(name, f"aotc {name}"): f for name, f in built.items()}
     packages = {name: aotc_runtime.load(folder) for name, folder in folders.items()}
     vocab = packages[LM_BASE].manifest.generation.vocab_size
     generator = torch.Generator().manual_seed(0)
