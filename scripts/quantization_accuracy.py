@@ -32,7 +32,9 @@ Everything made is kept in --work and reused by later runs: the saved model, the
 (smollm2_s<max-seq-len>.pt2) and the packages (smollm2_s<max-seq-len>_<device>_<precision>_<row>).
 --built NAME=PACKAGE measures a package as it is instead: "base" replaces the reference, a scheme's
 name its package, any other name adds a row (a package built by hand, e.g. with --quantize-skip).
-On a 2-core CPU a build takes 2 to 4 minutes and an fp32 row's measurement about 40 s.
+A build that fails (its numeric check, say) leaves its row out, is named under the table and in the
+JSON's "build_failed", and is tried again by the next run. On a 2-core CPU a build takes 2 to 6
+minutes and a row's measurement 10 to 40 s (fp32).
 
     python scripts/quantization_accuracy.py --work ~/.cache/aotc-quantization --out results.json
     python scripts/quantization_accuracy.py --work W --schemes "" --tokens 64 --prompts 2 --eager
