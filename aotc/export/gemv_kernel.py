@@ -8,10 +8,10 @@ reading the stored bytes at the memory's bandwidth. Inductor's own reduction ove
 re-read the weight); torch's `_weight_int8pack_mm` reached 0.1-0.2 TB/s, and `torch._scaled_mm`
 at one row spent more on quantizing the activations than on the product (docs/quantization.md).
 Here one program takes BLOCK_N output rows and a stretch of the input features, reads that
-weight tile once as int8 or fp8, converts it in registers, and multiplies it with every
-activation row; the stretches of one output row (split-K) give a small matrix enough programs to
-fill the GPU, and their partial sums are added by the caller, where Inductor fuses the sum with
-the per-row scale and the cast.
+weight tile once as int8 or fp8, converts it in registers, and multiplies it with block_m
+activation rows (a third grid axis takes the next block_m); the stretches of one output row
+(split-K) give a small matrix enough programs to fill the GPU, and their partial sums are added by
+the caller, where Inductor fuses the sum with the per-row scale and the cast.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def place_program(
     n_inputs = len(signature["inputs"])
     n_outputs = len(signature["outputs"])
     example = [t.to(target) for t in ep.example_inputs[0]]
-    if quantization is not None:
+    calibration: dict = {}
+    if quantization is not None and emulate is None:  # the reference does not measure again
         calibration = linear_inputs(ep.module(), example)
     example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
     # ep.module() shares its parameters with `ep`; casting them in place would change the fp32

@@ -33,7 +33,8 @@ def quantize_graph(
     """Quantize the linear weights of `module` (an unlifted GraphModule, in `dtype` on `device`)
     in place, filling quantization.layers and .kept. `inputs`: linear_inputs of the float program
     (by node name), for each layer's error. `emulate`: the build's reference instead of the
-    package: the same stored tensors, dequantized and multiplied in fp32 by eager PyTorch."""
+    package: the same stored tensors, dequantized and multiplied in fp32 by eager PyTorch; it
+    measures no errors (the package's build did, on the same weights)."""
     graph = module.graph
     weights = _weight_uses(module)
     if not any(uses["linear"] for uses in weights.values()):
@@ -59,15 +60,16 @@ def quantize_graph(
         stored = forms.pack(weight, with_embedding=bool(uses["embedding"]))
         if emulate:  # the reference computes in fp32: its scales too (rounded as the package's)
             stored = {k: _widened(t) for k, t in stored.items()}
-        error = _layer_error(
-            weight,
-            reference.pack(weight, False),
-            reference,
-            [inputs.get(n.name) for n in uses["linear"]],
-        )
-        quantization.layers.append(
-            {"name": name, "shape": list(weight.shape), "error": round(error, 5)}
-        )
+        if not emulate:  # the reference's weights are the package's, whose errors were measured
+            error = _layer_error(
+                weight,
+                reference.pack(weight, False),
+                reference,
+                [inputs.get(n.name) for n in uses["linear"]],
+            )
+            quantization.layers.append(
+                {"name": name, "shape": list(weight.shape), "error": round(error, 5)}
+            )
         attrs = {}
         for key, tensor in stored.items():
             attr = f"quantized__{index}__{key}"

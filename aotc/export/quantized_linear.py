@@ -163,16 +163,6 @@ def fp8_scaled_mm(x, q, scale):
     return out.to(x.dtype)
 
 
-def fp8_emulated(x, q, scale):
-    """What fp8_scaled_mm computes, in fp32: the build's reference."""
-    import torch
-
-    xq, x_scale = fp8_activations(x)
-    return torch.nn.functional.linear(xq.float() * x_scale, fp8_rows_dequantized(q, scale)).to(
-        x.dtype
-    )
-
-
 def int8_activations(x):
     """(int8 [M, K], scale [M, 1]): each row of activations symmetric in 127 levels."""
     import torch
