@@ -1,4 +1,4 @@
-"""What one decode step of a text-generation package spends its GPU time on (issue 26's 1B gap).
+"""What one decode step of a text-generation package spends its GPU time on.
 
 For each package: a greedy generation of 1 token and one of 1 + --steps tokens after the same
 --prompt-tokens prompt, each under the profiler; the difference, kernel by kernel, is --steps decode
@@ -18,6 +18,7 @@ import argparse
 import collections
 import json
 import time
+import warnings
 from pathlib import Path
 
 FAMILIES = (
@@ -60,9 +61,15 @@ def profile_package(folder: Path, args) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, args.prompt_tokens), generator=g)
     steps = args.steps
-    with torch.inference_mode():
+    with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         package.generate(ids, max_new_tokens=steps + 1, eos_token_ids=[])  # captures the graph
         torch.cuda.synchronize()
+    # whether the decode step replays as a CUDA graph, and why not: a failed capture warns once
+    graph = getattr(package, "_decode_graph", None)
+    captured = sorted(graph.captured_modes) if graph is not None else None
+    capture_warnings = [str(w.message)[:300] for w in caught]
+    with torch.inference_mode():
         walls = []
         for _ in range(3):
             started = time.perf_counter()
@@ -97,6 +104,8 @@ def profile_package(folder: Path, args) -> dict:
         "kernel_ms_per_step": round(kernel_ms, 4),
         "idle_ms_per_step": round(wall_ms - kernel_ms, 4),
         "kernels_per_step": round(sum(n for _, n in per_step.values()), 1),
+        "decode_graph_modes": captured,
+        "warnings": capture_warnings,
         "families_us_per_step": {
             k: [round(v, 1), round(counts[k], 1)]
             for k, v in sorted(families.items(), key=lambda kv: -kv[1])
@@ -108,6 +117,7 @@ def profile_package(folder: Path, args) -> dict:
     }
     print(f"\n{folder}: {wall_ms:.3f} ms a step, {kernel_ms:.3f} ms of it in "
           f"{record['kernels_per_step']} kernels, idle {wall_ms - kernel_ms:.3f} ms")  # fmt: skip
+    print(f"  decode graph modes captured: {captured}; warnings: {capture_warnings}")
     for fam, (us, n) in record["families_us_per_step"].items():
         print(f"  {fam:18s} {us:9.1f} µs  ({n} launches)")
     for us, n, name in record["top_kernels"]:

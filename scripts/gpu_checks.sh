@@ -31,6 +31,8 @@
 #                   Llama-3.2-1B shape, bf16, batch 1, 32-token prompt, 288 new: unquantized, int8-weight-only,
 #                   int4-weight-only (group 128) and fp8 packages side by side; JSON in RESULTS_DIR
 #   quantize_tests  the first half of quantize alone; quantize_bench its second half
+#   quantize_profile the Llama-3.2-1B shape (1,024-token cache) built bf16 unquantized and int8-weight-only
+#                   (reduce-overhead); scripts/decode_profile.py on both (a step's kernels, idle time, graphs)
 #   generate_gpt2   generate_bench's GPT-2 124M part in bf16 alone
 #   generate_llama  generate_bench's Llama-3.2-1B part alone
 #   tests=EXPR      the GPU tests selected by pytest -k EXPR
@@ -152,6 +154,20 @@ PY
       python3 scripts/generate_bench.py --llama-1b --device cuda --precision bf16 --contenders aotc \
         --quantize none,int8-weight-only,int4-weight-only,fp8 --prompt-tokens 32 --new 288 --max-seq-len 1024 \
         --rounds 3 --bandwidth --out "$RESULTS/quantize_llama.json" > "$RESULTS/quantize_bench.log" 2>&1 || rc=$? ;;
+    quantize_profile)
+      python3 -c "import sys; sys.path.insert(0, 'scripts'); import generate_bench as g; open(sys.argv[1], 'w').write(g.LLAMA_1B)" \
+        "$WORK/llama_1b.py"
+      python3 -m aotc export "$WORK/llama_1b.py" --task text-generation --max-seq-len 1024 --force \
+        -o "$WORK/llama_1b.pt2" > "$RESULTS/quantize_profile.log" 2>&1 || rc=$?
+      build_args=(--device cuda --mode reduce-overhead --precision bf16 --force --quiet)
+      python3 -m aotc build "$WORK/llama_1b.pt2" "${build_args[@]}" --quantize int8-weight-only \
+        -o "$WORK/llama_int8_pkg" >> "$RESULTS/quantize_profile.log" 2>&1 &
+      python3 -m aotc build "$WORK/llama_1b.pt2" "${build_args[@]}" -o "$WORK/llama_bf16_pkg" \
+        >> "$RESULTS/quantize_profile.log" 2>&1 || rc=$?
+      wait $! || rc=$?
+      log "quantize_profile built rc=$rc"
+      python3 scripts/decode_profile.py "$WORK/llama_bf16_pkg" "$WORK/llama_int8_pkg" --prompt-tokens 32 \
+        --json "$RESULTS/decode_profile_int8.json" >> "$RESULTS/quantize_profile.log" 2>&1 || rc=$? ;;
     quantize_tests)
       python3 -m pytest -m gpu tests/test_gpu_quantize.py -q -p no:cacheprovider > "$RESULTS/quantize_tests.log" 2>&1 || rc=$? ;;
     step_cost)

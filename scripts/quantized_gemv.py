@@ -54,9 +54,7 @@ def make(form: str, w, dtype, group: int):
         if form == "int8-triton":
             from aotc.export import gemv_kernel
 
-            return (
-                lambda x: gemv_kernel.rows_gemv(x, q, s, 1 if x.shape[0] == 1 else 8)
-            ), q.numel()
+            return (lambda x: gemv_kernel.rows_gemv(x, q, s)), q.numel()
         if form == "int8-pack-mm":
             return (lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)), q.numel()
         qt = q.t().contiguous()
@@ -75,9 +73,7 @@ def make(form: str, w, dtype, group: int):
         if form == "fp8-triton":
             from aotc.export import gemv_kernel
 
-            return (
-                lambda x: gemv_kernel.rows_gemv(x, q, s, 1 if x.shape[0] == 1 else 8)
-            ), q.numel()
+            return (lambda x: gemv_kernel.rows_gemv(x, q, s)), q.numel()
         return (lambda x: ql.fp8_scaled_mm(x, q, s)), q.numel()
     raise ValueError(form)
 
@@ -129,14 +125,9 @@ def main() -> None:
     parser.add_argument(
         "--coordinate-descent", action="store_true", help="Inductor's coordinate_descent_tuning on"
     )
-    parser.add_argument("--tile", help="the Triton GEMV's BLOCK_NxTILE, e.g. 16x8192")
     parser.add_argument("--forms", help="only these forms, comma-separated")
     args = parser.parse_args()
     torch._inductor.config.coordinate_descent_tuning = args.coordinate_descent
-    if args.tile:
-        from aotc.export import gemv_kernel
-
-        gemv_kernel.BLOCK_N, gemv_kernel.TILE = (int(v) for v in args.tile.split("x"))
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     torch.manual_seed(0)
     results = []

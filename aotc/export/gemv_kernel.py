@@ -1,20 +1,26 @@
-"""aotc::quantized_gemv_cuda: the decode product of an int8 or fp8 weight on CUDA, a Triton kernel
-compiled into the package (AOTInductor compiles user Triton kernels registered through
+"""aotc::quantized_gemv_cuda: the product of an int8 or fp8 weight on CUDA, a Triton kernel compiled
+into the package (AOTInductor compiles user Triton kernels registered through
 `torch.library.triton_op`, as for attention), so the runtimes need nothing new.
 
-At one to eight rows a product reads its weight once and does little else, so what counts is
-reading the stored bytes at the memory's bandwidth. Inductor's own reduction over
-`x * w.to(bf16)` reached 1.1-2.0 TB/s of int8 on the H100 and slowed by 5-8x at eight rows (each row
-re-read the weight); torch's `_weight_int8pack_mm` reached 0.1-0.2 TB/s, and `torch._scaled_mm`
-at one row spent more on quantizing the activations than on the product (docs/quantization.md).
-Here one program takes BLOCK_N output rows and a stretch of the input features, reads that
-weight tile once as int8 or fp8, converts it in registers, and multiplies it with block_m
-activation rows (a third grid axis takes the next block_m); the stretches of one output row
-(split-K) give a small matrix enough programs to fill the GPU, and their partial sums are added by
-the caller, where Inductor fuses the sum with the per-row scale and the cast.
+At one to sixteen rows a product reads its weight once and does little else, so what counts is
+reading the stored bytes at the memory's bandwidth. Each program takes BLOCK_N output features and
+a stretch of the input features, loads that weight tile once as int8 or fp8, converts it to the
+activations' dtype in registers and multiplies it with BLOCK_M = 16 activation rows on the tensor
+cores (`tl.dot`, the weight as the left operand: small-M GEMMs swap A and B the same way);
+rows past the last are masked to zero, so decode's single row costs the same weight read. This is
+the mixed-input tile of W8A16 kernels (vLLM's Triton and Marlin kernels keep M at 16 for decode).
+The first form, a broadcast product over [rows, N, K] reduced with `tl.sum`, two rows a program,
+took 7.2 ms of a 1B model's 7.8 ms decode step on an H200: Triton lays that 3-D tile out badly
+(alone, it ran 2x slower at two rows a program than at one, 10x at eight). The feature count is a
+compile-time constant here, so the weight's addresses are known aligned and its loads vectorize.
+A small matrix splits its input features (split-K) until the grid
+fills the GPU; the caller adds the splits' fp32 partial sums, where Inductor fuses the sum with the
+per-row scale and the cast. A prefill of R rows reads the weight R / 16 times.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -22,13 +28,13 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 OP = "aotc::quantized_gemv_cuda"
-PROGRAMS = 1024  # enough programs to keep every SM's loads in flight (132 SMs on the H100)
+BLOCK_M = 16  # the smallest tensor-core tile; decode's rows are masked into it
 
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, out_ptr, rows, n_out, k_in, k_per_split,
-    x_sm, w_sn, o_ss, o_sm,
+    x_ptr, w_ptr, out_ptr, rows, n_out, k_per_split,
+    K: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -36,55 +42,67 @@ def _gemv_kernel(
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = n < n_out
     m_ok = m < rows
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    # the product transposed, weight tile times activations [BLOCK_N, BLOCK_M]: the weight is the
+    # tensor cores' left operand, loaded as stored (features contiguous), the few rows the right
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     start = split * k_per_split
     for k0 in range(start, start + k_per_split, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < k_in
-        # no `other`: fp8 has no literal zero; the masked features are zeroed after the cast
-        w = tl.load(w_ptr + n[:, None] * w_sn + k[None, :], mask=n_ok[:, None] & k_ok[None, :])
-        w = tl.where(k_ok[None, :], w.to(tl.float32), 0.0)
-        x_tile = x_ptr + m[:, None] * x_sm + k[None, :]
-        x = tl.load(x_tile, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-    out = out_ptr + split * o_ss + m[:, None] * o_sm + n[None, :]
-    tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])
+        k_ok = k < K
+        x = tl.load(
+            x_ptr + m[None, :] * K + k[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0
+        )
+        # no `other`: fp8 has no literal zero, so the masked features are zeroed after the cast
+        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :])
+        w = tl.where(k_ok[None, :], w.to(x.dtype), 0.0).to(x.dtype)
+        if IEEE:  # fp32 packages: exact fp32 products, not TF32
+            acc = tl.dot(w, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x, acc)
+    out = out_ptr + split * rows * n_out + m[None, :] * n_out + n[:, None]
+    tl.store(out, acc, mask=n_ok[:, None] & m_ok[None, :])
 
 
-# A program reads BLOCK_N output rows x (TILE // block_m) input features per step of its loop, and
-# multiplies them with block_m activation rows: about TILE products per step whatever the rows.
-BLOCK_N, TILE = 16, 8192
+@functools.cache
+def _streaming_multiprocessors(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def launch_shape(n_out: int, k_in: int, block_m: int) -> tuple[int, int, int]:
-    """(BLOCK_K, blocks of output rows, splits of the input features): enough splits that the
-    grid holds about PROGRAMS programs, each at least one BLOCK_K long."""
-    block_k = max(32, TILE // BLOCK_N // block_m)
-    blocks_n = triton.cdiv(n_out, BLOCK_N)
-    splits = max(1, min(PROGRAMS // blocks_n, triton.cdiv(k_in, block_k)))
-    return block_k, blocks_n, splits
+def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, blocks of output features, splits of the input features). A grid with
+    fewer programs than `programs_wanted` (two per SM) splits its input features, each split at
+    least one BLOCK_K. The tile is the best or within 3% of the best of a sweep over the
+    Llama-3.2-1B shape's products, one row, weights not in L2, on an H200 (docs/quantization.md)."""
+    block_n = 64
+    block_k = min(256, max(16, triton.next_power_of_2(k_in)))
+    blocks_n = triton.cdiv(n_out, block_n)
+    k_blocks = triton.cdiv(k_in, block_k)
+    splits = (
+        1 if blocks_n >= programs_wanted else min(k_blocks, triton.cdiv(programs_wanted, blocks_n))
+    )
+    per_split = triton.cdiv(k_blocks, splits) * block_k
+    return block_n, block_k, blocks_n, triton.cdiv(k_in, per_split)
 
 
 @triton_op(OP, mutates_args={})
-def quantized_gemv_cuda(x: torch.Tensor, weight: torch.Tensor, block_m: int) -> torch.Tensor:
-    """Partial sums [splits, rows, N] (fp32) of x [rows, K] times weight [N, K] (int8 or fp8)
-    transposed, block_m rows a program; the caller adds the splits and applies the scales."""
+def quantized_gemv_cuda(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Partial sums [splits, rows, N] (fp32) of x [rows, K] (contiguous) times weight [N, K] (int8
+    or fp8, contiguous) transposed; the caller adds the splits and applies the scales."""
     rows, k_in = x.shape
     n_out = weight.shape[0]
-    block_k, blocks_n, splits = launch_shape(n_out, k_in, block_m)
-    per_split = triton.cdiv(triton.cdiv(k_in, splits), block_k) * block_k
+    programs = 2 * _streaming_multiprocessors(x.device.index or 0)
+    block_n, block_k, blocks_n, splits = launch_shape(n_out, k_in, programs)
+    per_split = triton.cdiv(triton.cdiv(k_in, block_k), splits) * block_k
     out = torch.empty((splits, rows, n_out), dtype=torch.float32, device=x.device)
-    wrap_triton(_gemv_kernel)[(blocks_n, splits, triton.cdiv(rows, block_m))](
-        x, weight, out, rows, n_out, k_in, per_split,
-        x.stride(0), weight.stride(0), out.stride(0), out.stride(1),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
+    wrap_triton(_gemv_kernel)[(blocks_n, splits, triton.cdiv(rows, BLOCK_M))](
+        x, weight, out, rows, n_out, per_split,
+        K=k_in, IEEE=x.dtype == torch.float32,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3,
     )  # fmt: skip
     return out
 
 
-def rows_gemv(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_m: int = 1
-) -> torch.Tensor:
+def rows_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [rows, K] @ (weight * scale[:, None]).T in x's dtype."""
-    partial = torch.ops.aotc.quantized_gemv_cuda(x.contiguous(), weight, block_m)
+    partial = torch.ops.aotc.quantized_gemv_cuda(x.contiguous(), weight.contiguous())
     return (partial.sum(0) * scale.float()).to(x.dtype)

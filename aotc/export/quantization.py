@@ -357,17 +357,12 @@ def _int4_mm(group, x, packed, scale_zero):
     return ql.int4_groups_mm(x, packed, scale_zero, group)
 
 
-# CUDA rows per Triton GEMV program. No torch.cond on CUDA: AOTInductor's branch on the row count
-# cost a 1B model's decode 12 ms a token on the H100 (int8: 82 tokens/s against bf16's 624), so
-# one kernel serves every row count, CUDA_BLOCK_M rows a program: decode reads the weight once,
-# a prefill of R rows R / CUDA_BLOCK_M times (docs/quantization.md).
-CUDA_BLOCK_M = 2
-
-
 def _gemv(x, q, scale):
+    # one kernel for every row count, no branch on it (docs/quantization.md): decode reads the
+    # weight once, a prefill of R rows R / 16 times
     from aotc.export.gemv_kernel import rows_gemv
 
-    return rows_gemv(x, q, scale, CUDA_BLOCK_M)
+    return rows_gemv(x, q, scale)
 
 
 def cuda_int8_linear(x, q, scale, bias):
