@@ -28,6 +28,7 @@ demo: install
 	@echo "demo done: artifact $(DEMO)/mlp.pt2, package $(DEMO)/mlp_pkg/ (see its manifest.json), outputs $(DEMO)/y.npz"
 
 test: install runner
+	@command -v tmux >/dev/null || test "$$(id -u)" != 0 || (apt-get update -q && apt-get install -y -q tmux)  # aotc chat's terminal test
 	$(PY) -m pytest -q --durations=25 tests
 
 test-gpu: install

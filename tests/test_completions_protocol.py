@@ -8,14 +8,7 @@ import json
 import pytest
 from conftest import tiny_tokenizer
 
-from aotc.serve.completions import (
-    DONE_EVENT,
-    chunk_body,
-    completion_body,
-    max_body_bytes,
-    parse_completion,
-    sse_event,
-)
+from aotc.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
 from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
 from aotc_runtime.sampling import Sampling
@@ -64,7 +57,8 @@ def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
         (b"[1, 2]", 400, "not a JSON object"),
         ({"max_tokens": 4}, 400, "'prompt' is missing"),
         ({"prompt": [1], "bogus": 1}, 400, "unknown field 'bogus'"),
-        ({"prompt": [1], "n": 2}, 400, "'n' is 2; this server supports only 1"),
+        ({"prompt": [1], "best_of": 2}, 400, "'best_of' is 2; this server supports only 1"),
+        ({"prompt": [1], "n": 0}, 400, "'n' must be a whole number from 1 to 128"),
         ({"prompt": [1], "max_tokens": "8"}, 400, "'max_tokens' must be a whole number >= 1"),
         ({"prompt": [1], "max_tokens": 0}, 400, "'max_tokens' must be a whole number >= 1"),
         ({"prompt": [1], "temperature": -1}, 400, "'temperature': temperature -1 is outside"),
@@ -73,7 +67,7 @@ def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
         ({"prompt": [1], "seed": -3}, 400, "'seed': seed -3 is not a whole number from 0"),
         ({"prompt": []}, 400, "the prompt is empty"),
         ({"prompt": [5, 600]}, 400, "token id 600 is outside the vocabulary (0..511)"),
-        ({"prompt": [1, True]}, 400, "'prompt' must be text or a list of token ids"),
+        ({"prompt": [1, True]}, 400, "'prompt' must be text, a list of token ids, or a list of"),
         ({"prompt": "hello"}, 400, "carries no tokenizer"),
         ({"prompt": [1], "stop": "x"}, 400, "'stop' needs text"),
         ({"prompt": [1] * 20, "max_tokens": 16}, 400, "KV cache holds 32"),
@@ -99,13 +93,36 @@ def test_stop_cuts_the_text_before_the_first_stop_string():
 
 
 def test_answers_and_events_have_openais_shape():
-    body = completion_body("cmpl-1", "lm", 7, "hi", [4, 5], "length", prompt_tokens=3)
+    import asyncio
+
+    from aotc.serve.answers import server_sent, whole_answer
+    from aotc.serve.completions import CompletionShape
+
+    request = parse({"prompt": [1, 2, 3], "max_tokens": 2})
+    made = [
+        {"index": 0, "token_ids": [4], "text": "a\nb", "finish_reason": None},
+        {"index": 0, "token_ids": [5], "text": "c", "finish_reason": "length"},
+    ]
+
+    async def events():
+        yield {"events": made}
+
+    async def collect():
+        whole = await whole_answer(events(), request, CompletionShape(request, None), "lm")
+        chunks = [
+            c async for c in server_sent(events(), request, CompletionShape(request, None), "lm")
+        ]
+        return whole, chunks
+
+    body, chunks = asyncio.run(collect())
     assert body["object"] == "text_completion" and body["choices"][0]["token_ids"] == [4, 5]
+    assert body["choices"][0]["text"] == "a\nbc" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    event = sse_event(chunk_body("cmpl-1", "lm", 7, "a\nb", [4]))
-    assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n") == 2
+    event = chunks[0].split(b"\n\n")[0] + b"\n\n"
+    assert event.startswith(b"data: ") and event.count(b"\n") == 2
     assert json.loads(event[6:])["choices"][0]["text"] == "a\nb"
-    assert DONE_EVENT == b"data: [DONE]\n\n"
+    assert chunks[-1] == DONE_EVENT == b"data: [DONE]\n\n"
+    assert sse_event({"a": 1}) == b'data: {"a":1}\n\n'
 
 
 @pytest.mark.parametrize(

@@ -45,10 +45,11 @@ def run(engine: DecodeEngine, plan: dict) -> dict:
             assert engine.fits(len(prompt), new), key
             engine.join(key, request(prompt, new, *sampling))
             made[key] = []
-        for key, token, finish, _text in engine.step():
-            made[key].append(token)
+        for new_token in engine.step():
+            key = new_token.key
+            made[key].append(new_token.token)
             # the engine ends a sequence at its last token, and frees its row
-            assert finish == ("length" if len(made[key]) == wanted[key] else None), key
+            assert new_token.finish == ("length" if len(made[key]) == wanted[key] else None), key
         step += 1
         assert step < 100
     return made

@@ -158,6 +158,15 @@ def test_wrong_inputs_are_refused(packages, make_inputs, fragment):
     assert fragment in str(info.value)
 
 
+def test_a_view_input_is_read_as_its_values(packages):
+    """A non-contiguous input (a transposed copy's view) gives what its contiguous copy gives: the
+    compiled model reads inputs with the strides it was compiled for."""
+    package = aotc_runtime.load(packages.get("mlp").package)
+    x = torch.randn(128, 32).t()
+    assert not x.is_contiguous()
+    torch.testing.assert_close(package(x), package(x.contiguous()), rtol=0, atol=0)
+
+
 def test_wrong_input_file_through_cli(packages, tmp_path):
     import numpy
 

@@ -185,7 +185,7 @@ def get(url: str, path: str) -> tuple[int, str]:
         ({"prompt": "w5", "max_tokens": GENERATION_MAX_LEN}, 400, "cache"),
         ({"prompt": [5, 100000], "max_tokens": 2}, 400, "vocabulary"),
         ({"prompt": [], "max_tokens": 2}, 400, "empty"),
-        ({"prompt": "w5", "n": 2}, 400, "'n'"),
+        ({"prompt": "w5", "best_of": 2}, 400, "'best_of'"),
         ({"prompt": "w5", "model": "another"}, 404, "not served here"),
     ],
 )
@@ -211,8 +211,9 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     import collections
 
     import aotc_runtime.decode_engine
-    from aotc.serve.completion_engine import CompletionEngine, Job
-    from aotc.serve.completions import CompletionRequest
+    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc.serve.request_fields import Choice
+    from aotc_runtime.generation_request import GenerationRequest
 
     class Gauge:
         def set(self, _value):
@@ -236,17 +237,18 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
 
     monkeypatch.setattr(aotc_runtime.decode_engine, "DecodeEngine", Batch)
     loop = asyncio.new_event_loop()
-    request = CompletionRequest([5, 6], 4, 0.0, 1.0, None, (), False, None)
-    first, second = Job(request, loop, asyncio.Queue()), Job(request, loop, asyncio.Queue())
+    choice = Choice(0, 0, GenerationRequest((5, 6), 4))
+    first = Job(choice, Reply(loop, asyncio.Queue()))
+    second = Job(choice, Reply(loop, asyncio.Queue()))
     engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
     engine.tokenizer, engine.package, engine.counts = None, None, collections.Counter()
     engine._queued = engine._active = Gauge()
     engine._pending = collections.deque([first, second])
     engine._run_batch()
     loop.run_until_complete(asyncio.sleep(0))  # the events sent from "the package's thread"
-    event = first.events.get_nowait()
+    event = first.reply.events.get_nowait()
     assert event["error"] == 500 and "CUDA error: out of memory" in event["message"]
-    assert list(engine._pending) == [second] and second.events.empty()
+    assert list(engine._pending) == [second] and second.reply.events.empty()
     loop.close()
 
 
@@ -297,14 +299,15 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     import asyncio
     import collections
 
-    from aotc.serve.completion_engine import CompletionEngine, Job
-    from aotc.serve.completions import CompletionRequest
+    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc.serve.request_fields import Choice
+    from aotc_runtime.generation_request import GenerationRequest
+    from aotc_runtime.sampling import Sampling
 
     def job(prompt_tokens: int, max_tokens: int, temperature: float = 0.0) -> Job:
-        request = CompletionRequest(
-            [5] * prompt_tokens, max_tokens, temperature, 1.0, None, (), False, None
-        )
-        return Job(request, None, asyncio.Queue())  # type: ignore[arg-type]
+        sampling = Sampling(temperature, seed=7 if temperature else None)
+        request = GenerationRequest((5,) * prompt_tokens, max_tokens, sampling)
+        return Job(Choice(0, 0, request), Reply(None, asyncio.Queue()))  # type: ignore[arg-type]
 
     class Batch:
         def __init__(self):
@@ -327,7 +330,7 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     engine.tokenizer = None
     a, b, c, d = job(10, 10), job(10, 10), job(2, 2), job(3, 3, 0.8)
     gone = job(1, 1)
-    gone.gone = True
+    gone.reply.gone = True
     engine._pending = collections.deque([gone, a, b, c, d])
     batch, rows = Batch(), {}
     engine._admit(batch, rows)
@@ -337,7 +340,7 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     engine._admit(second, rows)  # an empty batch: b, c and the sampled d join
     assert [rows[key].job for key in rows] == [a, b, c, d] and not engine._pending
     greedy, sampled = second.sampling[0], second.sampling[2]
-    assert greedy.greedy and sampled.temperature == 0.8 and sampled.seed is not None
+    assert greedy.greedy and sampled.temperature == 0.8 and sampled.seed == 7
 
 
 def test_a_generating_cpu_replica_leaves_a_core_to_its_http_side(monkeypatch):

@@ -138,7 +138,15 @@ def child_spec(case: ColdCase, package: Path, artifact, manifest: Manifest) -> d
 
 def run_child(case: ColdCase, package: Path, artifact, manifest: Manifest, cache: Path) -> dict:
     """One fresh process; {'total_ms', 'startup_ms', 'import_ms', 'load_ms', 'first_call_ms', 'memory'}."""
-    env = child_env(TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
+    import torch
+
+    env = child_env(
+        TORCHINDUCTOR_CACHE_DIR=str(cache),
+        TRITON_CACHE_DIR=str(cache / "triton"),
+        # the CPU threads of the warm measurements (aotc bench --threads): torch and the C++
+        # runner both take OMP_NUM_THREADS as their thread count
+        OMP_NUM_THREADS=str(torch.get_num_threads()),
+    )
     if case.name == "cpp":  # the C++ runner: no Python in the process at all
         from aotc.deploy.cpp_runner import runner_path
 

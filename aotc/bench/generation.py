@@ -13,10 +13,15 @@ stop at no end-of-sequence token (every run makes exactly the tokens asked for):
                   (`--against gpt-fast`); a model it is not written for costs only its row
 
 Every token's arrival on the host is time-stamped (transformers' through a streamer). That gives
-the time to first token (prefill and first sample), the decode rate (new - 1) / (last token - first
-token) and the inter-token latencies (p50, p99 over every gap of every round). Rounds interleave
-the contenders (the order rotates, so drift hits all alike); medians over rounds. Each contender's
-tokens are compared with the package's.
+the time to first token (prefill and first sample; the median over rounds) and the gaps between
+tokens of every round: their p50 and p99, the decode rate 1000 / p50 (the headline, and "vs
+eager" is the ratio of the p50s), and the mean rate (tokens 2..N over their time, stalls
+included). The headline is the median, not the mean: on a machine with other work, or with more
+CPU threads than free cores, a few gaps of hundreds of ms (a thread descheduled at an OpenMP
+barrier) make the mean of a fast contender equal a slow one's (seen: "1.01x" with p50s of 2.2
+against 10.5 ms); the mean column and a line under the table show such stalls instead of hiding
+them. Rounds interleave the contenders (the order rotates, so drift hits all alike). Each
+contender's tokens are compared with the package's.
 
 On CUDA also: the package's GPU memory (peak while it loads and generates once, before any
 transformers model exists, beside its weights and full KV cache) and, given the device's copy
@@ -300,20 +305,24 @@ def contender_error(name: str, exc: Exception) -> AotcError:
 
 
 def summarize(timed: list, new: int) -> dict:
-    """Medians over rounds of first-token time and decode rate; the gaps between tokens of every
-    round summarized as `aotc generate` and `aotc run` summarize theirs (aotc_runtime.summarize:
-    the median, and nearest-rank percentiles), so the same data prints the same p99 everywhere."""
+    """The median over rounds of the first-token time; the gaps between tokens of every round
+    summarized as `aotc generate` and `aotc run` summarize theirs (aotc_runtime.summarize: the
+    median, and nearest-rank percentiles), so the same data prints the same p99 everywhere; the
+    decode rate from their median, and the mean rate over all of them. (`new`, the tokens a round
+    asked for, is not needed: the stamps count the tokens that came.)"""
     from aotc_runtime import summarize as summarize_samples
 
-    firsts, rates, gaps = [], [], []
+    firsts, gaps = [], []
     for run in timed:
         firsts.append(run.stamps[0] - run.began)
-        rates.append((new - 1) / (run.stamps[-1] - run.stamps[0]))
         gaps += [(b - a) * 1e3 for a, b in zip(run.stamps, run.stamps[1:])]
     spread = summarize_samples(gaps)
     return {
         "first_token_ms": round(statistics.median(firsts) * 1e3, 3),
-        "decode_tokens_per_s": round(statistics.median(rates), 1),
+        # the typical token's rate: what the p50 column says, as a rate
+        "decode_tokens_per_s": round(1e3 / max(spread["median_ms"], 1e-6), 1),
+        # every token 2..N over the time they took, stalls included
+        "decode_mean_tokens_per_s": round(1e3 * len(gaps) / sum(gaps), 1),
         "inter_token_ms": {
             "p50": round(spread["median_ms"], 3),
             "p99": round(spread["p99_ms"], 3),
@@ -332,7 +341,8 @@ def new_tokens_differ_at(ours: Any, theirs: Any, prompt: int) -> int | None:
 
 def result_rows(names: tuple, measured: Measured, prompt: int, new: int) -> list:
     """One row per contender: its figures or its error, whether its tokens equal the package's,
-    and its decode rate over eager's."""
+    and its decode speed over eager's: eager's p50 per token over its own, the columns the table
+    prints (so "vs eager" is what the p50 column says)."""
     ours = measured.samples[PACKAGE][-1].tokens
     rows = []
     for name in names:
@@ -351,11 +361,23 @@ def result_rows(names: tuple, measured: Measured, prompt: int, new: int) -> list
     for row in rows:
         if "error" not in row:
             row["decode_speedup_vs_eager"] = (
-                round(row["decode_tokens_per_s"] / eager["decode_tokens_per_s"], 2)
-                if eager is not None
+                round(eager["inter_token_ms"]["p50"] / row["inter_token_ms"]["p50"], 2)
+                if eager is not None and row["inter_token_ms"]["p50"] > 0
                 else None
             )
     return rows
+
+
+STALL_RATIO = 0.67  # a mean rate under 2/3 of the median's: gaps far above the typical one
+
+
+def stalled(row: dict) -> bool:
+    """Whether a contender's mean rate is well under its typical token's: a few long gaps
+    (other work on the machine, more CPU threads than free cores) cost it most of its time."""
+    mean = row.get("decode_mean_tokens_per_s")
+    return (
+        "error" not in row and mean is not None and mean < STALL_RATIO * row["decode_tokens_per_s"]
+    )
 
 
 def copy_bandwidth() -> float:

@@ -44,6 +44,12 @@ def bench_package(cfg: BenchConfig, bar=None) -> dict:
     cfg.validate()
     import torch
 
+    from aotc_runtime.threads import set_threads
+
+    # first: inter-op threads are set once, before any parallel work; the report's machine
+    # records what torch then uses (torch_threads), and the children are given the same
+    set_threads(cfg.threads)
+
     from aotc.bench.cold import cold_start_plan, fresh_compile_cache, measure_cold_starts
     from aotc.bench.machine import machine_description
     from aotc.progress import ProgressBar

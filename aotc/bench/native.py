@@ -17,13 +17,16 @@ from aotc.errors import PackageError
 
 class RunnerProcess:
     def __init__(self, package: Path):
+        import torch
+
         from aotc.deploy.cpp_runner import runner_path
         from aotc_runtime import read_manifest
 
         self.input_names = read_manifest(package).signature.input_names
         self._work = tempfile.TemporaryDirectory(prefix="aotc-bench-cpp-")
+        threads = str(torch.get_num_threads())  # those of this process's contenders
         self._proc = subprocess.Popen(
-            [str(runner_path()), str(package), "--serve"],
+            [str(runner_path()), str(package), "--serve", "--threads", threads],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

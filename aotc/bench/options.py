@@ -82,6 +82,9 @@ class BenchConfig:
     seed: int = 0
     prompt_tokens: int | None = None  # text generation: the prompt's length
     new_tokens: int | None = None  # text generation: the tokens each run generates
+    # CPU threads of every contender's calls, cold starts and the C++ runner included; None: one
+    # per physical core the process may use (aotc_runtime.threads), or OMP_NUM_THREADS when set
+    threads: int | None = None
 
     def for_one_call(self) -> CallCounts:
         """A one-call package's counts, its defaults where this config says None; a

@@ -161,20 +161,24 @@ def format_generation_table(report: dict) -> str:
         f"prompt (batch 1); per contender {s['warmup']} warm-up, {s['rounds']} interleaved rounds; "
         f"{s['timer']}{versus}",
     )
+    from aotc.bench.generation import stalled
+
     header = [
         "",
         "first token ms",
         "decode tokens/s",
         "p50 ms/token",
         "p99 ms/token",
+        "mean tokens/s",
         "tokens equal",
         "decode vs eager",
     ]
     rows = []
     for r in report["results"]:
         if "error" in r:
-            rows.append([r["contender"], "failed", "-", "-", "-", "-", "-"])
+            rows.append([r["contender"], "failed", "-", "-", "-", "-", "-", "-"])
             continue
+        mean = r.get("decode_mean_tokens_per_s")  # absent from reports made before it existed
         equal = {None: "-", True: "yes", False: f"no (from {r.get('first_different_token')})"}
         speedup = r["decode_speedup_vs_eager"]
         rows.append(
@@ -184,15 +188,25 @@ def format_generation_table(report: dict) -> str:
                 f"{r['decode_tokens_per_s']:,.1f}",
                 format_ms(r["inter_token_ms"]["p50"]),
                 format_ms(r["inter_token_ms"]["p99"]),
+                "-" if mean is None else f"{mean:,.1f}",
                 equal[r["tokens_equal"]],
                 "-" if speedup is None else f"{speedup:.2f}x",
             ]
         )
     lines += [""] + _grid(header, rows)
     lines += [f"{r['contender']}: {r['error']}" for r in report["results"] if "error" in r]
+    lines += [
+        f"{r['contender']}: stalls: its mean rate is {r['decode_mean_tokens_per_s'] / r['decode_tokens_per_s']:.2f} "
+        f"of its typical token's (p99 {format_ms(r['inter_token_ms']['p99'])} ms): other work on "
+        f"this machine, or more CPU threads than free cores; rerun with fewer, --threads N"
+        for r in report["results"]
+        if stalled(r)
+    ]
     lines.append(
-        "(first token: call to the first new token on the host; decode: tokens 2..N per second, "
-        "median of rounds; p50/p99: gaps between tokens, every round; tokens equal: to the package's)"
+        "(first token: call to the first new token on the host, median of rounds; decode: "
+        "1000 / p50; p50/p99: gaps between tokens, every round; mean: tokens 2..N over their "
+        "time, stalls included; decode vs eager: eager's p50 over this p50; tokens equal: to the "
+        "package's)"
     )
     return "\n".join(lines)
 

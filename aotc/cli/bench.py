@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from aotc.bench.options import parse_against, parse_batch_sizes
-from aotc.cli.types import ParsedType, exit_codes_epilog
+from aotc.cli.types import ParsedType, exit_codes_epilog, threads_option
 
 
 @click.command(epilog=exit_codes_epilog())
@@ -102,6 +102,11 @@ from aotc.cli.types import ParsedType, exit_codes_epilog
     help="Write the plot (.png, .svg or .pdf).",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@threads_option(
+    "CPU threads of every contender, cold starts and the C++ runner included (1 to 1024) "
+    "[default: one per physical core this process may use, within its CPU affinity and cgroup "
+    "quota; OMP_NUM_THREADS when set]; in the report's machine line."
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr.")
 def bench(
     package,
@@ -118,6 +123,7 @@ def bench(
     json_path,
     plot_path,
     seed,
+    threads,
     quiet,
 ):
     """Time PACKAGE against eager and torch.compile of the artifact it was built from.
@@ -155,6 +161,7 @@ def bench(
         json_path=json_path,
         plot_path=plot_path,
         seed=seed,
+        threads=threads,
     )
     report = bench_api(cfg, ProgressBar(enabled=not quiet))
     if json_path is not None and str(json_path) == "-":

@@ -246,7 +246,21 @@ def build(
         click.echo(f"  time: {breakdown}")
     if m.tuning:
         click.echo(tuning_table(m.tuning))
-    click.echo(f"run it: aotc run {shlex.quote(str(result.output) + '/')}")
+    click.echo(next_command(result.output, m))
+
+
+def next_command(output, manifest) -> str:
+    """The line after a build: the command that runs what was built. A text-generation package
+    chats (with a chat template) or generates (from text with a tokenizer, else from ids)."""
+    package = shlex.quote(str(output) + "/")
+    generation = manifest.generation
+    if generation is None:
+        return f"run it: aotc run {package}"
+    if getattr(generation, "chat_template", None):
+        return f"chat with it: aotc chat {package}"
+    if generation.tokenizer:
+        return f"generate with it: aotc generate {package} --prompt 'Once upon a time'"
+    return f"generate with it: aotc generate {package} --prompt-ids 5,17,42"
 
 
 def time_breakdown(phases: dict) -> str:

@@ -28,6 +28,7 @@ def bundle(package, output, force, as_json, require_signature, public_key):
 
     \b
     On the serving machine, with no Python:  BUNDLE/run --input x.npy --output y.npz
+    (a text-generation package: BUNDLE/run --generate --prompt-ids 5,17,42).
     With --public-key the bundle carries the key and always checks the signature (`aotc sign`):
     an unsigned or altered package is refused there (exit 7).
     """
@@ -45,4 +46,4 @@ def bundle(package, output, force, as_json, require_signature, public_key):
     )
     if result.requires_signature:
         click.echo("its launcher refuses the package unless it is signed by that public key")
-    click.echo(f"run it: {result.output}/run --input x.npy --output y.npz")
+    click.echo(f"run it: {result.command}")

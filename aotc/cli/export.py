@@ -1,4 +1,5 @@
-"""`aotc export`: a model file -> an export artifact (.pt2); prints the signature it recorded."""
+"""`aotc export`: a model file or a saved model folder -> an export artifact (.pt2); prints the
+signature it recorded."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ from aotc.cli.types import exit_codes_epilog, model_options
     type=click.Choice(["text-generation"]),
     default=None,
     help="text-generation: MODEL is a transformers *ForCausalLM, exported as one step of generation "
-    "over a static KV cache (prefill and decode); the task makes the inputs itself.",
+    "over a static KV cache (prefill and decode); the task makes the inputs itself, and --dtype "
+    "(float32, bfloat16, float16) is the model's dtype [default: a folder's config, else the "
+    "model's own].",
 )
 @click.option(
     "--max-seq-len",
@@ -51,8 +54,9 @@ from aotc.cli.types import exit_codes_epilog, model_options
     "--tokenizer",
     type=click.Path(path_type=Path),
     default=None,
-    help="With --task: a transformers tokenizer folder (its tokenizer.json), carried into the "
-    "package so `aotc generate --prompt TEXT` works offline.",
+    help="With --task: a transformers tokenizer folder (its tokenizer.json, chat template and "
+    "special tokens), carried into the package so `aotc generate --prompt TEXT` works offline "
+    "[default: a model folder's own].",
 )
 @click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
@@ -74,14 +78,25 @@ def export(
     force,
     as_json,
 ):
-    """Trace MODEL (a .py file or package.module:attr) into an export artifact (.pt2), or an ONNX model."""
+    """Trace MODEL into an export artifact (.pt2), or an ONNX model.
+
+    MODEL is a .py file, package.module:attr, or a folder save_pretrained wrote (config.json,
+    *.safetensors, tokenizer files): built with transformers' classes, weights read from
+    safetensors, no code from the folder run.
+
+    \b
+    aotc export model.py --input-shape Bx3x128x128 --dim B=1:64 -o model.pt2
+    aotc export tiny-llama/ --task text-generation --max-seq-len 512 -o lm.pt2
+    """
     from aotc.api import export as export_api
     from aotc.config import ExportConfig
 
     if output_format is None:
         output_format = "onnx" if output is not None and output.suffix == ".onnx" else "pt2"
     if output is None:
-        output = Path(Path(model.split(":")[-1]).stem + "." + output_format)
+        # a model folder is named by its own name, also when given as `.`
+        source = Path(model).resolve() if Path(model).is_dir() else Path(model.split(":")[-1])
+        output = Path(source.stem + "." + output_format)
     if model.endswith(".pt2"):
         if output_format != "onnx":
             raise click.UsageError(f"{model} is already an artifact; convert it with --format onnx")
@@ -120,11 +135,8 @@ def export(
         click.echo(f"  output {spec['name']}: {spec['dtype']} {spec['shape']}")
     for name, info in result.signature["dims"].items():
         click.echo(f"  dim    {name}: {info['min']}..{info['max']} (example {info['example']})")
-    for spec in result.signature.get("state", ()):
-        click.echo(
-            f"  state  {spec['name']}: {spec['dtype']} {spec['shape']} (forward updates it; the "
-            "package keeps it between calls)"
-        )
+    for line in state_lines(result.signature.get("state", ()), task is not None):
+        click.echo(line)
     for name, value in result.signature.get("constants", {}).items():
         click.echo(f"  const  {name} = {value!r} (baked into the program)")
     for name in result.signature.get("dropped_outputs", ()):
@@ -134,6 +146,27 @@ def export(
         )
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
+
+
+def state_lines(state, generation: bool) -> list[str]:
+    """One line per state tensor, or for a generation step one line for its whole KV cache
+    (two tensors per layer: 60 lines for a 30-layer model otherwise)."""
+    keep = "forward updates it; the package keeps it between calls"
+    if not generation or not state:
+        return [f"  state  {s['name']}: {s['dtype']} {s['shape']} ({keep})" for s in state]
+    import math
+
+    itemsize = {"float32": 4, "float64": 8}.get(state[0]["dtype"], 2)
+    total = sum(math.prod(s["shape"]) for s in state) * itemsize
+    shapes = sorted({str(s["shape"]) for s in state})
+    return [
+        f"  state  KV cache: {len(state) // 2} layers of keys and values, {state[0]['dtype']} "
+        f"{' or '.join(shapes)} each, {_size(total)} ({keep})"
+    ]
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
 
 
 def report_onnx_check(path: Path) -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 import click
 
 from aotc.cli.keys import required_key, signature_options
-from aotc.cli.types import exit_codes_epilog
+from aotc.cli.types import exit_codes_epilog, threads_option
 from aotc.errors import UserInputError
 
 MAX_SEED = 2**64 - 1  # aotc_runtime.sampling.MAX_SEED, without importing torch for --help
+MAX_LOGPROBS = 20  # aotc_runtime.sampling.MAX_LOGPROBS, likewise
 
 
 def token_ids(text: str) -> list[int]:
@@ -69,8 +70,55 @@ def utf8_text(text: str) -> str:
     default=None,
     help="Makes a sampled run repeatable (0 to 2**64-1).",
 )
-@click.option("--stream", is_flag=True, help="Print each step's new tokens as they come.")
+@click.option(
+    "--min-p",
+    type=float,
+    default=None,
+    help="0 to 1: a sampled token must be at least this times as likely as the most likely.",
+)
+@click.option(
+    "--presence-penalty",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="-2 to 2, subtracted from the logit of every token already made (OpenAI's).",
+)
+@click.option(
+    "--frequency-penalty",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="-2 to 2, times how often a token was made, subtracted from its logit (OpenAI's).",
+)
+@click.option(
+    "--repetition-penalty",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="0.01 to 100: the logits of tokens in the prompt or made are divided by it "
+    "(transformers'; above 1 discourages repeats).",
+)
+@click.option(
+    "--ignore-eos", is_flag=True, help="Go on past end-of-sequence tokens to --max-new-tokens."
+)
+@click.option(
+    "--logprobs",
+    type=click.IntRange(0, MAX_LOGPROBS),
+    default=None,
+    help="With --json: each new token's log-probability and those of the N most likely tokens "
+    "at its step (0 to 20).",
+)
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Print the text as it comes (--prompt: one prompt), or each step's ids (--prompt-ids); "
+    "with --json, a JSON line per step, then the report.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@threads_option(
+    "CPU threads of each step (1 to 1024) [default: one per physical core this process may use, "
+    "within its CPU affinity and cgroup quota; OMP_NUM_THREADS when set]; in the timings."
+)
 @signature_options
 def generate(
     package,
@@ -81,8 +129,15 @@ def generate(
     top_k,
     top_p,
     seed,
+    min_p,
+    presence_penalty,
+    frequency_penalty,
+    repetition_penalty,
+    ignore_eos,
+    logprobs,
     stream,
     as_json,
+    threads,
     require_signature,
     public_key,
 ):
@@ -97,33 +152,56 @@ def generate(
         raise UserInputError(
             "give the prompts as --prompt TEXT or as --prompt-ids 5,17,42 (one of them)"
         )
+    if logprobs is not None and not as_json:
+        raise UserInputError("--logprobs is printed in the JSON result; add --json")
     public_key = required_key(require_signature, public_key)
     texts = [utf8_text(t) for t in texts]
+    from aotc_runtime.threads import set_threads
+
+    threads = set_threads(threads)  # before the package loads: inter-op threads are set once
     loaded = aotc_runtime.load(package, public_key=public_key)
     tokenizer = loaded.tokenizer if texts else None
     ids = [tokenizer.encode(t).ids for t in texts] if tokenizer else [token_ids(p) for p in prompts]
     if any(not prompt for prompt in ids):
         raise UserInputError("a prompt is empty (no tokens); give at least one token")
+    if stream and tokenizer is not None and len(ids) > 1 and not as_json:
+        raise UserInputError(
+            f"--stream prints one prompt's text as it comes, and {len(ids)} prompts were given; "
+            "give one --prompt, or add --json for a line per step with every prompt's new text"
+        )
     input_ids, mask = left_padded(ids)
     started = time.perf_counter()
-    stamps, steps = [], []
-    for tokens in loaded.stream(
+    stamps, steps, with_logprobs = [], [], []
+    for step in loaded.stream(
         input_ids,
         mask,
+        text=stream and tokenizer is not None,  # each step's text, decoded incrementally
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         seed=seed,
+        min_p=min_p,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos,
+        logprobs=logprobs,
     ):
+        if logprobs is not None:  # a generation.StepLogprobs, or a TextStep holding one
+            with_logprobs.append(step.logprobs if hasattr(step, "text") else step)
         stamps.append(time.perf_counter())
-        steps.append(tokens.tolist())
-        if stream and not as_json:
-            click.echo(" ".join(str(t) for t in steps[-1]))
+        steps.append(getattr(step, "ids", step).tolist())  # a TextStep's ids, or the tensor
+        if stream:
+            show_step(steps[-1], getattr(step, "text", None), len(steps) - 1, as_json)
+    if stream and tokenizer is not None and not as_json:
+        click.echo()  # the streamed text's line ends
     generated = [[step[row] for step in steps] for row in range(len(ids))]
-    report: dict = {"generated_ids": generated, "timings": timings(started, stamps)}
+    report: dict = {"generated_ids": generated, "timings": timings(started, stamps, threads)}
     if tokenizer is not None:
         report["generated_text"] = [tokenizer.decode(row) for row in generated]
+    if logprobs is not None:
+        report["logprobs"] = logprobs_report(with_logprobs, len(ids))
     if as_json:
         click.echo(json.dumps(report))
         return
@@ -133,13 +211,29 @@ def generate(
     t = report["timings"]
     click.echo(
         f"first token {t['first_token_ms']:.1f} ms; {t['decode_tokens_per_s']:.1f} tokens/s per "
-        f"sequence after it (p50 {t['decode_p50_ms']:.2f} ms, p99 {t['decode_p99_ms']:.2f} ms)",
+        f"sequence after it (p50 {t['decode_p50_ms']:.2f} ms, p99 {t['decode_p99_ms']:.2f} ms); "
+        f"{threads} CPU thread{'' if threads == 1 else 's'}",
         err=True,
     )
 
 
-def timings(started: float, stamps: list) -> dict:
-    """Time to the first token (the prefill), and the decode steps after it."""
+def show_step(ids: list, text: list | None, number: int, as_json: bool) -> None:
+    """--stream: a step as it comes. With --json a JSON line per step, {"step", "token_ids"[,
+    "text"]} (one entry per prompt; the last line is the report --json prints without --stream);
+    else one prompt's new text as it comes, or the step's ids on a line (--prompt-ids)."""
+    if as_json:
+        click.echo(
+            json.dumps({"step": number, "token_ids": ids, **({"text": text} if text else {})})
+        )
+    elif text is not None:
+        click.echo(text[0], nl=False)  # echo flushes: the text shows as it comes
+    else:
+        click.echo(" ".join(str(t) for t in ids))
+
+
+def timings(started: float, stamps: list, threads: int | None = None) -> dict:
+    """Time to the first token (the prefill), the decode steps after it, and the CPU threads
+    they ran with."""
     from aotc_runtime import summarize
 
     steps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
@@ -150,4 +244,26 @@ def timings(started: float, stamps: list) -> dict:
         "decode_tokens_per_s": 1e3 * len(steps) / sum(steps) if steps else 0.0,
         "decode_p50_ms": decode.get("median_ms", 0.0),
         "decode_p99_ms": decode.get("p99_ms", 0.0),
+        "threads": threads,
     }
+
+
+def logprobs_report(steps: list, prompts: int) -> list:
+    """Per prompt, one entry per token it made (none after it ended): the token's id and
+    log-probability, and the most likely tokens' at its step, most likely first."""
+    import math
+
+    report: list = [[] for _ in range(prompts)]
+    for step in steps:
+        chosen, ids, values = (
+            step.logprobs.tolist(),
+            step.top_ids.tolist(),
+            step.top_logprobs.tolist(),
+        )
+        for row in range(prompts):
+            if math.isnan(chosen[row]):  # the prompt had ended: its token is the pad
+                continue
+            top = [{"token_id": i, "logprob": v} for i, v in zip(ids[row], values[row])]
+            token = int(step.tokens[row])
+            report[row].append({"token_id": token, "logprob": chosen[row], "top_logprobs": top})
+    return report

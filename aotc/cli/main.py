@@ -14,6 +14,7 @@ import click
 from aotc.cli.bench import bench
 from aotc.cli.build import build
 from aotc.cli.bundle import bundle
+from aotc.cli.chat import chat
 from aotc.cli.explain import explain
 from aotc.cli.export import export
 from aotc.cli.generate import generate
@@ -65,6 +66,7 @@ def cli(verbose):
 
 for command in (export, build, run, generate, serve, bench, explain, bundle, keygen, sign, verify):
     cli.add_command(command)
+cli.add_command(chat)
 
 
 def terminate_like_interrupt() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from aotc.cli.keys import required_key, signature_options
-from aotc.cli.types import exit_codes_epilog
+from aotc.cli.types import ThreadsType, exit_codes_epilog
 
 
 @click.command(epilog=exit_codes_epilog())
@@ -51,8 +51,8 @@ from aotc.cli.types import exit_codes_epilog
 )
 @click.option(
     "--threads",
-    type=click.IntRange(min=1, max=256),
-    help="Intra-op threads per replica (CPU packages). Default: this machine's cores / replicas "
+    type=ThreadsType(),  # a bad value: one line, exit 2, as aotc generate and aotc bench say it
+    help="Intra-op threads per replica (CPU packages; 1 to 1024). Default: this machine's cores / replicas "
     "(one fewer for a text-generation package: a core for the HTTP side).",
 )
 @click.option(
@@ -107,8 +107,16 @@ def serve(
     require_signature,
     public_key,
 ):
-    """Serve PACKAGE over HTTP: POST /v1/predict (a text-generation package: POST /v1/completions,
-    GET /v1/models), GET /v1/health, GET /v1/metadata.
+    """Serve PACKAGE over HTTP. The routes, by the kind of package:
+
+    \b
+      a model package:            POST /v1/predict
+      a text-generation package:  POST /v1/completions, POST /v1/chat/completions
+                                  (with its chat template), GET /v1/models
+      both:                       GET /v1/health, GET /v1/metadata
+
+    It says it is ready only once every route answers. OpenAI's request fields, answers and
+    errors: docs/usage.md (aotc serve).
 
     Errors are JSON in OpenAI's shape: {"error": {"message": "<one line>", "type":
     "invalid_request_error" or "server_error", "param": <field or null>, "code": <null or a short
@@ -156,9 +164,11 @@ def serve(
         batching = server.metadata["batching"]
         generation = server.metadata.get("generation")
         if generation is not None:
+            routes = [e for e in server.metadata["endpoints"] if "/v1/health" not in e
+                      and "/v1/metadata" not in e]  # fmt: skip
             click.echo(
-                f"serving {package} at {server.url}/v1/completions as model "
-                f"'{generation['model']}': {replicas} replica(s), up to {generation['batch_size']} "
+                f"serving {package} at {server.url} as model '{generation['model']}': "
+                f"{', '.join(routes)}; {replicas} replica(s), up to {generation['batch_size']} "
                 "requests generating at once (continuous batching)",
                 err=True,
             )

@@ -114,3 +114,26 @@ def parse_duration(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError(f"'{text}' is not a duration; give one like 20m, 90s or 1h")
     return value
+
+
+class ThreadsType(click.ParamType):
+    """`--threads N`, the CPU threads of a package's calls: a bad value is the one line of
+    aotc_runtime.threads.parse_threads (exit 2), not click's usage block."""
+
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from aotc.errors import UserInputError
+        from aotc_runtime.threads import parse_threads
+
+        try:
+            return parse_threads(value)
+        except ValueError as exc:
+            raise UserInputError(str(exc)) from None
+
+
+def threads_option(help_text: str):
+    """The --threads flag of `aotc generate`, `aotc bench` and `aotc serve` (None: not given)."""
+    return click.option("--threads", type=ThreadsType(), default=None, help=help_text)

@@ -96,6 +96,7 @@ def triton_version() -> str | None:
 
 
 TOKENIZER_FILE = "tokenizer.json"  # where a text-generation package keeps its tokenizer
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # and its chat template
 
 
 def generation_record(task: dict | None) -> Generation | None:
@@ -111,4 +112,7 @@ def generation_record(task: dict | None) -> Generation | None:
         tokenizer=TOKENIZER_FILE if task.get("tokenizer") else None,
         sliding_window=task.get("sliding_window"),
         step_format=task.get("step_format"),
+        chat_template=CHAT_TEMPLATE_FILE if task.get("chat_template") else None,
+        # the names the template is rendered with: nothing else reads them
+        special_tokens=dict(task.get("special_tokens") or {}) if task.get("chat_template") else {},
     )

@@ -127,14 +127,24 @@ def commit(staging: Path, target: Path) -> None:
 
 
 def write_tokenizer(artifact: Path, generation, staging: Path) -> None:
-    """The tokenizer a text-generation artifact carries, into the package under the name its
-    manifest gives (then hashed with the rest): every backend's package keeps it."""
+    """The tokenizer and chat template a text-generation artifact carries, into the package under
+    the names its manifest gives (then hashed with the rest, so signing covers them): every
+    backend's package keeps them."""
     from aotc.errors import UserInputError
-    from aotc.export.artifact import read_artifact_tokenizer
+    from aotc.export.artifact import read_artifact_chat_template, read_artifact_tokenizer
 
-    if generation is None or not generation.tokenizer:
+    if generation is None:
         return
-    tokenizer = read_artifact_tokenizer(artifact)
-    if tokenizer is None:
-        raise UserInputError(f"{artifact} says it carries a tokenizer but holds none; re-export it")
-    (staging / generation.tokenizer).write_text(tokenizer, encoding="utf-8")
+    carried = (
+        ("tokenizer", generation.tokenizer, read_artifact_tokenizer),
+        ("chat template", generation.chat_template, read_artifact_chat_template),
+    )
+    for what, name, read in carried:
+        if not name:
+            continue
+        text = read(artifact)
+        if text is None:
+            raise UserInputError(
+                f"{artifact} says it carries a {what} but holds none; re-export it"
+            )
+        (staging / name).write_text(text, encoding="utf-8")

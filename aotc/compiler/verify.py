@@ -182,10 +182,29 @@ def check_numerics(
     `strict`: both sides run with TF32 off (an fp32 package on CUDA; see precision.strict_fp32).
     `reference`: (description, function of the cases -> outputs, as eager_outputs gives them) when
     the reference is not `ep` run eagerly (an ONNX model built without its artifact).
+    `task`: a generation package, checked on its logits' spread and greedy tokens
+    (generation_check.py) with atol/rtol as tolerances.GENERATION gives them.
     """
     from aotc.math_mode import strict_fp32
     from aotc_runtime import NumericCheck, OutputCheck
 
+    if task is not None and reference is None:
+        from aotc.compiler.generation_check import check_generation, mismatch_fix
+        from aotc.compiler.tolerances import computed_precision
+
+        quantized = bool(scale_relative) and precision not in SCALE_RELATIVE
+        precision = computed_precision(precision, signature)
+        model_dtype = computed_precision("fp32", signature)  # bf16/fp16 for a model in half
+        settings = {
+            "atol": atol,
+            "rtol": rtol,
+            "allow_mismatch": allow_mismatch,
+            "strict": strict,
+            "precision": precision + (" with quantized activations" if quantized else ""),
+            "described": f"ExportedProgram run eagerly on {device}",
+            "fix": mismatch_fix(precision, model_dtype),
+        }
+        return check_generation(ep, signature, package_dir, device, settings, task, run_in_child)
     cases = input_cases(ep, signature, device, extra_sizes, task)
     if reference is not None:
         described, run_reference = reference

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -90,6 +91,7 @@ class BundleResult:
     libraries: list
     size_bytes: int
     requires_signature: bool = False
+    command: str = ""  # a command line that runs what was bundled (run_command)
 
     def to_dict(self) -> dict:
         return {
@@ -97,7 +99,19 @@ class BundleResult:
             "libraries": self.libraries,
             "size_bytes": self.size_bytes,
             "requires_signature": self.requires_signature,
+            "command": self.command,
         }
+
+
+def run_command(bundle: Path, manifest) -> str:
+    """A command line that works on what was bundled: a text-generation package generates from
+    token ids (the runner has no tokenizer); another package runs on seeded random inputs, and the
+    inputs' own files go by the signature's names."""
+    launcher = shlex.quote(f"{bundle}/run")
+    if manifest.generation is not None:
+        return f"{launcher} --generate --prompt-ids 5,17,42 --max-new-tokens 16"
+    files = " ".join(f"--input {shlex.quote(name)}.npy" for name in manifest.signature.input_names)
+    return f"{launcher} --iters 10  (random inputs; yours: {files} --output out.npz)"
 
 
 def shared_libraries(binary: Path, search: list | None = None) -> dict:
@@ -182,4 +196,10 @@ def make_bundle(
         launcher.chmod(0o755)
         size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
         commit(staging, output)
-    return BundleResult(output, sorted(libraries), size, requires_signature=public_key is not None)
+    return BundleResult(
+        output,
+        sorted(libraries),
+        size,
+        requires_signature=public_key is not None,
+        command=run_command(output, manifest),
+    )

@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from aotc.errors import BuildError, UserInputError
 
@@ -39,8 +41,14 @@ def cmake_arguments() -> list[str]:
     ]
 
 
-def build_runner(build_dir: Path = BUILD_DIR, jobs: int | None = None) -> Path:
-    """Configure and build runtime/cpp; return the runner's path. Output of cmake goes to build_dir/build.log."""
+def build_runner(
+    build_dir: Path = BUILD_DIR,
+    jobs: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Configure and build runtime/cpp; return the runner's path. Output of cmake goes to
+    build_dir/build.log; `progress` gets a line per stage and each of the build's "[ 45%] ..."
+    lines as they come (a build from scratch takes minutes on two cores: `make runner` shows them)."""
     if shutil.which("cmake") is None:
         raise UserInputError(
             "building the C++ runner needs cmake; apt-get install cmake (or pip install cmake)"
@@ -52,18 +60,43 @@ def build_runner(build_dir: Path = BUILD_DIR, jobs: int | None = None) -> Path:
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     log = build_dir / "build.log"
+    import torch
+
+    jobs = jobs or os.cpu_count() or 2
     steps = [
-        ["cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), *cmake_arguments()],
-        ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
+        (
+            f"configuring (cmake, against the installed torch {torch.__version__})",
+            ["cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), *cmake_arguments()],
+        ),
+        (
+            f"compiling ({jobs} jobs; minutes from scratch, seconds after a change)",
+            ["cmake", "--build", str(build_dir), "-j", str(jobs)],
+        ),
     ]
+    say = progress or (lambda line: None)
     with open(log, "w") as handle:
-        for step in steps:
-            result = subprocess.run(step, stdout=handle, stderr=subprocess.STDOUT)
-            if result.returncode != 0:
+        for number, (what, step) in enumerate(steps, start=1):
+            say(f"C++ runner {number}/{len(steps)}: {what}")
+            if _run_logged(step, handle, say) != 0:
                 raise BuildError(
                     f"building the C++ runner failed: {_first_error(log)}; the full log is {log}"
                 )
     return build_dir / RUNNER_NAME
+
+
+def _run_logged(command: list, log: IO[str], say: Callable[[str], None]) -> int:
+    """Run `command` with its output into `log`; its progress lines ("[ 45%] Building CXX object
+    ...", "[100%] Linking ...") also to `say`, as they come."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            log.write(line)
+            log.flush()
+            if line.startswith("["):
+                say("  " + line.rstrip())
+        return child.wait()
 
 
 def _first_error(log: Path) -> str:
@@ -122,7 +155,10 @@ def main(argv: list[str]) -> int:
     from aotc.errors import AotcError
 
     try:
-        path = build_runner(Path(argv[1]) if len(argv) > 1 else BUILD_DIR)
+        path = build_runner(
+            Path(argv[1]) if len(argv) > 1 else BUILD_DIR,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
     except AotcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

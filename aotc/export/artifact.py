@@ -34,7 +34,8 @@ class ArtifactMeta:
     # size}}. The build and `aotc verify` check it, so a planted file cannot pass for a member.
     derived_from: dict | None = None
     # A --task artifact: {"name": "text-generation", "batch_size", "max_seq_len", "vocab_size",
-    # "eos_token_ids", "pad_token_id"}: what the build's check and the runtime's loop need.
+    # "eos_token_ids", "pad_token_id", "tokenizer", "chat_template", "special_tokens", ...}: what
+    # the build's check and the runtime's loop need (text_generation.task_record).
     task: dict | None = None
 
     @classmethod
@@ -86,7 +87,8 @@ class ArtifactMeta:
 
 def save_artifact(ep, meta: ArtifactMeta, output: Path, extra: dict | None = None) -> None:
     """torch.export.save to a temporary name beside the target, then rename (never half-written).
-    `extra`: more files carried in the archive (a text-generation model's tokenizer)."""
+    `extra`: more files carried in the archive (a text-generation model's tokenizer and chat
+    template)."""
     import torch
 
     from aotc_runtime import replaced_atomically
@@ -100,22 +102,45 @@ def save_artifact(ep, meta: ArtifactMeta, output: Path, extra: dict | None = Non
 
 
 TOKENIZER_ENTRY = "aotc_tokenizer.json"  # a text-generation artifact's tokenizer (tokenizers' JSON)
+CHAT_TEMPLATE_ENTRY = "aotc_chat_template.jinja"  # its chat template (Jinja text)
 _MAX_TOKENIZER_BYTES = 256 << 20
+_MAX_CHAT_TEMPLATE_BYTES = 1 << 20  # as export reads it (tokenizer_folder.py)
 
 
 def read_artifact_tokenizer(path: Path) -> str | None:
     """The tokenizer a text-generation artifact carries (tokenizers' JSON text), or None."""
+    return _read_entry(path, TOKENIZER_ENTRY, _MAX_TOKENIZER_BYTES, "tokenizer")
+
+
+def read_artifact_chat_template(path: Path) -> str | None:
+    """The chat template a text-generation artifact carries (Jinja text), or None."""
+    return _read_entry(path, CHAT_TEMPLATE_ENTRY, _MAX_CHAT_TEMPLATE_BYTES, "chat template")
+
+
+def _read_entry(path: Path, entry: str, limit: int, what: str) -> str | None:
     import zipfile
 
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
-            if info.filename.endswith(f"/extra/{TOKENIZER_ENTRY}"):
-                if info.file_size > _MAX_TOKENIZER_BYTES:
+            if info.filename.endswith(f"/extra/{entry}"):
+                if info.file_size > limit:
                     raise UserInputError(
-                        f"{path}: its tokenizer entry is {info.file_size} bytes, over the "
-                        f"{_MAX_TOKENIZER_BYTES >> 20} MiB a tokenizer may take; re-export it"
+                        f"{path}: its {what} entry is {info.file_size} bytes, over the "
+                        f"{limit >> 20} MiB a {what} may take; re-export it"
                     )
-                return archive.read(info).decode("utf-8")
+                # read at most the limit: the size in the archive's directory is the writer's word
+                with archive.open(info) as handle:
+                    data = handle.read(limit + 1)
+                if len(data) > limit:
+                    raise UserInputError(
+                        f"{path}: its {what} entry is over {limit >> 20} MiB; re-export it"
+                    )
+                try:
+                    return data.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise UserInputError(
+                        f"{path}: its {what} entry is not UTF-8 text; re-export it"
+                    ) from None
     return None
 
 

@@ -57,36 +57,59 @@ def input_cases(
 
 def eager_outputs(ep, cases, signature, calls: int = CALLS_PER_CASE) -> list:
     """The program run eagerly as the package is run: each case `calls` times, in order, the state
-    (if the model has any) carried from call to call, as the runtime carries it.
+    (if the model has any) carried from call to call, as the runtime carries it (EagerRun)."""
+    run = EagerRun(ep, signature, cases[0][1][0].device if cases and cases[0][1] else "cpu")
+    return [run.call(label, tensors) for label, tensors in cases for _call in range(calls)]
+
+
+class EagerRun:
+    """The exported program run eagerly one call at a time, its state carried from call to call as
+    the runtime carries it: the check of a generation package picks each greedy step's tokens from
+    the outputs of the step before (aotc/compiler/generation_check.py).
 
     The state is rounded to the dtypes `signature` gives it after each call: a bf16 package keeps
     its KV cache in bf16, and an fp32 reference whose cache kept every bit would drift from it
     step after step by more than the computation's own rounding."""
-    import torch
 
-    from aotc_runtime import flatten_outputs
+    def __init__(self, ep, signature, device):
+        self.module = ep.module()
+        self.signature = signature
+        self.state = initial_state(ep, signature, device)
 
-    module = ep.module()
-    n_outputs = len(signature["outputs"])
-    device = cases[0][1][0].device if cases and cases[0][1] else "cpu"
-    state = initial_state(ep, signature, device)
-    results = []
-    with torch.no_grad():
-        for label, tensors in cases:
-            for _call in range(calls):
-                try:
-                    out = [t.detach() for t in flatten_outputs(module(*tensors, *state))]
-                except Exception as exc:  # the model itself, not the package: say where
-                    raise ModelError(
-                        f"the exported model fails eagerly on the check's inputs at {label} "
-                        f"({type(exc).__name__}: {first_line(exc)[:160]}); re-export it with a --dim range it supports"
-                    ) from exc
-                if state:
-                    if not signature.get("state_in_place"):  # returned after the outputs
-                        out, state = out[:n_outputs], out[n_outputs:]
-                    state = [
-                        t.to(getattr(torch, spec["dtype"])).to(t.dtype)
-                        for t, spec in zip(state, signature["state"])
-                    ]
-                results.append([t.cpu() for t in out])
-    return results
+    def call(self, label: str, tensors) -> list:
+        """The outputs of one call (on the CPU); the state moves on."""
+        import torch
+
+        from aotc_runtime import flatten_outputs
+
+        with torch.no_grad():
+            try:
+                out = [t.detach() for t in flatten_outputs(self.module(*tensors, *self.state))]
+            except Exception as exc:  # the model itself, not the package: say where
+                raise ModelError(
+                    f"the exported model fails eagerly on the check's inputs at {label} "
+                    f"({type(exc).__name__}: {first_line(exc)[:160]}); {_refix(self.signature)}"
+                ) from exc
+        if self.state:
+            if not self.signature.get("state_in_place"):  # returned after the outputs
+                n_outputs = len(self.signature["outputs"])
+                out, self.state = out[:n_outputs], out[n_outputs:]
+            self.state = [
+                t.to(getattr(torch, spec["dtype"])).to(t.dtype)
+                for t, spec in zip(self.state, self.signature["state"])
+            ]
+        return [t.cpu() for t in out]
+
+
+def _refix(signature: dict) -> str:
+    """What to do when the exported program fails on the check's inputs. A generation step's
+    inputs are the calls of a generation, valid by construction, and its export takes no --dim."""
+    from aotc_runtime.generation_record import STEP_INPUTS
+
+    names = {spec.get("name") for spec in signature.get("inputs", ())}
+    if set(STEP_INPUTS) <= names:
+        return (
+            "re-export it with this aotc (`aotc export MODEL --task text-generation --max-seq-len N`); "
+            "if that fails the same way, rerun with --verbose and report it"
+        )
+    return "re-export it with a --dim range it supports"

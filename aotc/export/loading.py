@@ -1,4 +1,5 @@
-"""Import a user's model: a path to model.py or an import path "package.module:attr".
+"""Import a user's model: a path to model.py, an import path "package.module:attr", or a saved
+transformers model folder (model_folder.py).
 
 In a file, unless --entry names it, the entry is found in this order: a function `get_model()`;
 a module-level `model` that is an nn.Module; the single nn.Module subclass defined in the file,
@@ -25,6 +26,7 @@ class LoadedModel:
     description: str  # "examples/mlp.py:SimpleModel"
     source_files: tuple  # the user's files, to point errors at
     example_inputs: object = None  # the file's example_inputs() function, if any
+    notes: tuple = ()  # what the export tells the user of how the model was loaded
 
 
 def _function_module(fn):
@@ -43,7 +45,25 @@ def _function_module(fn):
     return FunctionModule(fn)
 
 
-def load_model(target: str, entry: str | None = None) -> LoadedModel:
+def load_model(target: str, entry: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """`dtype`: the model's dtype, for a model folder (default: its config's) or with --task."""
+    if Path(target).is_dir():
+        from aotc.export.model_folder import load_model_folder
+
+        if entry:
+            raise UserInputError(
+                f"--entry names a model in a model file; {target} is a model folder: leave it out"
+            )
+        return load_model_folder(Path(target), dtype)
+    loaded = _load_model_file(target, entry)
+    if dtype is not None:
+        import torch
+
+        loaded.module.to(getattr(torch, dtype))
+    return loaded
+
+
+def _load_model_file(target: str, entry: str | None) -> LoadedModel:
     if ":" in target and not Path(target).exists():
         module_name, _, attr = target.partition(":")
         module = _import_module(module_name, target)
@@ -51,10 +71,14 @@ def load_model(target: str, entry: str | None = None) -> LoadedModel:
     path = Path(target)
     if not path.exists():
         raise UserInputError(
-            f"model file {target} does not exist; pass a path to model.py or an import path like package.module:attr"
+            f"model file {target} does not exist; pass a path to model.py, a model folder "
+            "(save_pretrained's) or an import path like package.module:attr"
         )
     if path.suffix != ".py":
-        raise UserInputError(f"{target} is not a Python file; pass model.py or package.module:attr")
+        raise UserInputError(
+            f"{target} is not a Python file; pass model.py, a model folder (save_pretrained's) "
+            "or package.module:attr"
+        )
     module = _import_file(path)
     files = (str(path.resolve()),)
     example_inputs = getattr(module, "example_inputs", None)

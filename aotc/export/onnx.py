@@ -82,10 +82,10 @@ def export_to_onnx(ep, meta: ArtifactMeta, output: Path) -> OnnxModelInfo:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
         raise ExportError(
-            f"the ONNX model torch.onnx produced fails onnx.checker: {_first(exc)}; export the "
-            "model for AOTInductor instead (aotc export without --format onnx)"
+            f"the ONNX model torch.onnx produced fails onnx.checker: {_first(exc)}; "
+            f"{instead(signature)}"
         ) from None
-    check = check_against_eager(model, ep, signature)
+    check = check_against_eager(model, ep, signature, meta.task)
     set_metadata(model, {CHECK_KEY: json.dumps(check)})
     from aotc_runtime import replaced_atomically
 
@@ -194,24 +194,45 @@ def metadata(model) -> dict:
     return {prop.key: prop.value for prop in model.metadata_props}
 
 
-def check_against_eager(model, ep, signature: dict) -> dict:
+def instead(signature: dict) -> str:
+    """What works when ONNX Runtime cannot take the model: AOTInductor, from the same artifact;
+    or, for a half-precision model (ONNX Runtime's CPU kernels lack most bfloat16 ones), the
+    model exported in float32."""
+    dtypes = {
+        spec["dtype"] for spec in (*signature.get("outputs", ()), *signature.get("state", ()))
+    }
+    half = (
+        "; or re-export the model in float32 (a --task export: --dtype float32) for ONNX Runtime"
+        if dtypes & {"bfloat16", "float16"}
+        else ""
+    )
+    return (
+        "build with AOTInductor instead (`aotc build ARTIFACT.pt2` without --backend onnxruntime; "
+        f"`aotc export` without --format onnx){half}"
+    )
+
+
+def check_against_eager(model, ep, signature: dict, task: dict | None = None) -> dict:
     """The ONNX model (ONNX Runtime, no graph optimization) against the program run eagerly, on the
-    build check's cases; {output name: max abs difference}."""
+    build check's cases (a generation step's: the calls of a generation); {output name: max abs
+    difference}."""
     from aotc.export.eager_reference import eager_outputs, input_cases
 
-    cases = input_cases(ep, signature, "cpu")
+    cases = input_cases(ep, signature, "cpu", task=task)
     references = eager_outputs(ep, cases, signature, calls=1)
     state = _initial_state(ep, signature)
     names = [o.name for o in model.graph.output]
     worst: dict = {}
-    for got, reference in zip(unoptimized_outputs(model, cases, state), references):
+    for got, reference in zip(unoptimized_outputs(model, cases, state, signature), references):
         for name, array, want in zip(names, got, reference):
             diff = float((array.double() - want.double()).abs().max())
             worst[name] = max(worst.get(name, 0.0), diff)
     return worst
 
 
-def unoptimized_outputs(model, cases: list, state: list = ()) -> list:
+def unoptimized_outputs(
+    model, cases: list, state: list = (), signature: dict | None = None
+) -> list:
     """The ONNX model run by ONNX Runtime with no graph optimization on each (label, tensors) case
     (the initial state after the inputs): one list of output tensors per case."""
     import onnxruntime as ort
@@ -225,8 +246,8 @@ def unoptimized_outputs(model, cases: list, state: list = ()) -> list:
         )
     except Exception as exc:  # onnxruntime's own exception types
         raise ExportError(
-            f"ONNX Runtime cannot load the ONNX model torch.onnx produced: {_first(exc)}; export "
-            "the model for AOTInductor instead (aotc export without --format onnx)"
+            f"ONNX Runtime cannot load the ONNX model torch.onnx produced: {_first(exc)}; "
+            f"{instead(signature or {})}"
         ) from None
     names = [i.name for i in session.get_inputs()]
     results = []
@@ -236,8 +257,8 @@ def unoptimized_outputs(model, cases: list, state: list = ()) -> list:
             results.append([torch.from_numpy(a) for a in session.run(None, feeds)])
         except Exception as exc:  # onnxruntime's own exception types
             raise ExportError(
-                f"ONNX Runtime fails on the ONNX model at {label}: {_first(exc)}; export the model "
-                "for AOTInductor instead (aotc export without --format onnx)"
+                f"ONNX Runtime fails on the ONNX model at {label}: {_first(exc)}; "
+                f"{instead(signature or {})}"
             ) from None
     return results
 

@@ -103,7 +103,8 @@ def aotc_attention(
     if unsupported:
         raise UserInputError(
             f"{type(module).__name__} uses attention sinks ({unsupported[0]}), which aotc's "
-            "generation attention does not implement; export it without --task text-generation"
+            "generation attention does not implement; export it as one call instead: `aotc export "
+            "MODEL --input-shape input_ids=1x16 --dtype int64`"
         )
     cache = _active[-1]
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5

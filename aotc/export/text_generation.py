@@ -28,7 +28,13 @@ _S_AXES = (("input_ids", 1),)
 STEP_FORMAT = 2
 
 
-def check_supports_static_cache(model: Any) -> None:
+def one_call_command(target: str) -> str:
+    """The export that works for a causal LM generation packages cannot hold: the model as one
+    call on a fixed prompt, its KV cache output left out (trace.cache_output_off)."""
+    return f"`aotc export {target} --input-shape input_ids=1x16 --dtype int64`"
+
+
+def check_supports_static_cache(model: Any, target: str = "MODEL") -> None:
     """Refuse, in one line, a model transformers cannot run with a static cache."""
     name = type(model).__name__
     if not hasattr(model, "generation_config") or not hasattr(model, "config"):
@@ -37,9 +43,12 @@ def check_supports_static_cache(model: Any) -> None:
             "takes a *ForCausalLM"
         )
     if not getattr(type(model), "_can_compile_fullgraph", False):
+        # GPTNeo, among others: its attention is its own code, not transformers' attention
+        # functions, which aotc's KV cache replaces
         raise UserInputError(
-            f"{name} does not support transformers' static KV cache (its class does not set "
-            "_can_compile_fullgraph), which generation packages need; export it without --task"
+            f"{name} cannot run over a static KV cache (transformers marks the class "
+            "_can_compile_fullgraph = False), which generation packages need; export it as one "
+            f"call on a fixed-length prompt instead: {one_call_command(target)}"
         )
 
 
@@ -78,20 +87,21 @@ def probe_step(model: Any) -> None:
         model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device))
 
 
-def cache_step(model: Any, batch_size: int, max_len: int):
-    """`model` (a transformers *ForCausalLM, eval mode) as one step of generation, see above."""
+def cache_step(model: Any, batch_size: int, max_len: int, target: str = "MODEL"):
+    """`model` (a transformers *ForCausalLM, eval mode) as one step of generation, see above.
+    `target`: the model as the user named it, for the command a refusal names."""
     from aotc.export.row_cache import row_step
 
-    check_supports_static_cache(model)
+    check_supports_static_cache(model, target)
     fuse_sibling_linears(model, lambda: probe_step(model))  # q/k/v, gate/up: one GEMM each
     heads, head_dim = cache_shape(model)
     step = row_step(model, batch_size, max_len, heads, head_dim)
-    check_owned_attention(model, step, max_len)
+    check_owned_attention(model, step, max_len, target)
     step.zero_cache()
     return step
 
 
-def check_owned_attention(model: Any, step: Any, max_len: int) -> None:
+def check_owned_attention(model: Any, step: Any, max_len: int, target: str = "MODEL") -> None:
     """aotc's attention against the model's own, eagerly: a prompt's prefill and two decode steps
     on the first row, through transformers' own cache and attention and through the step. A model
     whose layers do something with attention that aotc's does not would disagree here, in one
@@ -127,19 +137,22 @@ def check_owned_attention(model: Any, step: Any, max_len: int) -> None:
             raise UserInputError(
                 f"aotc's attention disagrees with {type(model).__name__}'s own on {what} "
                 f"(largest logit difference {gap:.2g} of the largest logit); this model's attention "
-                "is not one aotc's generation packages implement: export it without --task"
+                "is not one aotc's generation packages implement: export it as one call instead: "
+                f"{one_call_command(target)}"
             )
 
 
-def generation_export(loaded: Any, cfg: Any) -> tuple:
+def generation_export(loaded: Any, cfg: Any, extras: Any = None) -> tuple:
     """(the loaded model as a generation step, the dims of the example call, the artifact's task
     record) for `aotc export --task text-generation`: the user's model file as written, its
-    example_inputs() replaced by a prompt of random ids."""
+    example_inputs() replaced by a prompt of random ids. `extras`: the tokenizer folder's chat
+    template and special tokens (tokenizer_folder.TokenizerExtras), recorded in the task."""
     import torch
 
     from aotc.export.shapes import DimSpec
 
     model, max_len = loaded.module, cfg.max_seq_len
+    check_supports_static_cache(model, cfg.model)  # before anything is measured or allocated
     if cfg.batch_size is None:
         cfg = dataclasses.replace(cfg, batch_size=default_batch_size(model, max_len))
     batch = cfg.batch_size
@@ -153,7 +166,7 @@ def generation_export(loaded: Any, cfg: Any) -> tuple:
     if cfg.tokenizer is not None:
         check_tokenizer_vocabulary(cfg.tokenizer, vocab)
     check_cache_fits(model, batch, max_len)
-    step = cache_step(model, batch, max_len)
+    step = cache_step(model, batch, max_len, cfg.model)
     prompt = max(2, min(8, max_len // 2))  # the traced S: torch.export specializes 0 and 1
 
     def example_inputs():
@@ -163,7 +176,7 @@ def generation_export(loaded: Any, cfg: Any) -> tuple:
 
     wrapped = dataclasses.replace(loaded, module=step, example_inputs=example_inputs)
     dims = (DimSpec("S", 1, max_len, prompt, _S_AXES),)
-    return wrapped, dims, task_record(model, cfg)
+    return wrapped, dims, task_record(model, cfg, extras)
 
 
 def read_tokenizer(folder: Any) -> str:
@@ -173,12 +186,15 @@ def read_tokenizer(folder: Any) -> str:
 
     from tokenizers import Tokenizer
 
-    text = (Path(folder) / "tokenizer.json").read_text(encoding="utf-8")
+    from aotc.export.folder_json import read_bounded_text
+
+    fix = "save it with a fast tokenizer (tokenizer.save_pretrained)"
+    text = read_bounded_text(Path(folder) / "tokenizer.json", MAX_TOKENIZER_BYTES, fix)
     try:
         Tokenizer.from_str(text)
     except Exception as exc:  # the library's errors are plain Exceptions with its parser's text
         raise UserInputError(
-            f"--tokenizer {folder}: tokenizer.json is not a tokenizer the `tokenizers` library "
+            f"the tokenizer in {folder}: tokenizer.json is not a tokenizer the `tokenizers` library "
             f"reads ({str(exc).splitlines()[0][:160]}); save it with a fast tokenizer"
         ) from None
     return text
@@ -194,13 +210,14 @@ def check_tokenizer_vocabulary(folder: Any, vocab: int) -> None:
     known = Tokenizer.from_str(read_tokenizer(folder)).get_vocab_size(with_added_tokens=True)
     if known > vocab or known < TOKENIZER_COVERAGE * vocab:
         raise UserInputError(
-            f"--tokenizer {folder} knows {known} tokens, but the model has {vocab} "
+            f"the tokenizer in {folder} knows {known} tokens, but the model has {vocab} "
             f"({'ids the model does not have' if known > vocab else 'most of its tokens would decode to nothing'}); "
             "export with the model's own tokenizer"
         )
 
 
 TOKENIZER_COVERAGE = 0.95  # the least share of the model's vocabulary a tokenizer must know
+MAX_TOKENIZER_BYTES = 256 << 20  # as the artifact holds it (artifact.py); real ones: 2-30 MiB
 
 
 # Without --batch-size: the rows `aotc serve` runs at once (continuous batching), as many as keep
@@ -239,7 +256,7 @@ def check_cache_fits(model: Any, batch: int, max_len: int) -> None:
         )
 
 
-def task_record(model: Any, cfg: Any) -> dict:
+def task_record(model: Any, cfg: Any, extras: Any = None) -> dict:
     """What the package's generation record holds. End-of-sequence and pad ids that the model's
     generation config names outside its vocabulary (a small config keeps its family's default,
     GPT2Config's 50256 say) are left out and listed under `ids_outside_vocabulary`: transformers
@@ -262,6 +279,9 @@ def task_record(model: Any, cfg: Any) -> dict:
         "pad_token_id": None if pad is None or int(pad) in outside else int(pad),
         "tokenizer": cfg.tokenizer is not None,
         "sliding_window": attention_window(model.config.get_text_config()),
+        # the template travels as an artifact entry; the build names its package file
+        "chat_template": extras is not None and extras.chat_template is not None,
+        "special_tokens": dict(extras.special_tokens) if extras is not None else {},
     }
     if outside:
         record["ids_outside_vocabulary"] = outside

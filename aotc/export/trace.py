@@ -31,6 +31,7 @@ from aotc.export.problems import diagnose
 from aotc.export.shapes import export_dynamic_shapes
 from aotc.export.signature import make_signature
 from aotc.export.user_frames import first_line, innermost_user_frame
+from aotc.export.weights import load_weights
 from aotc.quiet import quiet_torch
 
 # FlatCall holds the user's module as `model`: its buffer FQNs start with this
@@ -60,7 +61,9 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     started = time.perf_counter()
     import torch
 
-    loaded, call, task = prepare_model(cfg)
+    cfg, folder_notes = with_folder_tokenizer(cfg)
+    extras = tokenizer_extras(cfg)
+    loaded, call, task = prepare_model(cfg, extras)
     with torch.no_grad():
         layout = output_layout(check_eager(loaded, call))
     ep, state = export_with_state(loaded, call, layout, cfg.strict)
@@ -81,36 +84,96 @@ def export_model(cfg: ExportConfig) -> ExportResult:
 
         export_to_onnx(ep, meta, cfg.output)
     else:
-        save_artifact(ep, meta, cfg.output, carried_files(cfg))
+        save_artifact(ep, meta, cfg.output, carried_files(cfg, extras))
     from aotc.export.text_generation import task_notes
 
+    notes = folder_notes + loaded.notes + extras.notes + task_notes(task)
     return ExportResult(
-        cfg.output, loaded.description, signature, time.perf_counter() - started, task_notes(task)
+        cfg.output, loaded.description, signature, time.perf_counter() - started, notes
     )
 
 
-def carried_files(cfg: ExportConfig) -> dict:
-    """Files the artifact carries besides the program: a text-generation model's tokenizer."""
+def with_folder_tokenizer(cfg: ExportConfig) -> tuple[ExportConfig, tuple]:
+    """A model folder exported with --task carries its own tokenizer (and chat template) unless
+    --tokenizer names another: (the config, notes for the user)."""
+    from aotc.export.model_folder import is_model_folder
+
+    if cfg.task is None or cfg.tokenizer is not None or not is_model_folder(cfg.model):
+        return cfg, ()
+    folder = Path(cfg.model)
+    if (folder / "tokenizer.json").is_file():
+        return dataclasses.replace(cfg, tokenizer=folder), ()
+    return cfg, (
+        f"{folder} has no tokenizer.json (a fast tokenizer), so the package carries no tokenizer "
+        "and takes token ids only; save one there (tokenizer.save_pretrained) or pass --tokenizer DIR",
+    )
+
+
+def tokenizer_extras(cfg: ExportConfig):
+    """The chat template and special tokens of the tokenizer folder a generation export carries."""
+    from aotc.export.tokenizer_folder import TokenizerExtras, read_tokenizer_extras
+
+    if cfg.task is None or cfg.tokenizer is None:
+        return TokenizerExtras()
+    return read_tokenizer_extras(cfg.tokenizer)
+
+
+def carried_files(cfg: ExportConfig, extras=None) -> dict:
+    """Files the artifact carries besides the program: a text-generation model's tokenizer and
+    chat template."""
     if cfg.tokenizer is None:
         return {}
-    from aotc.export.artifact import TOKENIZER_ENTRY
+    from aotc.export.artifact import CHAT_TEMPLATE_ENTRY, TOKENIZER_ENTRY
     from aotc.export.text_generation import read_tokenizer
 
-    return {TOKENIZER_ENTRY: read_tokenizer(cfg.tokenizer)}
+    files = {TOKENIZER_ENTRY: read_tokenizer(cfg.tokenizer)}
+    if extras is not None and extras.chat_template is not None:
+        files[CHAT_TEMPLATE_ENTRY] = extras.chat_template
+    return files
 
 
-def prepare_model(cfg: ExportConfig) -> tuple[LoadedModel, ExampleCall, dict | None]:
-    """(loaded model with its weights, the example call to trace, the --task record or None)."""
-    loaded = load_model(cfg.model, cfg.entry)
+def prepare_model(cfg: ExportConfig, extras=None) -> tuple[LoadedModel, ExampleCall, dict | None]:
+    """(loaded model with its weights, the example call to trace, the --task record or None).
+    `extras`: the chat template and special tokens the generation record names."""
+    from aotc.export.model_folder import is_model_folder
+
+    if cfg.weights and is_model_folder(cfg.model):
+        raise UserInputError(
+            f"--weights goes with a model file; {cfg.model} is a model folder, whose weights are "
+            "its safetensors files: leave --weights out"
+        )
+    # with --task the inputs are the task's, so --dtype is the model's (config.py)
+    loaded = load_model(cfg.model, cfg.entry, cfg.dtypes[0] if cfg.task and cfg.dtypes else None)
     if cfg.weights:
         load_weights(loaded.module, cfg.weights)
     portable_experts(loaded.module)
     if cfg.task is None:
+        loaded = dataclasses.replace(loaded, notes=loaded.notes + cache_output_off(loaded.module))
         return loaded, example_call(cfg, loaded), None
     from aotc.export.text_generation import generation_export
 
-    loaded, dims, task = generation_export(loaded, cfg)
+    loaded, dims, task = generation_export(loaded, cfg, extras)
     return loaded, example_call(dataclasses.replace(cfg, dims=dims), loaded), task
+
+
+def cache_output_off(module) -> tuple:
+    """A transformers LM exported as one call returns its KV cache (past_key_values, a Cache
+    object) unless its config says use_cache=False, and a package returns tensors only: turn the
+    cache off, as one call never reads it back. Returns the note that says so."""
+    config = getattr(module, "config", None)
+    can_generate = getattr(module, "can_generate", None)
+    if not getattr(config, "use_cache", False) or not callable(can_generate) or not can_generate():
+        return ()
+    config.use_cache = False
+    name = type(module).__name__
+    generation = (
+        "; for generation over a KV cache export it with --task text-generation --max-seq-len N"
+        if getattr(type(module), "_can_compile_fullgraph", False)
+        else ""
+    )
+    return (
+        f"{name} is exported without its KV cache output (config.use_cache = False){generation}",
+    )
 
 
 # The experts implementation of transformers' mixture-of-experts models that exports to aten ops
@@ -146,36 +209,6 @@ def foreign_ops(ep) -> list[str]:
         if target.namespace not in ("aten", "prims", "aotc"):
             found.add(f"torch.ops.{target.namespace}.{target._schema.name.split('::')[-1]}")
     return sorted(found)
-
-
-def load_weights(module, path: Path) -> None:
-    import torch
-
-    try:
-        if path.suffix == ".safetensors":
-            try:
-                from safetensors.torch import load_file
-            except ImportError:
-                raise UserInputError(
-                    "--weights is a .safetensors file but safetensors is not installed; pip install safetensors"
-                ) from None
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except UserInputError:
-        raise
-    except Exception as exc:
-        raise UserInputError(
-            f"--weights {path} could not be read as a state_dict: {first_line(exc)}"
-        ) from None
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as exc:
-        raise UserInputError(
-            f"--weights {path} does not fit the model: {' '.join(str(exc).split())[:400]}"
-        ) from None
 
 
 @contextlib.contextmanager

@@ -148,8 +148,10 @@ def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
             "tokenizer": generation.tokenizer is not None,
         }
         info["batching"] = {"dim": None, "max_rows": generation.batch_size, "wait_ms": 0}
+        chat = ["POST /v1/chat/completions"] if generation.chat_template is not None else []
+        info["generation"]["chat_template"] = bool(chat)
         info["endpoints"] = [
-            "POST /v1/completions", "GET /v1/models", "GET /v1/health", "GET /v1/metadata",
+            "POST /v1/completions", *chat, "GET /v1/models", "GET /v1/health", "GET /v1/metadata",
         ]  # fmt: skip
     return info
 
@@ -402,29 +404,65 @@ def reachable_host(options: ServeOptions) -> str:
 
 
 def wait_until_answering(server: Server) -> dict:
-    """Poll /v1/health until a replica answers; a refusal comes back as the replicas' reason."""
+    """Poll /v1/health until a replica answers, then every route the package serves until each
+    answers as aotc does: until the application is deployed, Ray's proxy already listens and
+    answers 404 "Path '/v1/completions' not found", so `aotc serve` says it is ready only after
+    this. A refusal comes back as the replicas' reason."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last = "no answer yet"
+    health: dict | None = None
+    while time.monotonic() < deadline:
+        try:
+            if health is None:
+                status, state = _ask(server.url, "GET /v1/health")
+                if state is not None and state.get("status") == "refused":
+                    return {**state, "reason": refusal_reason(server)}
+                if status == 200 and state is not None:
+                    health = state
+                else:
+                    status_text = (state or {}).get("status", "not aotc's answer yet")
+                    last = f"/v1/health: HTTP {status}: {status_text}"
+            if health is not None:
+                waiting = [
+                    endpoint
+                    for endpoint in server.metadata["endpoints"]
+                    if _ask(server.url, endpoint)[1] is None
+                ]
+                if not waiting:
+                    return health
+                last = f"{waiting[0]} does not answer yet"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.5)
+    raise ServeError(
+        f"the server at {server.url} did not answer within {START_TIMEOUT_S:.0f} s ({last}); "
+        f"see {REPLICA_LOGS}"
+    )
+
+
+def _ask(url: str, endpoint: str) -> tuple[int, dict | None]:
+    """(status, JSON body) of `endpoint` ("GET /v1/models"; a POST sends `{}`, which every aotc
+    route refuses in JSON without running a model); the body is None when it is not a JSON
+    object, as Ray's proxy's 404 for a route not deployed yet is not."""
     import json
     import urllib.error
     import urllib.request
 
-    deadline = time.monotonic() + START_TIMEOUT_S
-    last = "no answer yet"
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(server.url + "/v1/health", timeout=15) as reply:
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            state = json.loads(exc.read() or b"{}")
-            if state.get("status") == "refused":
-                return {**state, "reason": refusal_reason(server)}
-            last = f"HTTP {exc.code}: {state.get('status', 'no status')}"
-        except (OSError, ValueError) as exc:
-            last = str(exc)
-        time.sleep(0.5)
-    raise ServeError(
-        f"no replica answered {server.url}/v1/health within {START_TIMEOUT_S:.0f} s ({last}); "
-        f"see {REPLICA_LOGS}"
-    )
+    method, path = endpoint.split(" ", 1)
+    request = urllib.request.Request(
+        url + path, data=b"{}" if method == "POST" else None, method=method,
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=15) as reply:
+            status, data = reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        status, data = exc.code, exc.read()
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return status, None
+    return status, body if isinstance(body, dict) else None
 
 
 def refusal_reason(server: Server) -> str:
@@ -443,15 +481,18 @@ def refusal_reason(server: Server) -> str:
 
 
 def stop(server: Server) -> None:
-    """Remove the deployment (and the package store); stop Ray if this process started it."""
+    """Remove the deployment (and the package store); stop Ray if this process started it.
+
+    Only the application is deleted, on a local Ray too (its replicas finish what they answer):
+    `serve.shutdown()` ends with Serve's controller killing itself under its own graceful_shutdown
+    call, which Ray 2.60 reports on the terminal as "Task ServeController.graceful_shutdown
+    failed ... killed by `ray.kill`". ray.shutdown() then stops the controller and the proxy
+    with the rest of the local Ray."""
     import ray
     from ray import serve
 
     try:
-        if server.local_ray:
-            serve.shutdown()
-        else:  # a cluster's Serve may run other applications: only ours goes
-            serve.delete(APP_NAME)
+        serve.delete(APP_NAME)  # on a cluster, other applications of its Serve stay
         if server.store is not None:
             ray.kill(server.store)
     finally:

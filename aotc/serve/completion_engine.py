@@ -1,30 +1,31 @@
-"""What generates the answers of `aotc serve` for a text-generation package: OpenAI completions,
-streamed token by token, every request joining one running batch. The HTTP side is
-aotc/serve/completion_server.py, in the same process (a token crosses no process on its way).
+"""What generates the answers of `aotc serve` for a text-generation package: OpenAI completions
+and chat completions, streamed token by token, every answer joining one running batch. The HTTP
+side is aotc/serve/completion_server.py, in the same process (a token crosses no process on its
+way).
 
-`complete(body)` is an async generator. Its first item is the refusal of the request
-(`{"refused": RequestError}`: answered as JSON) or its acceptance; then items
-`{"events": [...]}` holding one event per new token, `{"token_ids": [id], "text": delta,
-"finish_reason": None | "length" | "stop"}` (the last with its finish_reason): as many as were made
-since the previous item was taken. A request the package failed on ends with `{"error": 500,
-"message": ...}` instead.
+`complete(body, chat=False)` is an async generator. Its first item is the refusal of the request
+(`{"refused": RequestError}`: answered as JSON) or its acceptance (`{"accepted": True, "request":
+the parsed request}`); then items `{"events": [...]}` holding one event per new token of any of its
+answers, `{"index": choice, "token_ids": [id], "text": delta, "finish_reason": None | "length" |
+"stop", "logprob", "top_logprobs"}` (an answer's last event with its finish_reason): as many as
+were made since the previous item was taken, until every answer has finished. A request the package
+failed on ends with `{"error": 500, "message": ...}` instead.
 
-Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Every request
-runs in the runtime's decode engine (continuous batching, aotc_runtime/decode_engine.py): a
-request that waits joins at the next step if a row is free and the row's cache holds its prompt
-and max_tokens, and leaves at its own max_tokens, end-of-sequence or stop string (the engine decides, and
-gives each token's text); each row is answered as if alone, greedy or sampled (a
-seed gives the same tokens whatever the neighbours). A client that disconnects marks its row gone;
-the row is freed at the next step.
+Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Every answer a
+request asks for (a prompt of a list, one of `n`) is one sequence in the runtime's decode engine
+(continuous batching, aotc_runtime/decode_engine.py): a sequence that waits joins at the next step
+if a row is free and the row's cache holds its prompt and max_tokens, and leaves at its own
+max_tokens, end-of-sequence or stop string (the engine decides, and gives each token's text); each
+row is answered as if alone, greedy or sampled (a seed gives the same tokens whatever the
+neighbours). A client that disconnects marks its sequences gone; their rows are freed at the next
+step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
-import secrets
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -33,9 +34,11 @@ from typing import Any
 
 from ray.serve import metrics
 
-from aotc.serve.completions import CompletionRequest, parse_completion
+from aotc.serve.chat import parse_chat
+from aotc.serve.completions import parse_completion
 from aotc.serve.protocol import RequestError
 from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
+from aotc.serve.request_fields import Choice
 from aotc.serve.shipping import PackageSource, load_package
 
 logger = logging.getLogger("ray.serve")
@@ -49,23 +52,38 @@ TTFT_BUCKETS_MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
 
 
 @dataclass
-class Job:
-    """One request, from the event loop that answers it to the thread that generates for it."""
+class Reply:
+    """Where one request's events go: from the thread that generates to the event loop that
+    answers it, in order."""
 
-    request: CompletionRequest
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
-    arrived: float = field(default_factory=time.perf_counter)
     gone: bool = False  # the client left (set on the event loop, read by the generating thread)
-    finished: bool = False
 
     def send(self, event: dict) -> None:
         """From the generating thread: the event reaches the request's loop in order."""
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
+@dataclass
+class Job:
+    """One answer of a request (a row's work), waiting or generating."""
+
+    choice: Choice
+    reply: Reply
+    arrived: float = field(default_factory=time.perf_counter)
+    finished: bool = False
+
+    @property
+    def gone(self) -> bool:
+        return self.reply.gone
+
+    def send(self, event: dict) -> None:
+        self.reply.send(event)
+
+
 class Answer:
-    """What a request has been answered so far: its count of tokens."""
+    """What an answer has been given so far: its count of tokens."""
 
     def __init__(self, job: Job):
         self.job, self.made = job, 0
@@ -82,6 +100,7 @@ class CompletionEngine:
         self._source, self._folder = source, None
         self.package: Any = None
         self.refused: str | None = None
+        self.chat_template: Any = None  # aotc_runtime.chat_template.ChatTemplate, if it has one
         self._id = uuid.uuid4().hex[
             :12
         ]  # tells replicas apart on /v1/health, and says nothing else
@@ -92,6 +111,9 @@ class CompletionEngine:
             self.generation = self.package.generation
             # read now, from the files load() just checked (against the signature, when asked)
             self.tokenizer = self.package.tokenizer if self.generation.tokenizer else None
+            from aotc_runtime.chat_template import ChatTemplate
+
+            self.chat_template = ChatTemplate.of_package(self.package)
         except Exception as exc:  # every reason a package cannot load here is reported, not raised
             self.refused = refusal_reason(exc)
             logger.error(self.refused)
@@ -120,12 +142,17 @@ class CompletionEngine:
             "aotc_queued_requests", description="Completion requests waiting for the package."
         )
 
-    async def complete(self, body: bytes):
+    async def complete(self, body: bytes, chat: bool = False):
+        """The request's refusal or acceptance, then its events (see the module's text); `chat`:
+        a chat completion's body, else a completion's."""
         if self.refused is not None:
             yield {"refused": RequestError(503, REFUSED)}
             return
         try:
-            request = parse_completion(body, self.generation, self.tokenizer)
+            if chat:
+                request = parse_chat(body, self.generation, self.tokenizer, self.chat_template)
+            else:
+                request = parse_completion(body, self.generation, self.tokenizer)
             if request.model not in (None, self._served):
                 raise RequestError(
                     404,
@@ -136,27 +163,30 @@ class CompletionEngine:
         except RequestError as exc:
             yield {"refused": exc}
             return
-        job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        reply = Reply(asyncio.get_running_loop(), asyncio.Queue())
         self._start_worker()
-        self._pending.append(job)
+        self._pending.extend(Job(choice, reply) for choice in request.choices)
         self._queued.set(len(self._pending))
         assert self._wake is not None
         self._wake.set()
         self.counts["requests"] += 1
-        yield {"accepted": True, "prompt_tokens": len(request.prompt_ids), "stream": request.stream}
+        yield {"accepted": True, "request": request}
+        unfinished = len(request.choices)
         try:
             while True:
                 # every token waiting goes in one item: a client slower than the model gets
                 # them in one write
-                events = [await job.events.get()]
-                while not job.events.empty():
-                    events.append(job.events.get_nowait())
+                events = [await reply.events.get()]
+                while not reply.events.empty():
+                    events.append(reply.events.get_nowait())
                 yield {"events": events}
-                last = events[-1]
-                if "error" in last or last["finish_reason"] is not None:
+                if any("error" in event for event in events):
+                    return
+                unfinished -= sum(event["finish_reason"] is not None for event in events)
+                if unfinished == 0:
                     return
         finally:  # answered, or the client left (the stream was cancelled)
-            job.gone = True
+            reply.gone = True
 
     def _start_worker(self) -> None:
         if self._worker is None or self._worker.done():
@@ -184,26 +214,35 @@ class CompletionEngine:
             if job.gone:
                 self._pending.remove(job)
                 continue
-            request = job.request
-            if not batch.fits(len(request.prompt_ids), request.max_tokens):
+            request = job.choice.request
+            if not batch.fits(len(request.prompt), request.max_new_tokens):
                 if batch.active == 0:  # cannot happen (requests are checked against the cache)
                     raise RuntimeError("a request that fits the cache does not fit an empty batch")
                 return  # in order: a later request does not overtake this one
             self._pending.remove(job)
             rows[id(job)] = Answer(job)  # first: a failing join is told to it
-            batch.join(id(job), generation_request(request))
+            batch.join(id(job), request)
 
     def _deliver(self, answer: Answer, made: Any) -> None:
-        """One new token of a request (decode_engine.Made: the token, its text, and whether it
-        ended the request, which the engine decides), sent to its client; its time to first
-        token."""
+        """One new token of an answer (decode_engine.Made: the token, its text, whether it ended
+        the answer, which the engine decides, and its logprobs when asked), sent to its client;
+        its time to first token."""
         answer.made += 1
         job = answer.job
         if answer.made == 1:
             self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
         job.finished = made.finish is not None
         if not job.gone:
-            job.send({"token_ids": [made.token], "text": made.text, "finish_reason": made.finish})
+            job.send(
+                {
+                    "index": job.choice.index,
+                    "token_ids": [made.token],
+                    "text": made.text,
+                    "finish_reason": made.finish,
+                    "logprob": made.logprob,
+                    "top_logprobs": made.top_logprobs,
+                }
+            )
 
     def _count_step(self, answers) -> None:
         live = sum(1 for answer in answers if not answer.job.gone)
@@ -267,17 +306,3 @@ class CompletionEngine:
         # getattr: an engine whose __init__ did not run (or failed) has nothing to release
         if getattr(self, "_folder", None) is not None:
             self._source.release(self._folder)
-
-
-def generation_request(request: CompletionRequest) -> Any:
-    """The runtime's GenerationRequest for a completion: its prompt, max_tokens and sampling, the
-    package's end-of-sequence ids. As OpenAI's, an unseeded sampled request draws anew: the
-    runtime's default seed would give every such request the same text."""
-    from aotc_runtime.generation_request import GenerationRequest
-
-    sampling = request.sampling()
-    if sampling.seed is None and not sampling.greedy:
-        sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
-    return GenerationRequest(
-        tuple(request.prompt_ids), request.max_tokens, sampling, stop=request.stop
-    )

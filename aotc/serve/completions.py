@@ -1,83 +1,63 @@
-"""The OpenAI completions protocol of `aotc serve` for text-generation packages: a
-request body -> what to generate, checked against the package; the tokens -> a response body or
-server-sent events. No server and no model here, so every check is tested without one.
+"""The OpenAI completions protocol of `aotc serve` for text-generation packages: a request body ->
+what to generate, checked against the package; the engine's tokens -> OpenAI's answer or its
+server-sent chunks. No server and no model here, so every check is tested without one.
 
-`POST /v1/completions`, a subset of OpenAI's (served by aotc/serve/completion_server.py with
-aotc/serve/completion_engine.py; the protocol is tested on its own here):
-- `prompt`: text (with the package's tokenizer) or a list of token ids; `max_tokens` (16);
-  `temperature` (1.0, as OpenAI's: 0 is greedy); `top_p` (1.0); `top_k` (none; vLLM's and
-  llama.cpp's servers take it too, as `aotc generate --top-k` does); `seed`; `stop`: a string or a list of
-  up to 4 (text only); `stream`; `model` (any string: a server serves one package).
-- temperature, top_p, top_k and seed accept what `aotc generate`, the Python API and the C++ runner accept
-  (aotc_runtime.sampling: temperature 0 or 0.01 to 100, top_p 1e-6 to 1, seed 0 to 2**64-1), one
-  definition for all of them; a boolean is not a number.
-- An explicit null in any field but `prompt` means its default, as OpenAI reads it.
-- Fields OpenAI defines that this server does not implement are accepted only at their neutral
-  value (`n` 1, `echo` false, `logprobs` null, `best_of` 1, penalties 0, `suffix` null, `user`):
-  clients that always send them work, and a request that needs one is refused rather than answered
-  as if it had not asked. Any other field is refused, naming it.
-- The answer: {"id", "object": "text_completion", "created", "model", "choices": [{"index": 0,
-  "text", "token_ids", "finish_reason": "length" | "stop", "logprobs": null}], "usage":
-  {"prompt_tokens", "completion_tokens", "total_tokens"}}; `token_ids` is aotc's addition (with
-  the end-of-sequence token when one ended the text, as `aotc generate` lists it). Streamed:
-  `data: {chunk}` events with the new text and token ids, the last with its finish_reason, then
+`POST /v1/completions` (served by aotc/serve/completion_server.py with completion_engine.py):
+- `prompt`: text (with the package's tokenizer), a list of token ids, or a list of either (one
+  answer per prompt, as LangChain sends a batch); `max_tokens` (16); `echo` (the answer's text
+  starts with the prompt's); `logprobs` (0 to 20: each new token's logprob and that many
+  alternatives, in OpenAI's legacy shape); `suffix` only null.
+- The fields chat shares (aotc/serve/request_fields.py): `temperature` (1.0; 0 is greedy),
+  `top_p`, `top_k`, `min_p`, `presence_penalty`, `frequency_penalty`, `repetition_penalty`,
+  `seed`, `n`, `stop` (a string or up to 4), `ignore_eos`, `stream`, `stream_options`
+  (`include_usage`), `model`, `user`. Any other field is refused, naming it; `best_of` and
+  `logit_bias` only at their neutral values.
+- The answer: {"id", "object": "text_completion", "created", "model", "choices": [{"index",
+  "text", "token_ids", "logprobs", "finish_reason": "length" | "stop"}], "usage"}; choice i * n + j
+  is prompt i's answer j. `token_ids` is aotc's addition (the new tokens, with the
+  end-of-sequence token when one ended the text, as `aotc generate` lists them). Streamed:
+  `data: {chunk}` events, each with one choice's new text and ids, the last of a choice with its
+  finish_reason; with `include_usage` a last chunk with no choices and the usage; then
   `data: [DONE]`.
 
 Every refusal is a protocol.RequestError (400, or 413 for a body above the limit) with one line
 that says what to send instead, and the field at fault as its `param`; the package's own limits
-(the vocabulary, the cache) use the runtime's words (aotc_runtime/generation.py check_request).
+(the vocabulary, the cache) use the runtime's words (GenerationRequest.check).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from aotc.serve import request_fields as fields
+from aotc.serve.logprobs import completion_logprobs
 from aotc.serve.protocol import RequestError
+from aotc.serve.request_fields import Choice, Decoding
 
-if TYPE_CHECKING:
-    from aotc_runtime.sampling import Sampling
-
-DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0}
-# OpenAI's fields this server leaves out, and the value each may still carry (or null)
-NEUTRAL = {
-    "n": 1,
-    "best_of": 1,
-    "echo": False,
-    "logprobs": None,
-    "suffix": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
-    "stream_options": None,
-}
-FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "model",
-          "user")  # fmt: skip
-MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_TOKENS_DEFAULT = 16  # OpenAI's
+FIELDS = ("prompt", "max_tokens", "echo", "logprobs", "temperature", "top_p", "top_k", "min_p",
+          "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "stop",
+          "ignore_eos", "stream", "stream_options", "model", "user")  # fmt: skip
+# OpenAI's fields this server leaves out, and the values each may still carry (or null)
+NEUTRAL = {"best_of": (1,), "suffix": ("",), "logit_bias": ({},)}
 # bytes of a request beyond its prompt: every other field at its longest, with room to spare
 BODY_ALLOWANCE = 16 << 10
 MAX_TOKEN_ID = 2**63 - 1  # ids travel as int64: a larger one is no token of any vocabulary
 
 
-@dataclass(frozen=True)
-class CompletionRequest:
-    prompt_ids: list
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: tuple
-    stream: bool
-    model: str | None
-    top_k: int | None = None
+@dataclass(frozen=True, kw_only=True)
+class CompletionRequest(Decoding):
+    prompts: tuple = ()  # each a list of token ids
+    prompt_texts: tuple = ()  # each prompt as text (echo), or None without a tokenizer
+    echo: bool = False
+    choices: tuple = ()  # request_fields.Choice, in OpenAI's order
 
-    def sampling(self) -> Sampling:
-        """How the runtime picks this request's tokens."""
-        from aotc_runtime.sampling import Sampling  # torch: imported where a model runs
-
-        top_p = None if self.top_p == 1.0 else self.top_p
-        return Sampling(self.temperature, self.top_k, top_p, self.seed)
+    @property
+    def prompt_ids(self) -> list:
+        """The first prompt's ids (the only one, unless a list of prompts was sent)."""
+        return list(self.prompts[0])
 
 
 def max_body_bytes(max_seq_len: int) -> int:
@@ -100,93 +80,99 @@ def body_too_large_for_prompt(size: int | str, limit: int, max_seq_len: int) -> 
     )
 
 
-def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> CompletionRequest:
-    """The request in `body`, checked against the package's `generation` (aotc_runtime's
-    Generation); `tokenizer` (a tokenizers.Tokenizer) when the package carries one."""
+def check_body_size(body: bytes, generation: Any) -> None:
     limit = max_body_bytes(generation.max_seq_len)
     if len(body) > limit:
         raise body_too_large_for_prompt(len(body), limit, generation.max_seq_len)
-    data = _json_object(body)
-    _check_fields(data)
+
+
+def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> CompletionRequest:
+    """The request in `body`, checked against the package's `generation` (aotc_runtime's
+    Generation); `tokenizer` (a tokenizers.Tokenizer) when the package carries one."""
+    check_body_size(body, generation)
+    data = fields.json_object(body, '{"prompt": ...}')
+    fields.check_fields(data, FIELDS, NEUTRAL, "a completion")
     if data.get("prompt") is None:
         raise RequestError(
             400, "'prompt' is missing; send text or a list of token ids", param="prompt"
         )
-    stop = _stop(data.get("stop"), tokenizer)
-    request = CompletionRequest(
-        prompt_ids=_prompt_ids(data["prompt"], generation, tokenizer),
-        max_tokens=_integer(data, "max_tokens", DEFAULTS["max_tokens"], low=1),
-        temperature=_sampling(data, "temperature", DEFAULTS["temperature"]),
-        top_p=_sampling(data, "top_p", DEFAULTS["top_p"]),
-        top_k=_sampling(data, "top_k", None),
-        seed=_sampling(data, "seed", None),
-        stop=stop,
-        stream=_boolean(data, "stream", False),
-        model=_text(data, "model"),
-    )
-    _text(data, "user")
-    _fits(request, generation)
-    return request
-
-
-def _json_object(body: bytes) -> dict:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"request body is not JSON ({exc}); send a JSON object") from None
-    except RecursionError:  # json.loads recurses once per level: a body of "[[[[..." stops it
+    prompts, texts = _prompts(data["prompt"], generation, tokenizer)
+    max_tokens = fields.integer(data, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
+    decoding = fields.read_decoding(data, tokenizer, max_tokens)
+    echo = fields.boolean(data, "echo", False)
+    logprobs = fields.integer(data, "logprobs", None, low=0, high=fields.MAX_LOGPROBS)
+    if echo and tokenizer is None:
         raise RequestError(
-            400, "request body nests too deeply to be a completion; send a flat JSON object"
-        ) from None
-    if not isinstance(data, dict):
-        raise RequestError(400, 'request body is not a JSON object; send {"prompt": ...}')
-    return data
+            400, "'echo' returns the prompt as text, but this package carries no tokenizer; "
+            "leave 'echo' out", param="echo",
+        )  # fmt: skip
+    if echo and logprobs is not None:
+        raise RequestError(
+            400, "'echo' with 'logprobs' asks for the prompt's logprobs, which this server does "
+            "not compute (the package's program gives logits for new tokens only); send one of "
+            "them", param="echo",
+        )  # fmt: skip
+    known = {**fields.decoding_fields(decoding), "logprobs": logprobs}
+    choices = fields.make_choices(
+        prompts, Decoding(**known), [max_tokens] * len(prompts), generation, "prompt"
+    )
+    return CompletionRequest(
+        **known, prompts=tuple(map(tuple, prompts)),
+        prompt_texts=tuple(texts), echo=echo, choices=choices,
+    )  # fmt: skip
 
 
-def _check_fields(data: dict) -> None:
-    for key, value in data.items():
-        if key in NEUTRAL:
-            if value is not None and value != NEUTRAL[key]:
-                raise RequestError(
-                    400,
-                    f"'{key}' is {_shown(value)}; this server supports only "
-                    f"{json.dumps(NEUTRAL[key])} (leave it out)",
-                    param=key,
-                )
-        elif key not in FIELDS:
-            raise RequestError(
-                400,
-                f"unknown field '{key[:40]}'; a completion takes {', '.join(FIELDS)}",
-                param=key,
-            )
+def _prompts(prompt: Any, generation: Any, tokenizer: Any) -> tuple[list, list]:
+    """(each prompt's ids, each prompt's text) of `prompt`: text, ids, or a list of either."""
+    one = isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(_is_id(i) for i in prompt) and prompt
+    )
+    listed = [prompt] if one else prompt
+    if not isinstance(listed, list) or not listed:
+        raise RequestError(
+            400,
+            "the prompt is empty; give at least one token"
+            if listed == []
+            else "'prompt' must be text, a list of token ids, or a list of either; got "
+            f"{type(prompt).__name__}",
+            param="prompt",
+        )
+    if len(listed) > fields.MAX_CHOICES:
+        raise RequestError(
+            400, f"'prompt' lists {len(listed)} prompts; send at most {fields.MAX_CHOICES} in "
+            "one request", param="prompt",
+        )  # fmt: skip
+    ids = [_prompt_ids(each, generation, tokenizer) for each in listed]
+    texts = [
+        given if isinstance(given, str) else tokenizer.decode(each) if tokenizer else None
+        for given, each in zip(listed, ids)
+    ]
+    return ids, texts
 
 
-def _shown(value: Any) -> str:
-    """A value as JSON, short and on one line, whatever a client sent (ASCII: a lone surrogate
-    becomes its escape instead of failing to encode)."""
-    return json.dumps(value)[:40]
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _prompt_ids(prompt: Any, generation: Any, tokenizer: Any) -> list:
     if isinstance(prompt, str):
         ids = _encode(prompt, tokenizer)
-    elif isinstance(prompt, list) and all(
-        isinstance(i, int) and not isinstance(i, bool) for i in prompt
-    ):
+    elif isinstance(prompt, list) and all(_is_id(i) for i in prompt):
         ids = list(prompt)
         # before any tensor is made of them: torch cannot hold an id beyond int64
         bad = next((i for i in ids if not 0 <= i <= MAX_TOKEN_ID), None)
         if bad is not None:
             raise RequestError(
                 400,
-                f"token id {_shown(bad)} is outside the vocabulary (0..{generation.vocab_size - 1})",
+                f"token id {fields.shown(bad)} is outside the vocabulary "
+                f"(0..{generation.vocab_size - 1})",
                 param="prompt",
             )
     else:
         raise RequestError(
             400,
-            "'prompt' must be text or a list of token ids (one prompt per request); got "
-            f"{type(prompt).__name__}",
+            "'prompt' must be text, a list of token ids, or a list of either; got a list "
+            f"holding {type(prompt).__name__}",
             param="prompt",
         )
     if not ids:
@@ -202,147 +188,53 @@ def _encode(prompt: str, tokenizer: Any) -> list:
             "ids, or export it with --tokenizer DIR",
             param="prompt",
         )
-    _check_unicode(prompt, "prompt")
+    fields.check_unicode(prompt, "prompt")
     return tokenizer.encode(prompt).ids
 
 
-def _check_unicode(text: str, key: str) -> None:
-    """JSON may carry a lone surrogate ("\\ud800"), which is no character: the tokenizer cannot
-    take it (it raised, and the client got a plain-text 500)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(
-            400,
-            f"'{key}' holds a lone UTF-16 surrogate ({_shown(text[exc.start])} at character "
-            f"{exc.start}), which is not text; send valid Unicode (a surrogate pair, or UTF-8)",
-            param=key,
-        ) from None
+class CompletionShape:
+    """How the completions endpoint writes what the engine made (answers.py collects it)."""
 
+    object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
 
-def _fits(request: CompletionRequest, generation: Any) -> None:
-    """The runtime's own check of the prompt (its vocabulary) and max_tokens (the cache), as a 400
-    in the runtime's words."""
-    import torch
+    def __init__(self, request: CompletionRequest, tokenizer: Any):
+        self.request, self.tokenizer = request, tokenizer
+        self._offsets: dict = {}  # choice index -> text offset of its next token (logprobs)
 
-    from aotc_runtime.errors import GenerationInputError
-    from aotc_runtime.generation import GREEDY, check_request
+    def _echo(self, choice: Choice) -> str:
+        if not self.request.echo:
+            return ""
+        return self.request.prompt_texts[choice.prompt_index] or ""
 
-    ids = torch.tensor([request.prompt_ids], dtype=torch.int64)
-    try:
-        check_request(generation, ids, None, request.max_tokens, GREEDY)
-    except GenerationInputError as exc:
-        param = "prompt" if str(exc).startswith("token id") else "max_tokens"
-        raise RequestError(400, str(exc), param=param) from None
+    def whole_choice(self, choice: Choice, text: str, ids: list, tokens: list, finish: str) -> dict:
+        """One choice of the whole answer: `tokens` its logprob entries (engine events)."""
+        return {
+            "index": choice.index,
+            "text": self._echo(choice) + text,
+            "token_ids": list(ids),
+            "logprobs": self._logprobs(choice, tokens),
+            "finish_reason": finish,
+        }
 
-
-def _stop(value: Any, tokenizer: Any) -> tuple:
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError(400, "'stop' must be a non-empty string or a list of them", param="stop")
-    if len(stops) > MAX_STOP:
-        raise RequestError(
-            400, f"'stop' holds {len(stops)} strings; send at most {MAX_STOP}", param="stop"
-        )
-    if tokenizer is None:
-        raise RequestError(
-            400,
-            "'stop' needs text, but this package carries no tokenizer; leave 'stop' out",
-            param="stop",
-        )
-    for text in stops:
-        _check_unicode(text, "stop")
-    return tuple(stops)
-
-
-def _value(data: dict, key: str, default: Any) -> Any:
-    """The field's value; absent or null (OpenAI's nullable fields) -> its default."""
-    value = data.get(key)
-    return default if value is None else value
-
-
-def _integer(data: dict, key: str, default: Any, low: int) -> Any:
-    value = _value(data, key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise RequestError(
-            400, f"'{key}' must be a whole number >= {low}; got {_shown(value)}", param=key
-        )
-    return value
-
-
-def _sampling(data: dict, key: str, default: Any) -> Any:
-    """temperature, top_p, top_k or seed, checked by aotc_runtime.sampling: the ranges `aotc generate`,
-    the Python API and the C++ runner accept too."""
-    from aotc_runtime.sampling import Sampling
-
-    value = _value(data, key, default)
-    if value is None:
-        return None
-    why = Sampling(**{key: value}).check()
-    if why is not None:
-        raise RequestError(400, f"'{key}': {why}", param=key)
-    return value if key in ("seed", "top_k") else float(value)
-
-
-def _boolean(data: dict, key: str, default: bool) -> bool:
-    value = _value(data, key, default)
-    if not isinstance(value, bool):
-        raise RequestError(400, f"'{key}' must be true or false; got {_shown(value)}", param=key)
-    return value
-
-
-def _text(data: dict, key: str) -> str | None:
-    value = data.get(key)
-    if value is not None and not isinstance(value, str):
-        raise RequestError(400, f"'{key}' must be a string; got {_shown(value)}", param=key)
-    return value
-
-
-def completion_body(
-    request_id: str,
-    model: str,
-    created: int,
-    text: str | None,
-    token_ids: list,
-    finish_reason: str,
-    prompt_tokens: int,
-) -> dict:
-    """The whole answer of a request that did not stream: one chunk with all of it, and usage."""
-    body = chunk_body(request_id, model, created, text or "", token_ids, finish_reason)
-    body["usage"] = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(token_ids),
-        "total_tokens": prompt_tokens + len(token_ids),
-    }
-    return body
-
-
-def chunk_body(
-    request_id: str,
-    model: str,
-    created: int,
-    text: str,
-    token_ids: list,
-    finish_reason: str | None = None,
-) -> dict:
-    """One streamed event: the text and token ids new since the last one."""
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
+    def chunk_choices(self, choice: Choice, event: dict, first: bool) -> list:
+        """The streamed choices for one engine event of `choice` (`first`: its first event)."""
+        echo = self._echo(choice) if first else ""
+        return [
             {
-                "index": 0,
-                "text": text,
-                "token_ids": list(token_ids),
-                "logprobs": None,
-                "finish_reason": finish_reason,
+                "index": choice.index,
+                "text": echo + event["text"],
+                "token_ids": list(event["token_ids"]),
+                "logprobs": self._logprobs(choice, [event]),
+                "finish_reason": event["finish_reason"],
             }
-        ],
-    }
+        ]
+
+    def _logprobs(self, choice: Choice, events: list) -> dict | None:
+        if self.request.logprobs is None:
+            return None
+        offset = self._offsets.get(choice.index, 0)
+        shaped, self._offsets[choice.index] = completion_logprobs(events, self.tokenizer, offset)
+        return shaped
 
 
 DONE_EVENT = b"data: [DONE]\n\n"

@@ -22,8 +22,6 @@ from typing import Any
 
 import torch
 
-from .sampling import MODES
-
 WARMUP_CALLS = 2  # the first calls allocate workspaces and pick algorithms; capture after them
 
 
@@ -153,8 +151,12 @@ class DecodeGraph:
     sampler's choice of each row's next token written into the ids buffer. A decode step is one
     replay: no host value (a position, a token) travels to the device per token.
 
-    The sampler's work depends on its mode (greedy only, sampled, filtered: sampling.RowSampler),
-    so a graph is captured per mode the first time a step needs it, all sharing one memory pool.
+    The sampler's work depends on its mode (greedy only, sampled, filtered, each with or without
+    penalties and log-probabilities: sampling.RowSampler), so a graph is captured per mode the
+    first time a step needs it, all sharing one memory pool: a batch with a penalized row or one
+    that asks for log-probabilities replays a graph too (its counts, its prompt's tokens and its
+    log-probabilities are the sampler's buffers, updated by the replay), and a greedy batch's
+    graph still does none of that work.
 
     ExecuTorch's CUDA backend captures its decode method the same way (static inputs, the cache as
     the model's own buffers); the difference here is that the inputs' advance and the choice of the
@@ -180,7 +182,7 @@ class DecodeGraph:
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._failed: set[str] = set()
         self._pool: Any = None
-        self._warm = False
+        self._warm_logits: torch.Tensor | None = None  # the warm-up's, for each mode's warm-up
 
     @property
     def captured_modes(self) -> set:
@@ -212,19 +214,18 @@ class DecodeGraph:
             return None
 
     def _capture_in(self, mode: str, flat: list[torch.Tensor]) -> torch.cuda.CUDAGraph:
-        if not self._warm:
-            # The program on the step's inputs: it writes the cache positions the first replay
-            # writes, with the same values. The sampler's choice changes nothing it keeps (its
-            # draw counts advance only in `__call__`).
-            side = _warmup_stream(self._device)
-            side.wait_stream(torch.cuda.current_stream(self._device))
-            with torch.cuda.stream(side):
+        # The program on the step's inputs, once: it writes the cache positions the next replay
+        # writes, with the same values. Then the sampler's work in this mode, which changes
+        # nothing it keeps (its counts and draws advance only in `__call__`).
+        side = _warmup_stream(self._device)
+        side.wait_stream(torch.cuda.current_stream(self._device))
+        with torch.cuda.stream(side):
+            if self._warm_logits is None:
                 for _ in range(WARMUP_CALLS):
                     logits = self._run_flat(flat)[0]
-                for warm_mode in MODES:
-                    self.sampler.choose(logits, warm_mode)
-            torch.cuda.current_stream(self._device).wait_stream(side)
-            self._warm = True
+                self._warm_logits = logits
+            self.sampler.warm_up(self._warm_logits, mode)
+        torch.cuda.current_stream(self._device).wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

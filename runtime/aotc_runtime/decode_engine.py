@@ -17,6 +17,8 @@ row is a slot a sequence owns from its join to its finish:
 - A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache.
 - Each row picks its tokens by its own settings (sampling.RowSampler), on the device, so greedy
   and sampled sequences share the batch and a seeded one's tokens do not depend on its neighbours.
+  Penalties and log-probabilities cost a step work only while a row asks for them (the sampler's
+  mode); a row's log-probabilities come to the host with its token, in the same copy.
 - A row finishes at an end-of-sequence id or its last token (GenerationRequest.finish_reason), or,
   given the package's tokenizer, at a stop string in its text (text_delta.py); its slot is free
   from the next step.
@@ -31,7 +33,7 @@ dropped if the row finished or left.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -41,7 +43,7 @@ import torch
 from .decode_step import DecodeStep
 from .errors import GenerationInputError
 from .generation_request import GenerationRequest
-from .sampling import GREEDY, RowSampler
+from .sampling import GREEDY, LOGPROBS, RowSampler
 from .text_delta import TextDelta
 
 if TYPE_CHECKING:
@@ -66,34 +68,43 @@ class GeneratingPackage(Protocol):
 
 
 class HostCopy:
-    """A step's new tokens on the host, copied while the device runs the next step: the copy is
-    queued before the next step and waited for after it is queued (on CUDA, into pinned memory)."""
+    """A step's new tokens (and log-probabilities, when it made them) on the host, copied while
+    the device runs the next step: the copy is queued before the next step and waited for after it
+    is queued (on CUDA, into pinned memory)."""
 
-    def __init__(self, like: torch.Tensor):
-        self._cuda = like.device.type == "cuda"
-        self._buffer = torch.empty_like(like, device="cpu", pin_memory=self._cuda)
+    def __init__(self, like: Sequence[torch.Tensor]):
+        self._cuda = like[0].device.type == "cuda"
+        self._buffers = [torch.empty_like(t, device="cpu", pin_memory=self._cuda) for t in like]
         self._done = torch.cuda.Event() if self._cuda else None
+        self._copied = 0
 
-    def start(self, tokens: torch.Tensor) -> None:
-        self._buffer.copy_(tokens, non_blocking=self._cuda)
+    def start(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Copies `tensors`, the first of the tensors the copy was made for."""
+        for buffer, tensor in zip(self._buffers, tensors):
+            buffer.copy_(tensor, non_blocking=self._cuda)
+        self._copied = len(tensors)
         if self._done is not None:
             self._done.record()
 
-    def result(self) -> torch.Tensor:
+    def result(self) -> list[torch.Tensor]:
         if self._done is not None:
             self._done.synchronize()
-        return self._buffer.clone()
+        return [buffer.clone() for buffer in self._buffers[: self._copied]]
 
 
 class Made(NamedTuple):
     """One new token of a sequence: its key, the token, why it ended the sequence (None while it
-    goes on, "stop" at an end-of-sequence id or a stop string, "length" at its last token), and the
-    text it adds (with a tokenizer; "" without)."""
+    goes on, "stop" at an end-of-sequence id or a stop string, "length" at its last token), the
+    text it adds (with a tokenizer; "" without), and, when its request asked for them, the token's
+    log-probability and the request's count of most likely tokens at this step as (token id,
+    log-probability) pairs, most likely first (the log-softmax of the package's raw logits)."""
 
     key: Hashable
     token: int
     finish: str | None
     text: str = ""
+    logprob: float | None = None
+    top_logprobs: tuple = ()
 
 
 @dataclass
@@ -137,8 +148,8 @@ class DecodeEngine:
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._host: Any = None
         # a decode step queued by the previous call: (the key of each row it runs for, its
-        # tokens on the device once it has run)
-        self._ahead: tuple[list, torch.Tensor] | None = None
+        # tokens on the device once it has run, whether it made log-probabilities)
+        self._ahead: tuple[list, torch.Tensor, bool] | None = None
 
     @property
     def active(self) -> int:
@@ -168,7 +179,7 @@ class DecodeEngine:
         self.rows[slot] = _Row(key, request, list(request.prompt), text=text)
         self.held[slot] = 0
         self._fresh = True
-        self.sampler.set(slot, request.sampling)
+        self.sampler.set(slot, request.sampling, request.prompt, request.logprobs)
 
     def leave(self, key: Hashable) -> None:
         """The sequence's row is free from the next step (its client left, or a stop string
@@ -196,16 +207,22 @@ class DecodeEngine:
             return []
         with torch.inference_mode():
             if self._ahead is not None:
-                keys, picked = self._ahead
+                keys, picked, with_logprobs = self._ahead
                 self._ahead = None
-            elif any(row is not None and row.prompt for row in self.rows):
-                keys, picked = self._join()
             else:
-                keys, picked = self._keys(), self._decode(self.last.to(self.device))
-            self._host.start(picked)
+                with_logprobs = self._with_logprobs()
+                if any(row is not None and row.prompt for row in self.rows):
+                    keys, picked = self._join()
+                else:
+                    keys, picked = self._keys(), self._decode(self.last.to(self.device))
+            sampler = self.sampler
+            logprobs = [sampler.logprob, sampler.top_logprobs, sampler.top_ids]
+            self._host.start([picked, *logprobs] if with_logprobs else [picked])
             if self.overlap and self._worth_a_step_ahead(keys):
-                self._ahead = (self._keys(), self._decode(picked))
-            tokens = self._host.result()
+                ahead_logprobs = self._with_logprobs()
+                self._ahead = (self._keys(), self._decode(picked), ahead_logprobs)
+            tokens, *host_logprobs = self._host.result()
+        listed = [t.tolist() for t in host_logprobs]
         made = []
         for slot, (key, token) in enumerate(zip(keys, tokens.tolist())):
             row = self.rows[slot]
@@ -220,12 +237,25 @@ class DecodeEngine:
             if row.text is not None:
                 delta, stopped = row.text.add(token, last=finish is not None)
                 finish = "stop" if stopped else finish
-            made.append(Made(key, token, finish, delta))
+            made.append(Made(key, token, finish, delta, *self._logprobs(row, slot, listed)))
             if finish is not None:
                 self._free(slot)
         if self.active == 0:
             self.release()
         return made
+
+    def _with_logprobs(self) -> bool:
+        return LOGPROBS in self.sampler.mode.split("+")
+
+    @staticmethod
+    def _logprobs(row: _Row, slot: int, listed: list) -> tuple:
+        """(logprob, top_logprobs) of a row's token from the step's log-probabilities on the host
+        ([chosen], [top values], [top ids], each a list per row), or () if it asked for none."""
+        wanted = row.request.logprobs
+        if wanted is None or not listed:
+            return ()
+        chosen, top_values, top_ids = listed
+        return chosen[slot], tuple(zip(top_ids[slot][:wanted], top_values[slot][:wanted]))
 
     def _take_package(self) -> None:
         """The decode step's buffers and sampler, every row free: taken under the package's gate
@@ -237,7 +267,10 @@ class DecodeEngine:
             else:
                 self.decode_step = DecodeStep(self.size, self.device)
                 self.sampler = RowSampler(self.size, self.generation.vocab_size, self.device)
-            self._host = HostCopy(self.sampler.tokens)
+            sampler = self.sampler
+            self._host = HostCopy(
+                [sampler.tokens, sampler.logprob, sampler.top_logprobs, sampler.top_ids]
+            )
         for row in range(self.size):
             self.sampler.set(row, GREEDY)
         self._fresh = True

@@ -13,13 +13,20 @@ is one), others wait.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from .decode_engine import DecodeEngine
 from .errors import GenerationInputError, MissingDependencyError, PackageError
-from .generation_request import GenerationRequest, check_eos, check_room, eos_tuple, pad_id
+from .generation_request import (
+    GenerationRequest,
+    check_eos,
+    check_logprobs,
+    check_room,
+    eos_tuple,
+    pad_id,
+)
 from .sampling import GREEDY, Sampling, is_whole_number
 
 if TYPE_CHECKING:
@@ -123,6 +130,23 @@ def check_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
         raise GenerationInputError("a prompt is empty (its attention mask is all 0)")
 
 
+class StepLogprobs(NamedTuple):
+    """A step of `stream(..., logprobs=k)`: the new tokens [prompts], each one's log-probability
+    [prompts] (NaN for a prompt that had ended, whose token is the pad), and the k most likely
+    tokens' ids and log-probabilities [prompts, k], most likely first: the log-softmax of the
+    package's raw logits at that step (before penalties and temperature). On the CPU."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """The new tokens, by the name text_stream.TextStep gives them."""
+        return self.tokens
+
+
 def stream(
     package: GeneratingPackage,
     input_ids: torch.Tensor,
@@ -131,16 +155,24 @@ def stream(
     max_new_tokens: int,
     sampling: Sampling = GREEDY,
     eos_token_ids: Sequence[int] | None = None,
-) -> Iterator[torch.Tensor]:
+    ignore_eos: bool = False,
+    logprobs: int | None = None,
+) -> Iterator[Any]:  # torch.Tensor, or StepLogprobs with logprobs
     """Yields each step's new tokens [prompts] (on the CPU) as they come: each prompt a
     GenerationRequest joining the decode engine at its first step (the prompts' prefill is one
     step), then one token a step for every prompt still going, the pad id for one that ended. At
-    most the package's batch of prompts; fewer are answered as if the others were not there."""
+    most the package's batch of prompts; fewer are answered as if the others were not there.
+    `ignore_eos` goes on past end-of-sequence ids to `max_new_tokens`; with `logprobs` (0 to
+    sampling.MAX_LOGPROBS) each step is a StepLogprobs."""
     generation = package.generation
     check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
     eos = eos_tuple(eos_token_ids)
     if eos is not None:
         check_eos(generation, eos)
+    problem = check_logprobs(logprobs)
+    if problem:
+        raise GenerationInputError(problem)
+    top_count = min(logprobs or 0, generation.vocab_size)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     # a row's prompt is its tokens the mask marks 1, in order (prefill_inputs's reading)
     prompts = [ids[keep.bool()].tolist() for ids, keep in zip(input_ids.cpu(), mask.cpu())]
@@ -148,16 +180,38 @@ def stream(
     engine = DecodeEngine(package, prefill_chunk=generation.max_seq_len)
     try:
         for row, prompt in enumerate(prompts):
-            request = GenerationRequest(tuple(prompt), max_new_tokens, sampling, eos)
+            request = GenerationRequest(
+                tuple(prompt),
+                max_new_tokens,
+                sampling,
+                eos,
+                ignore_eos=ignore_eos,
+                logprobs=logprobs,
+            )
             engine.join(row, request)
         while engine.active:
             new = torch.full((len(prompts),), pad, dtype=torch.int64)
-            for made in engine.step():
+            steps = engine.step()
+            for made in steps:
                 new[made.key] = made.token  # type: ignore[index]  # the keys are row numbers
+            step = new if logprobs is None else with_logprobs(new, steps, top_count)
             with package.generation_gate.paused():
-                yield new
+                yield step
     finally:  # read to the end, or closed: the package is free again
         engine.release()
+
+
+def with_logprobs(tokens: torch.Tensor, steps: Sequence[Any], count: int) -> StepLogprobs:
+    """A step's tokens [prompts] with the log-probabilities its Made rows carry (keyed by row)."""
+    chosen = torch.full(tokens.shape, float("nan"))
+    top_ids = torch.zeros(len(tokens), count, dtype=torch.int64)
+    top_logprobs = torch.full((len(tokens), count), float("-inf"))
+    for made in steps:
+        row = made.key
+        chosen[row] = made.logprob
+        for rank, (token, value) in enumerate(made.top_logprobs):
+            top_ids[row, rank], top_logprobs[row, rank] = token, value
+    return StepLogprobs(tokens, chosen, top_ids, top_logprobs)
 
 
 def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:

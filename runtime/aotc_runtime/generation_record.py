@@ -20,7 +20,7 @@ that says to rebuild.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PackageError
@@ -46,6 +46,10 @@ class Generation:
     # packages from before it was recorded (aotc_runtime/decode_engine.py reads it)
     sliding_window: int | None = None
     step_format: int | None = None  # the step's contract; this runtime runs STEP_FORMAT
+    # the package's chat template (a Jinja file, hashed; chat_template.py renders it) and the
+    # special tokens it is rendered with (bos_token, eos_token, ...), when the model has them
+    chat_template: str | None = None
+    special_tokens: dict = field(default_factory=dict, hash=False)
 
     @classmethod
     def read(cls, fields: Fields) -> Generation:
@@ -63,7 +67,11 @@ class Generation:
             fields.optional_text("tokenizer"),
             fields.integer("sliding_window", None),
             fields.integer("step_format", None),
+            fields.optional_text("chat_template"),
+            _special_tokens(fields),
         )
+        if generation.chat_template is not None and not inside_package(generation.chat_template):
+            fields.fail("chat_template", "is not a plain path inside the package")
         if generation.tokenizer is not None and not inside_package(generation.tokenizer):
             fields.fail("tokenizer", "is not a plain path inside the package")
         for key in ("batch_size", "max_seq_len", "vocab_size"):
@@ -81,7 +89,28 @@ class Generation:
             "tokenizer": self.tokenizer,
             **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
             **({} if self.step_format is None else {"step_format": self.step_format}),
+            **({} if self.chat_template is None else {"chat_template": self.chat_template}),
+            **({"special_tokens": dict(self.special_tokens)} if self.special_tokens else {}),
         }
+
+
+MAX_SPECIAL_TOKENS = 64  # a tokenizer's named special tokens are a handful
+
+
+def _special_tokens(fields: Fields) -> dict:
+    tokens = fields.value("special_tokens", {})
+    if (
+        not isinstance(tokens, dict)
+        or len(tokens) > MAX_SPECIAL_TOKENS
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) <= 256 for k, v in tokens.items()
+        )
+    ):
+        fields.fail(
+            "special_tokens",
+            f"is not an object of at most {MAX_SPECIAL_TOKENS} names to short strings",
+        )
+    return dict(tokens)
 
 
 def check_generation_record(
@@ -164,4 +193,8 @@ def _tokenizer_problem(generation: Generation, files: dict) -> str | None:
     # a tokenizer the hashes do not cover could be anything the folder happens to hold
     if generation.tokenizer is not None and generation.tokenizer not in files:
         return f"its tokenizer {generation.tokenizer} is not one of the package's hashed files"
+    if generation.chat_template is not None and generation.chat_template not in files:
+        return (
+            f"its chat template {generation.chat_template} is not one of the package's hashed files"
+        )
     return None

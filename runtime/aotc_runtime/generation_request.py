@@ -3,9 +3,14 @@ type that `generate`, `stream`, `aotc generate` and `aotc serve` build and the d
 (decode_engine.py) runs. The C++ runner's `aotc::GenerationRequest` (runtime/cpp/include/aotc/
 package.h) holds the same fields.
 
-A sequence finishes at the first of: an end-of-sequence id ("stop"), its `max_new_tokens`-th token
-("length"), or a stop string in its text ("stop"). The decode engine decides, for every front end:
-the first two by `finish_reason`, the third by the row's text (text_delta.py).
+A sequence finishes at the first of: an end-of-sequence id ("stop"; never with `ignore_eos`, as
+vLLM's option of that name), its `max_new_tokens`-th token ("length"), or a stop string in its text
+("stop"). The decode engine decides, for every front end: the first two by `finish_reason`, the
+third by the row's text (text_delta.py).
+
+`logprobs` asks for each new token's log-probability and those of the `logprobs` most likely
+tokens at its step (0: the chosen token's only; at most sampling.MAX_LOGPROBS), from the
+package's raw logits (decode_engine.Made carries them).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 
 from .errors import GenerationInputError
 from .generation_record import Generation
-from .sampling import GREEDY, Sampling, is_whole_number
+from .sampling import GREEDY, MAX_LOGPROBS, Sampling, is_whole_number
 
 
 @dataclass(frozen=True)
@@ -25,13 +30,15 @@ class GenerationRequest:
     sampling: Sampling = GREEDY
     eos_token_ids: tuple | None = None  # None: the package's
     stop: tuple = ()  # stop strings: with the package's tokenizer, the engine reads the text
+    ignore_eos: bool = False  # go on past end-of-sequence ids, to max_new_tokens
+    logprobs: int | None = None  # None: none; k: the chosen token's and the k most likely
 
     def eos(self, generation: Generation) -> tuple:
         return generation.eos_token_ids if self.eos_token_ids is None else self.eos_token_ids
 
     def finish_reason(self, generation: Generation, token: int, made: int) -> str | None:
         """Why the sequence ends with `token`, its `made`-th new token, or None if it goes on."""
-        if token in self.eos(generation):
+        if not self.ignore_eos and token in self.eos(generation):
             return "stop"
         if made >= self.max_new_tokens:
             return "length"
@@ -55,6 +62,25 @@ class GenerationRequest:
             raise GenerationInputError(problem)
         if self.eos_token_ids is not None:
             check_eos(generation, self.eos_token_ids)
+        problem = check_logprobs(self.logprobs)
+        if problem:
+            raise GenerationInputError(problem)
+
+
+def check_logprobs(logprobs: object) -> str | None:
+    """Why `logprobs` is not None or a count of most likely tokens to report, or None."""
+    if logprobs is None:
+        return None
+    if (
+        isinstance(logprobs, int)
+        and not isinstance(logprobs, bool)
+        and 0 <= logprobs <= MAX_LOGPROBS
+    ):
+        return None
+    return (
+        f"logprobs {logprobs!r} is not a whole number from 0 to {MAX_LOGPROBS} (the most likely "
+        "tokens to report beside the chosen one)"
+    )
 
 
 def check_room(generation: Generation, length: int, max_new_tokens: int) -> None:

@@ -118,8 +118,7 @@ class Package:
                     self._routes[key] = target
             if target is not self:
                 return target(*tensors)
-        device = self.device
-        flat = [t if t.device == device else t.to(device) for t in tensors]
+        flat = self._placed(tensors)
         if self._state:
             # each call reads the state the previous one left; an open generation owns it
             with self.generation_gate.other_work("a call of the package"), self._state_lock:
@@ -134,10 +133,17 @@ class Package:
         prefill, whose prompt length changes from call to call and would otherwise be captured once
         per length."""
         self.signature.check_inputs(list(tensors))
-        flat = [t if t.device == self.device else t.to(self.device) for t in tensors]
+        flat = self._placed(tensors)
         with self._state_lock, self.run_settings():
             outputs = self._run_loader(flat + self._state)
             return self._rebuild(self._keep_state(outputs))
+
+    def _placed(self, tensors) -> list[torch.Tensor]:
+        """The inputs on the package's device, contiguous: the compiled model reads each input
+        with the strides it was compiled for, so a view such as `tokens[:, 0:1]` would be misread
+        (silently: another row's values)."""
+        device = self.device
+        return [(t if t.device == device else t.to(device)).contiguous() for t in tensors]
 
     def _call_with_state(self, flat: list[torch.Tensor], key: tuple | None) -> list[torch.Tensor]:
         with self.run_settings():
@@ -198,7 +204,7 @@ class Package:
 
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | Sequence,  # or lists of token ids (prompts.py)
         attention_mask: torch.Tensor | None = None,
         *,
         max_new_tokens: int,
@@ -207,23 +213,37 @@ class Package:
         top_p: float | None = None,
         seed: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        min_p: float | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        ignore_eos: bool = False,
     ) -> torch.Tensor:
         """A text-generation package's prompts followed by their new tokens, as transformers'
         `generate` returns them: greedy with temperature 0 (the default), sampled otherwise (top-k,
-        top-p, a seed for repeatable runs). See aotc_runtime/generation.py."""
+        top-p, min-p, a seed for repeatable runs); penalties and `ignore_eos` as in `stream`. See
+        aotc_runtime/generation.py and sampling.py. `input_ids` may also be lists of token ids
+        (prompts.py): `generate([[5, 17, 42]], max_new_tokens=8)`."""
         from .generation import with_prompts
+        from .prompts import prompt_tensors
 
+        ids, mask = prompt_tensors(input_ids, attention_mask)
         steps = self.stream(
-            input_ids,
-            attention_mask,
+            ids,
+            mask,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             seed=seed,
             eos_token_ids=eos_token_ids,
+            min_p=min_p,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            repetition_penalty=repetition_penalty,
+            ignore_eos=ignore_eos,
         )
-        return with_prompts(input_ids, steps)
+        return with_prompts(ids, steps)
 
     @property
     def generation(self) -> Any:  # generation_record.Generation
@@ -278,7 +298,7 @@ class Package:
 
     def stream(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | Sequence,  # or lists of token ids (prompts.py)
         attention_mask: torch.Tensor | None = None,
         *,
         max_new_tokens: int,
@@ -287,19 +307,56 @@ class Package:
         top_p: float | None = None,
         seed: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
-    ) -> Iterator[torch.Tensor]:
-        """`generate`'s new tokens, one step [prompts] at a time as they come."""
+        min_p: float | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        ignore_eos: bool = False,
+        logprobs: int | None = None,
+        text: bool = False,
+    ) -> Iterator[Any]:
+        """`generate`'s new tokens, one step [prompts] at a time as they come. min-p as
+        transformers' MinPLogitsWarper, the repetition penalty as its
+        RepetitionPenaltyLogitsProcessor (over the prompt and the new tokens), the presence and
+        frequency penalties as OpenAI's (-2 to 2, over the new tokens); `ignore_eos` goes on past
+        end-of-sequence ids; `logprobs=k` (0 to 20) makes each step a generation.StepLogprobs,
+        the new tokens with their log-probabilities and the k most likely tokens'. `text=True`
+        (with the package's tokenizer) makes each step a text_stream.TextStep: the new tokens and
+        the text each prompt gains, never half a character. `input_ids` may be lists of token ids,
+        as in `generate`."""
         from .generation import stream
+        from .prompts import prompt_tensors
         from .sampling import Sampling
 
-        return stream(
+        ids, mask = prompt_tensors(input_ids, attention_mask)
+        tokenizer = self.tokenizer if text else None  # before the stream starts: refused at once
+        steps = stream(
             self,
-            input_ids,
-            attention_mask,
+            ids,
+            mask,
             max_new_tokens=max_new_tokens,
-            sampling=Sampling(temperature, top_k, top_p, seed),
+            sampling=Sampling(
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                min_p=min_p,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                repetition_penalty=repetition_penalty,
+            ),
             eos_token_ids=eos_token_ids,
+            ignore_eos=ignore_eos,
+            logprobs=logprobs,
         )
+        if not text:
+            return steps
+        from .generation_request import eos_tuple
+        from .text_stream import with_text
+
+        eos = eos_tuple(eos_token_ids)
+        eos = self.generation.eos_token_ids if eos is None else eos
+        return with_text(steps, tokenizer, eos, ignore_eos, max_new_tokens)
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""

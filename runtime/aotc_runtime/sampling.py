@@ -9,10 +9,21 @@ token draws one uniform number from a hash of (its seed, i), nothing else. So a 
 do not depend on its neighbours, on how many steps its prompt took, or on which front end runs it,
 and the C++ runner (runtime/cpp/src/sampling.cpp) computes the same numbers with the same
 operations. The draw is inverse-CDF: the first token whose running probability passes the number
-(one number per token, instead of a generator call per row)."""
+(one number per token, instead of a generator call per row).
+
+Before temperature, a row's penalties change its logits (transformers applies its logits
+processors before its warpers, and vLLM its penalties before temperature): the repetition penalty
+as transformers' `RepetitionPenaltyLogitsProcessor` (a logit of a token in the prompt or made so
+far divided by it, or multiplied when negative), then the presence and frequency penalties as
+OpenAI and vLLM define them over the tokens made (logit - presence * (count > 0) - frequency *
+count). After top-p, min-p as transformers' `MinPLogitsWarper` (drop the tokens whose probability
+is below min_p times the most likely one's). Greedy rows take the argmax of the penalized logits,
+as `generate` does. Log-probabilities, for the rows that ask, are the log-softmax of the raw
+logits (before penalties and temperature, as vLLM returns them by default)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +36,11 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 MIN_TOP_P = 1e-6
 MAX_TOP_K = 2**31 - 1
 MAX_SEED = 2**64 - 1  # a generator's seed is 64 bits
+MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range, -2 to 2
+# The repetition penalty divides logits, as temperature does: the same float32 bounds keep a
+# penalized logit finite (transformers and vLLM only ask for a value above 0)
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+MAX_LOGPROBS = 20  # the most likely tokens a step reports at most (OpenAI's top_logprobs cap)
 
 
 def _is_number(value: object) -> bool:
@@ -42,10 +58,31 @@ class Sampling:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    min_p: float | None = None  # None or 0: none
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: none
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes this row's logits (greedy rows too, as in `generate`)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+    def filtered(self, vocab: int) -> bool:
+        """Whether top-k, top-p or min-p drops tokens from this sampled row's choice."""
+        return not self.greedy and (
+            (self.top_k is not None and self.top_k < vocab)
+            or (self.top_p is not None and self.top_p < 1)
+            or bool(self.min_p)
+        )
 
     def check(self) -> str | None:
         """Why these settings are not valid, or None: one line naming the value and the range."""
@@ -66,6 +103,20 @@ class Sampling:
             is_whole_number(self.seed) and 0 <= self.seed <= MAX_SEED
         ):
             return f"seed {self.seed!r} is not a whole number from 0 to 2**64-1"
+        if self.min_p is not None and not (_is_number(self.min_p) and 0 <= self.min_p <= 1):
+            return f"min-p {self.min_p!r} is outside [0, 1] (0: none)"
+        for name, value in (
+            ("presence penalty", self.presence_penalty),
+            ("frequency penalty", self.frequency_penalty),
+        ):
+            if not (_is_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                return f"{name} {value!r} is outside [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0: none)"
+        r = self.repetition_penalty
+        if not (_is_number(r) and MIN_REPETITION_PENALTY <= r <= MAX_REPETITION_PENALTY):
+            return (
+                f"repetition penalty {r!r} is outside [{MIN_REPETITION_PENALTY:g}, "
+                f"{MAX_REPETITION_PENALTY:g}] (1: none; above 1 discourages repeats)"
+            )
         return None
 
 
@@ -99,6 +150,19 @@ def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
 
 GREEDY_ONLY, SAMPLED, FILTERED = "greedy", "sampled", "filtered"
 MODES = (GREEDY_ONLY, SAMPLED, FILTERED)
+# The work a mode adds to its base when a row asks for it, each named after "+" in the mode
+# ("filtered+penalties+logprobs"): a batch that asks for neither does none of it.
+PENALTIES, LOGPROBS = "penalties", "logprobs"
+
+
+def sampler_mode(base: str, penalties: bool = False, logprobs: bool = False) -> str:
+    """The name of a sampler's mode: its base (GREEDY_ONLY, SAMPLED, FILTERED) and its extras."""
+    return "+".join([base] + [PENALTIES] * penalties + [LOGPROBS] * logprobs)
+
+
+def _extras(mode: str) -> tuple[str, bool, bool]:
+    base, *extras = mode.split("+")
+    return base, PENALTIES in extras, LOGPROBS in extras
 
 
 class RowSampler:
@@ -106,44 +170,95 @@ class RowSampler:
     by its own Sampling (see the module's text). Its settings live in device buffers written at
     `set`, so a CUDA graph that captured a call replays it for whatever rows run now; a call's
     work depends only on `mode`, the least work the rows' settings need (argmax; softmax and a
-    running sum; or a sort for top-k and top-p too), so a graph is captured per mode."""
+    running sum; or a sort for top-k, top-p and min-p too; plus penalties, plus log-probabilities,
+    only while a row asks for them), so a graph is captured per mode."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device):
         self.rows, self.vocab, self.device = rows, vocab, device
         self.settings: list[Sampling] = [GREEDY] * rows
+        self.logprobs_wanted: list[int | None] = [None] * rows  # each row's top count, or None
         self.greedy = torch.ones(rows, dtype=torch.bool, device=device)
         # 1 where greedy: no division by 0
         self.temperature = torch.ones(rows, dtype=torch.float32, device=device)
         self.top_k = torch.full((rows,), vocab, dtype=torch.int64, device=device)
         self.top_p = torch.ones(rows, dtype=torch.float32, device=device)
+        self.min_p = torch.zeros(rows, dtype=torch.float32, device=device)
         self.seed = torch.zeros(rows, dtype=torch.int64, device=device)
+        # the penalties (0, 0, 1 where none: a row without them keeps its logits exactly)
+        self.presence = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.frequency = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.repetition = torch.ones(rows, dtype=torch.float32, device=device)
+        # [rows, vocab]: how often each row made each token, and the tokens of its prompt; made at
+        # the first penalized row and kept (a graph captured after holds them)
+        self.counts: torch.Tensor | None = None
+        self.in_prompt: torch.Tensor | None = None
         self.drawn = torch.zeros(rows, dtype=torch.int64, device=device)  # tokens each row made
         self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)  # the last choice
+        # the last choice's log-probabilities: the chosen token's, and the most likely tokens'
+        width = min(MAX_LOGPROBS, vocab)
+        self.logprob = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.top_logprobs = torch.zeros(rows, width, dtype=torch.float32, device=device)
+        self.top_ids = torch.zeros(rows, width, dtype=torch.int64, device=device)
         self._positions = torch.arange(vocab, device=device)
+        self._ones = torch.ones(rows, 1, dtype=torch.float32, device=device)
+        self._mode = GREEDY_ONLY
 
-    def set(self, row: int, sampling: Sampling) -> None:
+    def set(
+        self,
+        row: int,
+        sampling: Sampling,
+        prompt: Sequence[int] = (),
+        logprobs: int | None = None,
+    ) -> None:
         """Row `row` picks by `sampling` from its next token on, its count of draws from 0 (the
-        seed is 0 when none is given, as `generate`'s)."""
+        seed is 0 when none is given, as `generate`'s). `prompt` is what the repetition penalty
+        counts besides the tokens made; `logprobs` (a count, 0 for the chosen token's only) asks
+        for the log-probabilities of its tokens."""
         self.settings[row] = sampling
+        self.logprobs_wanted[row] = logprobs
         greedy = sampling.greedy
         self.greedy[row] = greedy
         self.temperature[row] = 1.0 if greedy else float(sampling.temperature)
         top_k = sampling.top_k
         self.top_k[row] = self.vocab if top_k is None or greedy else min(top_k, self.vocab)
         self.top_p[row] = 1.0 if sampling.top_p is None or greedy else float(sampling.top_p)
+        self.min_p[row] = 0.0 if greedy else float(sampling.min_p or 0.0)
         self.seed[row] = _signed(sampling.seed or 0)
         self.drawn[row] = 0
+        self.presence[row] = float(sampling.presence_penalty)
+        self.frequency[row] = float(sampling.frequency_penalty)
+        self.repetition[row] = float(sampling.repetition_penalty)
+        if sampling.penalized:  # another row's counts are multiplied by 0 and never read
+            counts, in_prompt = self._penalty_buffers()
+            counts[row].zero_()
+            in_prompt[row].zero_()
+            if prompt:
+                ids = torch.tensor(list(prompt), dtype=torch.int64).to(self.device)
+                in_prompt[row, ids] = True
+        self._mode = self._mode_of_settings()
 
     @property
     def mode(self) -> str:
+        return self._mode
+
+    def _mode_of_settings(self) -> str:
         sampled = [s for s in self.settings if not s.greedy]
         if not sampled:
-            return GREEDY_ONLY
-        filtered = any(
-            (s.top_k is not None and s.top_k < self.vocab) or (s.top_p is not None and s.top_p < 1)
-            for s in sampled
+            base = GREEDY_ONLY
+        else:
+            base = FILTERED if any(s.filtered(self.vocab) for s in sampled) else SAMPLED
+        return sampler_mode(
+            base,
+            penalties=any(s.penalized for s in self.settings),
+            logprobs=any(k is not None for k in self.logprobs_wanted),
         )
-        return FILTERED if filtered else SAMPLED
+
+    def _penalty_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.counts is None or self.in_prompt is None:
+            shape = (self.rows, self.vocab)
+            self.counts = torch.zeros(shape, dtype=torch.float32, device=self.device)
+            self.in_prompt = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        return self.counts, self.in_prompt
 
     def __call__(
         self,
@@ -151,21 +266,41 @@ class RowSampler:
         drawing: torch.Tensor | None = None,
         mode: str | None = None,
     ) -> torch.Tensor:
-        """[B] tokens from [B, vocab] logits into `tokens` (returned). `drawing` [B] (0/1 or bool)
-        marks the rows whose token counts (a row still being fed its prompt makes none); every
-        row when None. `mode` is fixed by a graph's capture; `self.mode` otherwise."""
-        tokens = self.choose(logits, self.mode if mode is None else mode)
+        """[B] tokens from [B, vocab] logits into `tokens` (returned); with log-probabilities in
+        the mode, theirs into `logprob`, `top_logprobs` and `top_ids`. `drawing` [B] (0/1 or
+        bool) marks the rows whose token counts (a row still being fed its prompt makes none);
+        every row when None. `mode` is fixed by a graph's capture; `self.mode` otherwise."""
+        mode = self.mode if mode is None else mode
+        _base, penalties, logprobs = _extras(mode)
+        tokens = self.choose(logits, mode)
+        if penalties and self.counts is not None:
+            made = self._ones if drawing is None else drawing.to(torch.float32)[:, None]
+            self.counts.scatter_add_(1, tokens[:, None], made)
+        if logprobs:
+            chosen, top_values, top_ids = self.logprobs_of(logits, tokens)
+            self.logprob.copy_(chosen)
+            self.top_logprobs.copy_(top_values)
+            self.top_ids.copy_(top_ids)
         self.drawn += 1 if drawing is None else drawing.to(torch.int64)
         self.tokens.copy_(tokens)
         return self.tokens
 
+    def warm_up(self, logits: torch.Tensor, mode: str) -> None:
+        """A call's work in `mode`, changing nothing (before a graph captures it)."""
+        tokens = self.choose(logits, mode)
+        if _extras(mode)[2]:
+            self.logprobs_of(logits, tokens)
+
     def choose(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
-        """The tokens, changing nothing (a graph's warm-up runs it)."""
+        """The tokens, changing nothing."""
+        base, penalties, _logprobs = _extras(mode)
+        if penalties and self.counts is not None:
+            logits = self._penalized(logits)
         tokens = logits.argmax(dim=-1)
-        if mode == GREEDY_ONLY:
+        if base == GREEDY_ONLY:
             return tokens
         scores = logits.float() / self.temperature[:, None]
-        if mode == FILTERED:
+        if base == FILTERED:
             scores = self._filtered(scores)
         running = scores.softmax(dim=-1).cumsum(dim=-1)
         total = running[:, -1:]
@@ -176,10 +311,35 @@ class RowSampler:
         picked = torch.searchsorted(running, target, right=True).squeeze(1)
         return torch.where(self.greedy, tokens, picked)
 
+    def logprobs_of(
+        self, logits: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The log-softmax of the raw logits: the chosen tokens' [B], and the most likely
+        tokens' values and ids [B, min(MAX_LOGPROBS, vocab)], most likely first."""
+        log_probabilities = logits.float().log_softmax(dim=-1)
+        top = log_probabilities.topk(self.top_ids.shape[1], dim=-1)
+        chosen = log_probabilities.gather(1, tokens[:, None]).squeeze(1)
+        return chosen, top.values, top.indices
+
+    def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits with each row's penalties (the module's text): transformers' repetition
+        penalty over the prompt and the tokens made, then OpenAI's presence and frequency
+        penalties over the tokens made. A row without penalties keeps its logits exactly (x * 1,
+        x / 1 and x - 0 are x)."""
+        assert self.counts is not None and self.in_prompt is not None
+        scores = logits.float()
+        counts = self.counts
+        made = counts > 0
+        repetition = self.repetition[:, None]
+        repeated = torch.where(scores < 0, scores * repetition, scores / repetition)
+        scores = torch.where(self.in_prompt | made, repeated, scores)
+        return scores - self.frequency[:, None] * counts - self.presence[:, None] * made
+
     def _filtered(self, scores: torch.Tensor) -> torch.Tensor:
-        """`scores` with the tokens outside each row's top-k and then its top-p at -inf: the kept
-        tokens are a prefix of the row sorted, so one threshold per row keeps them. A row with
-        neither keeps its scores unchanged, so its tokens are the same in every mode."""
+        """`scores` with the tokens outside each row's top-k, then its top-p, then its min-p at
+        -inf: the kept tokens are a prefix of the row sorted, so one threshold per row keeps them.
+        A row with none of them keeps its scores unchanged, so its tokens are the same in every
+        mode."""
         ordered = scores.sort(dim=-1, descending=True).values
         inside_k = self._positions < self.top_k[:, None]
         ordered = ordered.masked_fill(~inside_k, float("-inf"))
@@ -190,5 +350,11 @@ class RowSampler:
         drop &= self.top_p[:, None] < 1
         drop[:, 0] = False
         kept = (inside_k & ~drop).sum(dim=-1, keepdim=True)
+        # min-p on what top-k and top-p kept, renormalized (transformers' MinPLogitsWarper comes
+        # after them): keep the tokens at least min_p times as likely as the first (a prefix of
+        # the sorted row; a row with min-p 0 keeps them all)
+        survivors = ordered.masked_fill(self._positions >= kept, float("-inf")).softmax(dim=-1)
+        likely = (survivors >= self.min_p[:, None] * survivors[:, :1]).sum(dim=-1, keepdim=True)
+        kept = torch.minimum(kept, likely.clamp(min=1))
         threshold = ordered.gather(1, kept - 1)
         return scores.masked_fill(scores < threshold, float("-inf"))

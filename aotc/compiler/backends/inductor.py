@@ -146,7 +146,9 @@ def _build(
         )
         # the check's child loads the package through the runtime
         manifest = write_manifest(staging, manifest)
-        atol, rtol = tolerance(cfg.precision.value, cfg.device, cfg.atol, cfg.rtol, cfg.quantize)
+        atol, rtol = tolerance(
+            cfg.precision.value, cfg.device, cfg.atol, cfg.rtol, cfg.quantize, meta.task, signature
+        )
         with (
             progress.stage("checking the package against eager in a child process", key="check"),
             quiet_torch(),

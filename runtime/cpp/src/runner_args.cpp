@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 
+#include "aotc/threads.h"
 #include "runner.h"
 
 namespace aotc::runner {
@@ -18,12 +19,14 @@ namespace {
 
 const char* kUsage =
     "usage: aotc-runner PKG/ [--input FILE ...] [--output OUT.npz] [--iters N] [--warmup N] [--seed N] [--json]\n"
-    "                        [--require-signature --public-key KEY.pub.pem] [--serve]\n"
+    "                        [--require-signature --public-key KEY.pub.pem] [--serve] [--threads N]\n"
     "Run an aotc package with no Python. Inputs: .npy (the next input) or .npz (the inputs its entries name, or\n"
     "arr_0, arr_1... in order); default: seeded random inputs. --output writes the outputs to .npz under their\n"
     "names. --iters/--warmup: 0 to 1000000. --seed: 0 to 2**64-1. --public-key: refuse the package unless its\n"
     "private key signed it (`aotc sign`); --require-signature makes the key mandatory.\n"
     "--serve: keep the package loaded and answer `inputs FILE.npz`, `time N WARMUP`, `quit` on stdin (aotc bench).\n"
+    "--threads N: CPU threads of the package's calls (1 to 1024); default: one per physical core this process may\n"
+    "use (its CPU affinity and cgroup quota), or OMP_NUM_THREADS when set. Reported as `threads`.\n"
     "--generate: new tokens from a text-generation package, as `aotc generate`: --prompt-ids 5,17,42 (repeat for a\n"
     "batch; left-padded), --max-new-tokens N (32), --temperature T (0: greedy, or 0.01 to 100), --top-k K (1 to\n"
     "2**31-1), --top-p P (1e-06 to 1), --seed S, --stream (each step's tokens as they come), --json\n"
@@ -85,6 +88,17 @@ double parse_top_p(const std::string& text) {
   return *value;
 }
 
+// The same words as aotc_runtime.threads.parse_threads.
+int parse_threads(const std::string& text) {
+  std::optional<uint64_t> value = whole_number(text, static_cast<uint64_t>(kMaxThreads));
+  if (!value || *value < 1) {
+    throw usage_error("--threads must be a whole number from 1 to " + std::to_string(kMaxThreads) +
+                      " (the CPU threads to use), got '" + text + "'; leave it out for one thread per physical core (" +
+                      std::to_string(default_threads()) + " here)");
+  }
+  return static_cast<int>(*value);
+}
+
 int parse_count(const std::string& flag, const std::string& text) {
   std::optional<int> value = parse_calls(text);
   if (!value) throw usage_error(flag + " must be a whole number from 0 to " + std::to_string(kMaxCalls) + ", got '" + text + "'");
@@ -137,6 +151,7 @@ bool read_flag(Args& args, const std::string& arg, const std::function<std::stri
   else if (arg == "--top-k") args.generation.sampling.top_k = parse_whole(arg, value(), 1, kMaxTopK);
   else if (arg == "--top-p") args.generation.sampling.top_p = parse_top_p(value());
   else if (arg == "--serve") args.serve = true;
+  else if (arg == "--threads") args.threads = parse_threads(value());
   else if (arg == "--require-signature") args.require_signature = true;
   else if (arg == "--public-key") {
     // One key: a bundle's launcher passes its own first, and a second must not replace it.

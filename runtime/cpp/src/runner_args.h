@@ -14,6 +14,7 @@ struct Args {
   std::string package, output, public_key;
   std::vector<std::string> inputs;
   int iters = 0, warmup = 3;
+  int threads = 0;  // --threads; 0: the default rule (aotc/threads.h)
   uint64_t seed = 0;
   bool as_json = false;
   bool serve = false;

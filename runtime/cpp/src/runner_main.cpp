@@ -1,9 +1,9 @@
 // aotc-runner: run an aotc package with no Python, the way `aotc run` / `aotc-run` do.
 //
 //   aotc-runner PKG/ [--input a.npy ...] [--output out.npz] [--iters N] [--warmup N] [--seed N] [--json]
-//                    [--require-signature --public-key KEY.pub.pem] [--serve]
+//                    [--require-signature --public-key KEY.pub.pem] [--serve] [--threads N]
 //   aotc-runner PKG/ --generate --prompt-ids 5,17,42 [--prompt-ids ...] [--max-new-tokens N]
-//                    [--temperature T --top-k K --top-p P --seed S] [--stream] [--json]
+//                    [--temperature T --top-k K --top-p P --seed S] [--stream] [--json] [--threads N]
 //
 // Errors are one line on stderr (`error: ...`) with the exit codes of the Python runtime.
 #include <ATen/ATen.h>
@@ -18,6 +18,7 @@
 #include "aotc/inputs.h"
 #include "aotc/npy.h"
 #include "aotc/package.h"
+#include "aotc/threads.h"
 #include "runner.h"
 #include "runner_args.h"
 #include "runner_cleanup.h"
@@ -58,7 +59,7 @@ std::string format_report(const json& r) {
 
 // --generate: the prompts left-padded into one batch, as `aotc generate` (aotc/cli/generate.py)
 // pads them, then Package::generate, with the same report.
-int generate(aotc::Package& package, const Args& args) {
+int generate(aotc::Package& package, const Args& args, int threads) {
   size_t longest = 0;
   for (const auto& prompt : args.prompts) longest = std::max(longest, prompt.size());
   const auto rows = static_cast<int64_t>(args.prompts.size()), width = static_cast<int64_t>(longest);
@@ -94,6 +95,7 @@ int generate(aotc::Package& package, const Args& args) {
       {"decode_tokens_per_s", total > 0 ? 1e3 * static_cast<double>(steps.size()) / total : 0.0},
       {"decode_p50_ms", decode.value("median_ms", 0.0)},
       {"decode_p99_ms", decode.value("p99_ms", 0.0)},
+      {"threads", threads},  // the CPU threads the steps ran with (--threads, else the default rule)
       // from process start (static initialisation) to the first token: the runner's cold start
       {"process_to_first_token_ms", stamps.empty() ? json(nullptr) : json(std::chrono::duration<double, std::milli>(stamps[0] - kProcessStart).count())},
   };
@@ -108,16 +110,18 @@ int generate(aotc::Package& package, const Args& args) {
     }
     std::cout << std::flush;
   }
-  char line[200];
-  std::snprintf(line, sizeof line, "first token %.1f ms; %.1f tokens/s per sequence after it (p50 %.2f ms, p99 %.2f ms)",
+  char line[240];
+  std::snprintf(line, sizeof line, "first token %.1f ms; %.1f tokens/s per sequence after it (p50 %.2f ms, p99 %.2f ms); %d CPU thread%s",
                 timings["first_token_ms"].is_null() ? 0.0 : timings["first_token_ms"].get<double>(),
                 timings["decode_tokens_per_s"].get<double>(), timings["decode_p50_ms"].get<double>(),
-                timings["decode_p99_ms"].get<double>());
+                timings["decode_p99_ms"].get<double>(), threads, threads == 1 ? "" : "s");
   std::cerr << line << std::endl;
   return 0;
 }
 
 int run(const Args& args) {
+  // first: inter-op threads can be set only before any parallel work
+  const int threads = aotc::set_threads(args.threads);
   auto started = Clock::now();
   aotc::LoadTimes times;
   aotc::LoadOptions options;
@@ -125,7 +129,7 @@ int run(const Args& args) {
   options.public_key = args.public_key;  // --public-key alone asks for the check too, as aotc-run
   aotc::Package package = aotc::Package::load(args.package, options);
   if (args.serve) return serve(package);
-  if (args.generate) return generate(package, args);
+  if (args.generate) return generate(package, args, threads);
   double load_ms = ms_since(started);
   const auto& signature = package.manifest().signature;
   std::vector<at::Tensor> inputs =
@@ -164,6 +168,9 @@ int run(const Args& args) {
       {"load_breakdown_ms",
        {{"manifest", times.manifest_ms}, {"device", times.device_ms}, {"hashes", times.hashes_ms}, {"loader", times.loader_ms}, {"state", times.state_ms}}},
       {"iters", args.iters},
+      // the CPU threads each call ran with (--threads, else the default rule); the Python report's
+      // "concurrency" names them so too
+      {"intra_op_threads", threads},
       {"cuda_graphs_captured", package.cuda_graphs_captured()},
       // The process-wide TF32 settings the calls ran under (a tf32 package turns both on around its calls).
       {"tf32", {{"cublas", at::globalContext().allowTF32CuBLAS()}, {"cudnn", at::globalContext().allowTF32CuDNN()}}},

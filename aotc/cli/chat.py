@@ -1,0 +1,140 @@
+"""`aotc chat`: an interactive chat in the terminal with a text-generation package that carries a
+chat template (aotc_runtime.chat_session.ChatSession): a line in, the reply streamed as text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from aotc.cli.generate import MAX_SEED
+from aotc.cli.keys import required_key, signature_options
+from aotc.cli.types import exit_codes_epilog, threads_option
+from aotc.errors import UserInputError
+
+PROMPT = "> "
+COMMANDS = "/reset clears the history, /exit (or Ctrl-D) leaves"
+
+
+@click.command(epilog=exit_codes_epilog())
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--system", default=None, help="A system message that opens the conversation.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="0: greedy; above 0: sampled.",
+)
+@click.option("--top-k", type=click.IntRange(min=1), default=None)
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=None,
+    help="Makes a sampled reply repeatable (0 to 2**64-1).",
+)
+@threads_option(
+    "CPU threads of each step (1 to 1024) [default: one per physical core this process may use]."
+)
+@signature_options
+def chat(
+    package,
+    system,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    threads,
+    require_signature,
+    public_key,
+):
+    """Chat with PACKAGE in the terminal: type a message, the reply streams as it comes.
+
+    \b
+    The package needs a tokenizer and a chat template: export it from a saved model folder
+    that has them (aotc export MODEL_DIR --task text-generation). /reset clears the history,
+    /exit or Ctrl-D leaves. When the history no longer fits the package's --max-seq-len, the
+    oldest turns are dropped, and a line on stderr says so.
+
+    \b
+      aotc chat lm_pkg/ --system "You are concise." --max-new-tokens 128
+    """
+    import aotc_runtime
+    from aotc_runtime.chat_session import ChatSession
+    from aotc_runtime.chat_template import ChatTemplate
+    from aotc_runtime.threads import set_threads
+
+    public_key = required_key(require_signature, public_key)
+    set_threads(threads)  # before the package loads: inter-op threads are set once
+    loaded = aotc_runtime.load(package, public_key=public_key)
+    template = ChatTemplate.of_package(loaded)
+    if template is None:
+        raise UserInputError(
+            f"package {package} carries no chat template; export the model from a saved folder "
+            "that has one (chat_template.jinja, or tokenizer_config.json's chat_template): "
+            f"aotc export MODEL_DIR --task text-generation, then aotc build; or run "
+            f'`aotc generate {package} --prompt "TEXT"` for plain text'
+        )
+    session = ChatSession(
+        loaded,
+        template,
+        system=system,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+    )
+    converse(session)
+
+
+def converse(session) -> None:
+    """Read a line, stream its reply, until /exit or the end of input."""
+    import sys
+
+    from aotc_runtime import GenerationInputError
+
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    interactive = sys.stdin.isatty()
+    click.echo(f"chatting with {session.package.path} ({COMMANDS})", err=True)
+    while True:
+        try:
+            line = input(PROMPT if interactive else "")
+        except EOFError:
+            click.echo(err=True)
+            return
+        text = line.strip()
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/reset":
+            session.reset()
+            click.echo("(history cleared)", err=True)
+            continue
+        if not text:
+            continue
+        try:
+            replying = session.reply(line)
+        except GenerationInputError as exc:  # this message only: the chat goes on
+            click.echo(f"error: {exc}", err=True)
+            continue
+        if session.dropped:
+            click.echo(
+                f"(dropped the oldest {session.dropped} turn{'s' if session.dropped > 1 else ''}: "
+                f"the history no longer fits the package's "
+                f"{session.package.generation.max_seq_len}-token cache)",
+                err=True,
+            )
+        try:
+            for piece in replying:
+                click.echo(piece, nl=False)  # echo flushes: the reply shows as it comes
+        except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+            replying.close()
+            click.echo("\n(reply stopped; not kept in the history)", err=True)
+            continue
+        click.echo()

@@ -1,0 +1,200 @@
+"""The build's numeric check of a text-generation package: what generation depends on.
+
+A generation step returns next-token logits, and generation reads them in two ways: greedy
+decoding takes their argmax, sampling their softmax. So the check bounds, per row of logits, the
+largest difference from the reference by atol + rtol x the row's standard deviation (the logits'
+spread: a softmax is unchanged by a shift and reads differences in units of that spread), and it
+asks the greedy token of every row to be the reference's, except where the reference's own top-2
+logits are within that same bound (a near tie, which rounding may flip). An element-wise rtol
+reads near-zero logits, which no token depends on, and a fixed atol does not grow with the
+logits' scale or with a long prefill's longer sums.
+
+Both sides run the check's cases (text_generation.check_cases: a full-cache prefill, prompts of
+several lengths, decode steps, a mixed step), then a greedy generation from the export's example
+prompt: its prefill and GREEDY_STEPS decode steps. Each greedy step feeds both sides the token the
+reference chose (vLLM's tests feed each side its own and stop comparing at the first difference;
+fed the same tokens, every step compares logits of the same context and a near tie does not end
+the comparison). The reference runs first, in this process, and picks the tokens; the package runs
+all the cases in one child process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotc.errors import NumericMismatchError
+from aotc.export.eager_reference import CALLS_PER_CASE, EagerRun
+
+GREEDY_STEPS = 8  # decode steps after the example prompt's prefill, as the cache allows
+
+# inputs of a generation step (text_generation.py): the tokens fed, then per row the tokens the
+# cache holds and the tokens fed this step
+IDS, HELD, FED = 0, 1, 2
+
+
+@dataclass
+class Disagreement:
+    """One row of one call whose logits or greedy token the bound does not allow."""
+
+    label: str
+    row: int
+    position: int  # the position in the row's sequence whose token the logits predict
+    what: str  # the one-line description of the difference
+
+
+def greedy_cases(run: EagerRun, prompt, max_len: int, device) -> tuple[list, list]:
+    """(cases, reference outputs) of a greedy generation from `prompt` [B, P] (ids): its prefill,
+    then up to GREEDY_STEPS decode steps, each fed the reference's argmax of the step before.
+    Each case is run CALLS_PER_CASE times, as the child runs it."""
+    import torch
+
+    batch, length = prompt.shape
+    cases, outputs = [], []
+    ids, held, fed = prompt, [0] * batch, [length] * batch
+    steps = min(GREEDY_STEPS, max_len - length)
+    for step in range(steps + 1):
+        label = (
+            f"greedy prefill of the example prompt ({length} tokens)"
+            if step == 0
+            else f"greedy decode step {step} after the example prompt"
+        )
+        inputs = [ids.to(device), torch.tensor(held), torch.tensor(fed)]
+        inputs = [t.to(device) for t in inputs]
+        cases.append((label, inputs))
+        for _call in range(CALLS_PER_CASE):
+            outputs.append(run.call(label, inputs))
+        ids = outputs[-1][0].argmax(-1, keepdim=True)
+        held, fed = [h + f for h, f in zip(held, fed)], [1] * batch
+    return cases, outputs
+
+
+def example_prompt(ep, task: dict):
+    """The prompt the model was exported with (its first example input), else seeded random ids
+    of the same shape."""
+    import torch
+
+    examples = getattr(ep, "example_inputs", None)
+    if examples and examples[0] and examples[0][0].dim() == 2:
+        return examples[0][0].cpu()
+    length = max(2, min(8, task["max_seq_len"] // 2))
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, task["vocab_size"], (task["batch_size"], length), generator=g)
+
+
+def compare_step(label: str, inputs: list, got, want, atol: float, rtol: float) -> tuple:
+    """(largest |difference|, largest |difference| / the row's spread, [Disagreement]) of one call's
+    logits [B, vocab]: the logits bound first, then the greedy token."""
+    import torch
+
+    got64, want64 = got.to(torch.float64), want.to(torch.float64)
+    if got64.shape != want64.shape:
+        what = f"logits of shape {list(got.shape)} where eager gives {list(want.shape)}"
+        return float("inf"), float("inf"), [Disagreement(label, 0, 0, what)]
+    spread = want64.std(-1)
+    bound = atol + rtol * spread
+    diff = (got64 - want64).abs().amax(-1)
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    relative = diff / spread.clamp_min(torch.finfo(torch.float64).tiny)
+    chosen, wanted = got64.argmax(-1), want64.argmax(-1)
+    held, fed = inputs[HELD].cpu(), inputs[FED].cpu()
+    problems = []
+    for row in range(want64.shape[0]):
+        position = int(held[row] + fed[row])
+        gap = float(want64[row, wanted[row]] - want64[row, chosen[row]])
+        if chosen[row] != wanted[row] and not gap <= float(bound[row]):
+            problems.append(
+                Disagreement(
+                    label,
+                    row,
+                    position,
+                    f"greedy token {int(chosen[row])} where eager's is {int(wanted[row])}, whose "
+                    f"logit leads by {gap:.3g} ({gap / float(spread[row]):.2g} of the logits' "
+                    "spread: not a near tie)",
+                )
+            )
+        elif not diff[row] <= bound[row]:
+            problems.append(
+                Disagreement(
+                    label,
+                    row,
+                    position,
+                    f"logits differ from eager by {float(diff[row]):.3g} "
+                    f"({float(relative[row]):.2g} of the logits' spread {float(spread[row]):.3g})",
+                )
+            )
+    return float(diff.max()), float(relative.max()), problems
+
+
+def check_generation(
+    ep, signature, package_dir: Path, device: str, settings: dict, task: dict, run_in_child
+):
+    """The check of a generation package; returns the manifest's NumericCheck record or raises
+    NumericMismatchError naming the first disagreement (the call, row, position and what).
+    `settings`: atol, rtol, allow_mismatch, strict, precision, described (the reference's words)."""
+    import contextlib
+
+    from aotc.export.text_generation import check_cases
+    from aotc.math_mode import strict_fp32
+    from aotc_runtime import NumericCheck, OutputCheck
+
+    atol, rtol, strict = settings["atol"], settings["rtol"], settings["strict"]
+    cases = check_cases(task, device)
+    with strict_fp32() if strict else contextlib.nullcontext():
+        run = EagerRun(ep, signature, device)
+        references = [run.call(label, t) for label, t in cases for _ in range(CALLS_PER_CASE)]
+        greedy, greedy_references = greedy_cases(
+            run, example_prompt(ep, task), task["max_seq_len"], device
+        )
+    cases, references = cases + greedy, references + greedy_references
+    outputs = run_in_child(package_dir, cases, strict)
+    calls = [(label, t, call) for label, t in cases for call in ("first", "repeat")]
+    worst_abs, worst_rel, worst_case, problems, near_ties = 0.0, 0.0, calls[0][0], [], 0
+    for (label, inputs, call), got, want in zip(calls, outputs, references):
+        where = f"{label}, {call} call"
+        max_abs, max_rel, found = compare_step(where, inputs, got[0], want[0], atol, rtol)
+        near_ties += int((got[0].argmax(-1) != want[0].argmax(-1)).sum()) - sum(
+            "greedy token" in p.what for p in found
+        )
+        problems += found
+        if max_rel >= worst_rel:
+            worst_abs, worst_rel, worst_case = max_abs, max_rel, where
+    name = signature["outputs"][0]["name"] if signature["outputs"] else "logits"
+    greedy_calls = len(greedy) * CALLS_PER_CASE * task["batch_size"]
+    described = (
+        f"{settings['described']}; per row of logits |package - eager| <= atol + rtol x the "
+        f"row's std, and greedy tokens equal except near ties ({near_ties} near ties in "
+        f"{len(calls) * task['batch_size']} rows, {greedy_calls} of them a greedy generation "
+        "from the example prompt)"
+    )
+    record = NumericCheck(
+        reference=described + (", TF32 off on both sides" if strict else ""),
+        cases=tuple(label for label, _ in cases),
+        atol=atol,
+        rtol=rtol,
+        outputs=(OutputCheck(name, worst_abs, worst_rel, atol, rtol, not problems, worst_case),),
+        passed=not problems,
+    )
+    if problems and not settings["allow_mismatch"]:
+        first = problems[0]
+        raise NumericMismatchError(
+            f"the package's {first.what} at {first.label}, row {first.row}, predicting position "
+            f"{first.position}; bound atol={atol:g} + rtol={rtol:g} x spread for "
+            f"{settings['precision']}; {settings['fix']}"
+        )
+    return record
+
+
+def mismatch_fix(precision: str, model_dtype: str) -> str:
+    """What to do when a generation package that computes in `precision` fails its check; the
+    model was exported with weights in `model_dtype` (fp32, or bf16/fp16 for a model in half)."""
+    if model_dtype != "fp32":  # any --precision computes in the model's own half type
+        higher = f"export the model in fp32 (its weights are {model_dtype}), "
+    elif precision != "fp32":
+        higher = "build at a higher --precision (fp32), "
+    else:
+        higher = ""
+    return (
+        f"{higher}loosen --rtol (a fraction of the logits' spread), or pass --allow-mismatch to "
+        "keep the package anyway"
+    )

@@ -1,0 +1,105 @@
+"""The engine's events of one request -> OpenAI's answer, whole or as server-sent chunks, for
+completions and chat alike: the endpoint's shape (completions.CompletionShape, chat.ChatShape)
+writes each choice, this writes the envelope (`id`, `object`, `created`, `model`), `usage`, and
+the order of events. No server here.
+
+`usage` counts each prompt once (a list of prompts: all of them; `n` answers of one prompt share
+it) and every token of every answer, as OpenAI and vLLM count them. A stream that fails after its
+first token ends with one OpenAI error event, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aotc.serve.completions import DONE_EVENT, sse_event
+from aotc.serve.protocol import RequestError, error_body
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What every chunk of one answer repeats."""
+
+    object: str
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def body(self, choices: list, **more: Any) -> dict:
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "choices": choices, **more}  # fmt: skip
+
+
+def envelope(shape: Any, model: str, chunks: bool) -> Envelope:
+    kind = shape.chunk_object if chunks else shape.object
+    return Envelope(kind, model, f"{shape.id_prefix}{uuid.uuid4().hex}")
+
+
+def usage(request: Any, completion_tokens: int) -> dict:
+    prompt_tokens = sum(
+        len(choice.request.prompt) for choice in request.choices if choice.index % request.n == 0
+    )
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass
+class Made:
+    """What one choice has made so far."""
+
+    texts: list = field(default_factory=list)
+    ids: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    finish: str = "length"
+
+
+async def whole_answer(events: AsyncIterator, request: Any, shape: Any, model: str) -> dict:
+    """Every event of the request, collected into one answer; a failure raises its RequestError."""
+    made = {choice.index: Made() for choice in request.choices}
+    async for item in events:
+        for event in item["events"]:
+            if "error" in event:
+                raise RequestError(event["error"], event["message"])
+            mine = made[event["index"]]
+            mine.texts.append(event["text"])
+            mine.ids.extend(event["token_ids"])
+            mine.events.append(event)
+            mine.finish = event["finish_reason"] or mine.finish
+    choices = [
+        shape.whole_choice(choice, "".join(m.texts), m.ids, m.events, m.finish)
+        for choice, m in ((choice, made[choice.index]) for choice in request.choices)
+    ]
+    total = sum(len(m.ids) for m in made.values())
+    return envelope(shape, model, chunks=False).body(choices, usage=usage(request, total))
+
+
+async def server_sent(events: AsyncIterator, request: Any, shape: Any, model: str):
+    """The request's chunks as server-sent events, then the usage chunk if asked, then [DONE]."""
+    answer = envelope(shape, model, chunks=True)
+    by_index = {choice.index: choice for choice in request.choices}
+    started: set = set()
+    extra = {"usage": None} if request.include_usage else {}
+    total, failed = 0, False
+    async for item in events:
+        sent = []
+        for event in item["events"]:
+            if "error" in event:
+                sent.append(sse_event(error_body(event["error"], event["message"])))
+                failed = True
+                break
+            index = event["index"]
+            choices = shape.chunk_choices(by_index[index], event, index not in started)
+            started.add(index)
+            total += len(event["token_ids"])
+            sent.append(sse_event(answer.body(choices, **extra)))
+        yield b"".join(sent)  # one write for what came together
+    if request.include_usage and not failed:
+        yield sse_event(answer.body([], usage=usage(request, total)))
+    yield DONE_EVENT

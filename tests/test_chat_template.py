@@ -1,0 +1,142 @@
+"""The chat template renderer (aotc_runtime.chat_template): the prompt transformers'
+`apply_chat_template` makes, token for token, and what an untrusted template or bad messages get."""
+
+from __future__ import annotations
+
+import pytest
+
+from aotc_runtime import GenerationInputError, PackageError
+from aotc_runtime.chat_template import ChatTemplate
+
+# SmolLM2-Instruct's template (ChatML, with its default system message)
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# transformers' extras: the bos_token variable, tojson, raise_exception, {% generation %}, loop controls
+EXTRAS = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}{% continue %}{% endif %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] | tojson }}{% endgeneration %}"
+    "{% else %}[{{ m['role'] | upper }}] {{ m['content'] | trim }}\n{% endif %}"
+    "{% if loop.index > 50 %}{% break %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello there"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Héllo 🙂, how are you?"},
+        {"role": "assistant", "content": 'Fine, "thanks" <b>!</b>'},
+        {"role": "user", "content": "  And now?\n"},
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    """A byte-level BPE tokenizer (every byte a token) with ChatML's special tokens, as
+    `tokenizers` and as transformers' fast tokenizer over it."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tokenizer = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+        [AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)]
+    )
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
+    return tokenizer, hf
+
+
+@pytest.mark.parametrize("template", [CHATML, EXTRAS], ids=["chatml", "extras"])
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["one-turn", "system-and-turns"])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_the_prompt_equals_transformers_apply_chat_template(
+    tokenizers, template, messages, add_generation_prompt
+):
+    tokenizer, hf = tokenizers
+    ours = ChatTemplate(template, hf.special_tokens_map)
+    theirs = hf.apply_chat_template(
+        messages,
+        chat_template=template,
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_dict=False,
+    )
+    assert ours.prompt_ids(tokenizer, messages, add_generation_prompt) == theirs
+    assert ours.render(messages, add_generation_prompt) == hf.apply_chat_template(
+        messages,
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+    )
+
+
+@pytest.mark.parametrize(
+    "template, reason",
+    [
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "attribute '__class__' of 'str' object is unsafe"),
+        ("{{ cycler.__init__.__globals__.os }}", "attribute '__init__'"),
+        ("{{ messages.append(1) }}", "attribute 'append' of 'list' object is unsafe"),
+        ("{{ 'x' * 10**10 }}", "a repeat (*) would make 10,000,000,000 characters"),
+        ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+         "{% endfor %}{{ ns.s }}", "a joined string would make"),
+        ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "the rendered prompt passed"),
+        ("{{ 'a'.center(1000000000) }}", "center() was given 1,000,000,000"),
+        ("{{ '%999999999d' % 1 }}", "a % format has a format width above"),
+        ("{{ ('ab' * 2000000) | replace('a', 'aaaa') }}", "the replace filter would make"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+         "the render ran past"),
+    ],
+)  # fmt: skip
+def test_a_template_that_escapes_the_sandbox_or_its_bounds_is_refused(
+    monkeypatch, template, reason
+):
+    monkeypatch.setattr("aotc_runtime.template_sandbox.MAX_SECONDS", 1.0)
+    with pytest.raises(PackageError) as caught:
+        ChatTemplate(template).render(CONVERSATIONS[0])
+    message = str(caught.value)
+    assert "\n" not in message and reason in message and "was stopped" in message
+    assert message.endswith("(aotc export MODEL_DIR --task text-generation)")
+
+
+def test_a_template_that_is_not_jinja_is_refused():
+    with pytest.raises(PackageError, match=r"is not a Jinja template \(line 1: "):
+        ChatTemplate("{% for m in messages %}{{ m }")
+
+
+def test_the_templates_own_refusal_is_the_messages_problem():
+    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('start with a user message') }}{% endif %}"
+    with pytest.raises(
+        GenerationInputError, match="refuses these messages: start with a user message$"
+    ):
+        ChatTemplate(template).render([{"role": "assistant", "content": "hi"}])
+
+
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ("hello", "the messages are a str"),
+        ([], "the messages are a list"),
+        ([{"role": "user"}], "message 0 has no text 'content' (it is missing)"),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": 5}],
+         "message 1 has no text 'content' (it is a int)"),
+        ([{"content": "a"}], "message 0 has no text 'role'"),
+        (["hi"], "message 0 is a str"),
+        ([{"role": "user", "content": "x" * (1 << 20 + 1)}], "above the 1,048,576 a chat may hold"),
+    ],
+)  # fmt: skip
+def test_bad_messages_are_refused_in_one_line(messages, problem):
+    with pytest.raises(GenerationInputError) as caught:
+        ChatTemplate(CHATML).render(messages)
+    assert problem in str(caught.value) and "\n" not in str(caught.value)

@@ -1,0 +1,198 @@
+"""The build's check of a text-generation package (aotc/compiler/generation_check.py): next-token
+logits within a bound scaled to the precision and to each row's spread, and greedy tokens equal
+except near ties. Healthy bf16 and long-prefill fp32 builds pass, a model whose weights are
+stored in bf16 passes at fp32 and at bf16, and a build with a corrupted weight fails with exit 6
+naming the step, the row and the position."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ZOO, BuildAhead, invoke
+
+from aotc.compiler.generation_check import compare_step
+from aotc.compiler.tolerances import GENERATION, computed_precision, tolerance
+
+LONG = 2048  # a prefill this long made the element-wise fp32 rule fail on 2.0e-4 against 1e-4
+SHORT = 32
+
+# The zoo's Llama with room for LONG positions, its weights scaled up as tests/conftest.py's
+# GENERATION_MODEL_FILE does (at the default init scale a random LM repeats one token).
+LONG_MODEL = f"""
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def get_model():
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings={LONG}, use_cache=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+"""
+
+# The zoo's Llama loaded in bf16, as a model saved in bf16 loads (torch_dtype=torch.bfloat16)
+BF16_MODEL = """
+import importlib.util
+import torch
+
+spec = importlib.util.spec_from_file_location("zoo_lm", {zoo_file!r})
+zoo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(zoo)
+
+
+def get_model():
+    model = zoo.get_model().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model.to(torch.bfloat16)
+"""
+
+
+def _export(source: Path, artifact: Path, max_len: int) -> list:
+    return ["export", source, "--task", "text-generation", "--max-seq-len", max_len,
+            "--batch-size", 2, "-o", artifact]  # fmt: skip
+
+
+def _build(artifact: Path, package: Path, precision: str) -> list:
+    return [
+        "build",
+        artifact,
+        "--device",
+        "cpu",
+        "--precision",
+        precision,
+        "-o",
+        package,
+        "--quiet",
+    ]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """Both models exported and built in child processes from the module's start (BuildAhead):
+    the long one at fp32 and bf16, the bf16 one at fp32 and bf16."""
+    root = tmp_path_factory.mktemp("generation_check")
+    (root / "long_lm.py").write_text(LONG_MODEL)
+    (root / "bf16_lm.py").write_text(BF16_MODEL.format(zoo_file=str(ZOO / "llama.py")))
+    ahead = BuildAhead()
+    long, bf16 = root / "long.pt2", root / "bf16.pt2"
+    ahead.submit("long", _export(root / "long_lm.py", long, LONG),
+                 *(_build(long, root / f"long_{p}", p) for p in ("fp32", "bf16")))  # fmt: skip
+    ahead.submit("bf16_weights", _export(root / "bf16_lm.py", bf16, SHORT),
+                 *(_build(bf16, root / f"bf16_{p}", p) for p in ("fp32", "bf16")))  # fmt: skip
+    yield SimpleNamespace(root=root, ahead=ahead, bf16_artifact=bf16)
+    ahead.close()
+
+
+def _check(builds, key: str, package: str) -> dict:
+    """The numeric_check record of a package the build ahead made (its build passed the check)."""
+    folder = builds.root / package
+    builds.ahead.wait(key, folder)
+    return json.loads((folder / "manifest.json").read_text())["numeric_check"]
+
+
+def test_long_prefill_at_fp32_passes(builds):
+    check = _check(builds, "long", "long_fp32")
+    assert check["passed"] and f"prefill of {LONG} tokens (S at its max)" in check["cases"]
+    assert (check["atol"], check["rtol"]) == GENERATION["fp32"]
+    logits = check["outputs"][0]
+    assert 0 < logits["max_rel"] <= GENERATION["fp32"][1]  # measured: a fraction of the spread
+
+
+# fp16 follows the same rule with its own bound (test_computed_precision_and_defaults); one half
+# precision build is enough to keep the suite's time
+@pytest.mark.parametrize("precision", ["bf16"])
+def test_half_precision_builds_pass(builds, precision):
+    check = _check(builds, "long", f"long_{precision}")
+    assert check["passed"] and (check["atol"], check["rtol"]) == GENERATION[precision]
+    assert "greedy decode step 8 after the example prompt" in check["cases"]
+    assert "greedy tokens equal except near ties" in check["reference"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_model_stored_in_bf16_passes(builds, precision):
+    """A model in bf16 computes in bf16 at any --precision, and is held to bf16's bound."""
+    check = _check(builds, "bf16_weights", f"bf16_{precision}")
+    assert check["passed"] and (check["atol"], check["rtol"]) == GENERATION["bf16"]
+
+
+def test_corrupted_weight_fails(builds, tmp_path, monkeypatch):
+    """A build whose package holds one weight scaled by 1.5 (its reference keeps the model's) is
+    refused: exit 6, one line naming what disagreed, where, and the fix; nothing is written."""
+    import aotc.compiler.backends.inductor as inductor
+
+    _check(builds, "bf16_weights", "bf16_bf16")  # the artifact exists (and builds healthy)
+    place = inductor.place_program
+
+    def corrupted(*args, **kwargs):
+        placed = place(*args, **kwargs)
+        names = [name for name in placed.state_dict if "layers.1.mlp.down_proj" in name]
+        assert names, list(placed.state_dict)
+        with torch.no_grad():
+            placed.state_dict[names[0]].mul_(1.5)
+        return placed
+
+    monkeypatch.setattr(inductor, "place_program", corrupted)
+    package = tmp_path / "broken_pkg"
+    result = invoke(*_build(builds.bf16_artifact, package, "bf16"))
+    assert result.exit_code == 6, result.stderr
+    message = result.stderr.strip()
+    assert "\n" not in message and "Traceback" not in message, message
+    assert "differ" in message or "greedy token" in message, message
+    assert ", row " in message and "predicting position" in message, message
+    assert "export the model in fp32" in message and "--allow-mismatch" in message, message
+    assert not package.exists()
+
+
+# The rule itself, on logits whose answer is known
+
+
+def _step(batch: int = 1):
+    return [torch.zeros(batch, 1, dtype=torch.long), torch.tensor([5] * batch),
+            torch.tensor([1] * batch)]  # fmt: skip
+
+
+def test_near_tie_may_flip_and_a_clear_lead_may_not():
+    want = torch.tensor([[4.0, 3.99, 0.0, -4.0]])  # spread (std) 3.73
+    tie = torch.tensor([[3.995, 3.996, 0.0, -4.0]])  # argmax flips inside the bound
+    _abs, _rel, problems = compare_step("tie", _step(), tie, want, 1e-2, 0.5)
+    assert problems == []
+    flipped = torch.tensor([[4.0, 3.99, 4.5, -4.0]])  # token 2 where eager's 0 leads by 4
+    _abs, rel, problems = compare_step("decode step 3", _step(), flipped, want, 1e-2, 0.5)
+    assert len(problems) == 1 and problems[0].position == 6 and problems[0].row == 0
+    assert "greedy token 2 where eager's is 0, whose logit leads by 4" in problems[0].what
+    assert rel == pytest.approx(4.5 / float(want.double().std()))
+
+
+def test_bound_scales_with_the_spread():
+    want = torch.linspace(-30.0, 30.0, 512)[None]  # a wide spread: 17.4
+    got = want + 1.0  # a shift of 1: 0.057 of the spread, within bf16's 0.5, far above fp32's
+    assert compare_step("s", _step(), got, want, *GENERATION["bf16"])[2] == []
+    problems = compare_step("s", _step(), got, want, *GENERATION["fp32"])[2]
+    assert "logits differ from eager by 1" in problems[0].what
+
+
+def test_nan_logits_fail():
+    want = torch.tensor([[1.0, 2.0, 3.0]])
+    got = torch.tensor([[1.0, float("nan"), 3.0]])
+    assert compare_step("s", _step(), got, want, *GENERATION["bf16"])[2]
+
+
+def test_computed_precision_and_defaults():
+    half = {"outputs": [{"name": "logits", "dtype": "bfloat16"}]}
+    full = {"outputs": [{"name": "logits", "dtype": "float32"}]}
+    assert computed_precision("fp32", half) == "bf16" and computed_precision("fp32", full) == "fp32"
+    assert computed_precision("fp16", full) == "fp16"
+    task = {"name": "text-generation"}
+    assert tolerance("fp32", "cpu", None, None, None, task, half) == GENERATION["bf16"]
+    assert tolerance("bf16", "cpu", None, 0.3, None, task, full) == (GENERATION["bf16"][0], 0.3)
+    assert tolerance("fp32", "cpu", None, None) == (1e-4, 1e-4)  # one-call models: as before

@@ -1,0 +1,278 @@
+"""`aotc export MODEL_DIR`: a folder save_pretrained wrote, exported without a model file.
+
+One tiny Llama (tied embeddings, weights in five safetensors shards, a word-level tokenizer with
+a chat template, generation_config.json naming two end-of-sequence ids) is exported and built
+once; the package is held against transformers' from_pretrained of the same folder. The
+refusals each run on a copy of the folder with one thing wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import invoke
+
+MAX_LEN, BATCH, NEW_TOKENS = 32, 2, 8
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {{ eos_token }} "
+    "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}"
+)
+
+
+def save_llama_folder(folder: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """A tiny LlamaForCausalLM as save_pretrained writes it, with its tokenizer: weights scaled
+    up (at the default init scale a random LM repeats one token, and a comparison says little)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2, 3], pad_token_id=0)
+    model.to(dtype).save_pretrained(folder, max_shard_size="100KB")  # 5 shards
+    words = {"[UNK]": 0, "<s>": 1, "</s>": 2, "<eot>": 3, **{f"w{i}": i for i in range(4, 512)}}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   unk_token="[UNK]", pad_token="[UNK]")  # fmt: skip
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory) -> Path:
+    return save_llama_folder(tmp_path_factory.mktemp("folder") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def folder_package(llama_folder, tmp_path_factory) -> tuple:
+    """(artifact, package, the export's stdout) of the folder, exported and built once."""
+    out = tmp_path_factory.mktemp("folder_pkg")
+    artifact, package = out / "lm.pt2", out / "lm_pkg"
+    exported = invoke("export", llama_folder, "--task", "text-generation", "--max-seq-len",
+                      MAX_LEN, "--batch-size", BATCH, "-o", artifact)  # fmt: skip
+    assert exported.exit_code == 0, exported.stderr
+    built = invoke("build", artifact, "--device", "cpu", "-o", package, "--quiet")
+    assert built.exit_code == 0, built.stderr
+    return artifact, package, exported.stdout
+
+
+def refused(result, code: int, *words: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(w in result.stderr for w in words), result.stderr
+
+
+def test_the_folder_is_sharded_and_ties_its_embeddings(llama_folder):
+    index = json.loads((llama_folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert "lm_head.weight" not in index["weight_map"]  # written once, as the embedding
+
+
+def test_the_package_generates_what_transformers_generates_from_the_folder(
+    llama_folder, folder_package
+):
+    from transformers import AutoModelForCausalLM
+
+    import aotc_runtime
+
+    _artifact, package, stdout = folder_package
+    model = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    prompts = torch.tensor([[5, 17, 42, 99, 7], [300, 12, 8, 64, 201]])
+    with torch.no_grad():
+        expected = model.generate(prompts, attention_mask=torch.ones_like(prompts),
+                                  max_new_tokens=NEW_TOKENS, do_sample=False)  # fmt: skip
+    got = aotc_runtime.load(package).generate(prompts, max_new_tokens=NEW_TOKENS)
+    assert got.tolist() == expected.tolist()
+    assert len(set(got[:, 5:].flatten().tolist())) > 2, "a degenerate sequence tests little"
+    # one line for the whole KV cache, not one per layer and kind
+    assert [line for line in stdout.splitlines() if "state" in line] == [
+        "  state  KV cache: 2 layers of keys and values, float32 [2, 33, 2, 16] each, 33.0 KiB "
+        "(forward updates it; the package keeps it between calls)"
+    ]
+
+
+def test_the_tokenizer_chat_template_and_stop_ids_travel_into_the_package(
+    llama_folder, folder_package
+):
+    import aotc_runtime
+
+    _artifact, package, _stdout = folder_package
+    manifest = json.loads((package / "manifest.json").read_text())
+    generation = manifest["generation"]
+    assert generation["eos_token_ids"] == [2, 3]  # generation_config.json's, not config.json's 2
+    assert generation["tokenizer"] == "tokenizer.json"
+    assert generation["chat_template"] == "chat_template.jinja"
+    assert generation["special_tokens"] == {"bos_token": "<s>", "eos_token": "</s>",
+                                            "pad_token": "[UNK]", "unk_token": "[UNK]"}  # fmt: skip
+    assert {"tokenizer.json", "chat_template.jinja"} <= set(manifest["files"])
+    assert (package / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+    loaded = aotc_runtime.load(package)
+    assert loaded.manifest.generation.chat_template == "chat_template.jinja"
+    assert loaded.tokenizer.encode("w5 w17").ids == [5, 17]
+
+
+def test_a_tampered_chat_template_is_refused_at_load(folder_package, tmp_path):
+    import aotc_runtime
+
+    _artifact, package, _stdout = folder_package
+    copy = tmp_path / "tampered"
+    shutil.copytree(package, copy)
+    (copy / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(aotc_runtime.PackageError, match="chat_template.jinja"):
+        aotc_runtime.load(copy)
+
+
+def test_the_configs_dtype_is_honoured_and_dtype_overrides_it(tmp_path):
+    from aotc.export.model_folder import load_model_folder
+
+    folder = save_llama_folder(tmp_path / "bf16", torch.bfloat16)
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    half = load_model_folder(folder).module
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    full = load_model_folder(folder, "float32").module
+    assert {p.dtype for p in full.parameters()} == {torch.float32}
+    assert full.lm_head.weight is full.model.embed_tokens.weight  # still tied
+    torch.testing.assert_close(full.lm_head.weight, half.lm_head.weight.float())
+
+
+def test_weights_with_tied_embeddings_load_into_a_model_file(llama_folder, tmp_path):
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from aotc.export.loading import load_model
+    from aotc.export.weights import load_weights
+
+    saved = AutoModelForCausalLM.from_pretrained(llama_folder)
+    state = {k: v for k, v in saved.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "lm.py").write_text(
+        "from transformers import AutoConfig, AutoModelForCausalLM\n"
+        f"def get_model():\n    return AutoModelForCausalLM.from_config("
+        f"AutoConfig.from_pretrained({str(llama_folder)!r}))\n"
+    )
+    module = load_model(str(tmp_path / "lm.py")).module
+    load_weights(module, tmp_path / "model.safetensors")
+    for name, tensor in saved.state_dict().items():
+        torch.testing.assert_close(module.state_dict()[name], tensor, rtol=0, atol=0)
+    # a state_dict of another model is refused with the names that differ
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    refused(
+        invoke("export", tmp_path / "lm.py", "--task", "text-generation", "--max-seq-len", 16,
+               "--weights", tmp_path / "other.safetensors", "-o", tmp_path / "x.pt2"),
+        2, "does not fit the model: missing model.embed_tokens.weight", "unexpected w",
+    )  # fmt: skip
+
+
+def broken_copy(source: Path, target: Path, change) -> Path:
+    shutil.copytree(source, target)
+    change(target)
+    return target
+
+
+def edit_config(**changes):
+    def change(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        config.update(changes)
+        (folder / "config.json").write_text(json.dumps(config))
+
+    return change
+
+
+def only_pickle_weights(folder: Path) -> None:
+    for path in folder.glob("model*.safetensors*"):
+        path.unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"not read")
+
+
+def index_outside(folder: Path) -> None:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (edit_config(auto_map={"AutoModelForCausalLM": "modeling_x.X"}),
+         ("names custom model code (auto_map", "trust_remote_code=True", "aotc export lm.py")),
+        (lambda f: (f / "modeling_x.py").write_text("raise SystemExit"),
+         ("holds Python code (modeling_x.py)", "aotc export lm.py")),
+        (only_pickle_weights, ("only as pickle files (pytorch_model.bin)", "save_pretrained")),
+        (lambda f: (f / "config.json").unlink(), ("has no config.json",)),
+        (edit_config(quantization_config={"quant_method": "gptq"}),
+         ("quantized checkpoint (gptq)", "--quantize")),
+        (edit_config(model_type="no-such-model"), ("model_type 'no-such-model'",)),
+        (index_outside, ("'../elsewhere.safetensors', not a .safetensors file of the folder",)),
+        (lambda f: (f / "config.json").write_text("[" * 100_000),
+         ("config.json is not valid JSON",)),
+    ],
+    ids=["auto_map", "python-file", "pickle-only", "no-config", "quantized", "unknown-type",
+         "index-outside", "deep-json"],
+)  # fmt: skip
+def test_a_folder_that_would_run_code_or_is_not_a_model_is_refused_in_one_line(
+    llama_folder, tmp_path, change, words
+):
+    folder = broken_copy(llama_folder, tmp_path / "broken", change)
+    result = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "-o", tmp_path / "lm.pt2")  # fmt: skip
+    refused(result, 2, *words)
+
+
+def test_dtype_with_task_is_the_models_and_an_input_dtype_is_refused(llama_folder, tmp_path):
+    result = invoke("export", llama_folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "--dtype", "int64", "-o", tmp_path / "lm.pt2")  # fmt: skip
+    refused(result, 2, "--dtype is the model's dtype", "float32, bfloat16, float16")
+
+
+def test_a_bfloat16_export_keeps_a_bfloat16_cache(llama_folder, tmp_path):
+    """--dtype with --task is honoured: the step runs, and keeps its cache, in that dtype."""
+    result = invoke("export", llama_folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "--batch-size", 1, "--dtype", "bfloat16", "-o", tmp_path / "lm.pt2", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    signature = json.loads(result.stdout)["signature"]
+    assert {s["dtype"] for s in signature["state"]} == {"bfloat16"}
+    assert signature["outputs"][0]["dtype"] == "bfloat16"
+
+
+GPT_NEO = """
+from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+
+def get_model():
+    return GPTNeoForCausalLM(GPTNeoConfig(vocab_size=256, hidden_size=32, num_layers=2,
+        num_heads=4, attention_types=[[["global", "local"], 1]], max_position_embeddings=64,
+        window_size=8, bos_token_id=0, eos_token_id=0))
+"""
+
+
+def test_a_model_generation_packages_cannot_hold_is_sent_to_an_export_that_works(tmp_path):
+    """GPTNeo's attention is its own code: --task refuses it and names the one-call export,
+    which then works (its KV cache output turned off)."""
+    model_file = tmp_path / "neo.py"
+    model_file.write_text(GPT_NEO)
+    result = invoke("export", model_file, "--task", "text-generation", "--max-seq-len", 16,
+                    "-o", tmp_path / "neo.pt2")  # fmt: skip
+    command = f"aotc export {model_file} --input-shape input_ids=1x16 --dtype int64"
+    refused(result, 2, "GPTNeoForCausalLM cannot run over a static KV cache", command)
+    args = command.split()[3:]  # after `aotc export MODEL`
+    result = invoke("export", model_file, *args, "-o", tmp_path / "neo.pt2")
+    assert result.exit_code == 0, result.stderr
+    assert "exported without its KV cache output" in result.stderr
