@@ -35,7 +35,11 @@ def invoke(*args):
     packages the tests build are the format's examples.
     """
     args = [str(a) for a in args]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    threads = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    finally:  # a command's --threads (or its default) must not follow the session's later tests
+        torch.set_num_threads(threads)
     if result.exit_code == 0 and args and args[0] == "build":
         assert_manifest_matches_schema(built_package(args))
     return result

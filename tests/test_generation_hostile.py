@@ -65,9 +65,9 @@ def test_an_eos_id_outside_the_vocabulary_never_becomes_the_pad(loaded):
         loaded.generate(prompts, max_new_tokens=6, eos_token_ids=[600, 379])
 
 
-def test_token_ids_as_a_list_are_refused_in_one_line(loaded):
-    with pytest.raises(GenerationInputError, match="got a list; pass torch.tensor"):
-        loaded.generate([[5, 17, 42]], max_new_tokens=2)
+def test_token_ids_as_a_list_are_read_as_the_tensor(loaded):
+    as_tensor = loaded.generate(torch.tensor([[5, 17, 42]]), max_new_tokens=2)
+    assert loaded.generate([[5, 17, 42]], max_new_tokens=2).tolist() == as_tensor.tolist()
 
 
 @pytest.mark.parametrize(

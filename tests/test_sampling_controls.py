@@ -52,8 +52,9 @@ def draw(scores: torch.Tensor, seed: int, count: int) -> int:
     return int(torch.searchsorted(running, target, right=True))
 
 
-def reference(model, prompt: list, new: int, sampling: Sampling) -> list:
-    """A row's tokens from the eager model: transformers' processors in `generate`'s order
+def reference(model, prompt: list, new: int, sampling: Sampling, seen=None) -> list:
+    """A row's tokens from the eager model (or, given `seen`, from the logits the package's sampler
+    was handed at each step, row 0): transformers' processors in `generate`'s order
     (repetition penalty; temperature, top-k, top-p, min-p), OpenAI's presence and frequency
     penalties over the new tokens after the repetition penalty (as vLLM applies them), then
     argmax or the runtime's draw."""
@@ -68,8 +69,11 @@ def reference(model, prompt: list, new: int, sampling: Sampling) -> list:
     ids = torch.tensor([prompt])
     made: list = []
     for count in range(new):
-        with torch.no_grad():
-            scores = model(ids).logits[:, -1, :].float()
+        if seen is not None:
+            scores = seen[count][None, :].float()
+        else:
+            with torch.no_grad():
+                scores = model(ids).logits[:, -1, :].float()
         if sampling.repetition_penalty != 1:
             scores = RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty))(
                 ids, scores
@@ -151,11 +155,24 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_seeded_tokens_equal_the_reference_of_transformers_processors(gpt2, case):
+    """The processors applied to the logits the sampler was handed: a sampled token depends on
+    every bit of its logits, and the package's differ from eager's in their last bits (by the
+    threads and kernels that summed them), so the reference replays the package's own."""
     loaded, model, _ = gpt2
     sampling = CASES[case]
     prompt = PROMPTS[0]
-    got = generated(loaded, prompt, NEW, sampling)
-    assert got == reference(model, prompt, NEW, sampling)
+    seen: list = []
+    call = RowSampler.__call__
+
+    def recording(self, logits, *args, **kwargs):
+        seen.append(logits[0].detach().clone())
+        return call(self, logits, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RowSampler, "__call__", recording)
+        got = generated(loaded, prompt, NEW, sampling)
+    assert len(seen) == NEW
+    assert got == reference(model, prompt, NEW, sampling, seen)
     # the control changes the tokens: without it, the same seed gives others
     bare = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
     assert got != generated(loaded, prompt, NEW, bare), "the control changed nothing"

@@ -13,20 +13,11 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from aotc.errors import ModelError, UserInputError
+from aotc.export.loaded_model import LoadedModel
 from aotc.export.user_frames import first_line, innermost_user_frame
-
-
-@dataclass
-class LoadedModel:
-    module: object  # torch.nn.Module, in eval mode
-    description: str  # "examples/mlp.py:SimpleModel"
-    source_files: tuple  # the user's files, to point errors at
-    example_inputs: object = None  # the file's example_inputs() function, if any
-    notes: tuple = ()  # what the export tells the user of how the model was loaded
 
 
 def _function_module(fn):

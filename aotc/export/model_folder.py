@@ -18,7 +18,7 @@ from typing import Any
 
 from aotc.errors import ModelError, UserInputError
 from aotc.export.folder_json import read_json_object
-from aotc.export.loading import LoadedModel
+from aotc.export.loaded_model import LoadedModel
 from aotc.export.user_frames import first_line
 from aotc.export.weights import WeightsMismatch, copy_weights, safetensors_tensors
 
