@@ -138,7 +138,7 @@ class Package:
             outputs = self._run_loader(flat + self._state)
             return self._rebuild(self._keep_state(outputs))
 
-    def _placed(self, tensors) -> list[torch.Tensor]:
+    def _placed(self, tensors: Any) -> list[torch.Tensor]:
         """The inputs on the package's device, contiguous: the compiled model reads each input
         with the strides it was compiled for, so a view such as `tokens[:, 0:1]` would be misread
         (silently: another row's values)."""
