@@ -52,8 +52,9 @@ from aotc.cli.types import ThreadsType, exit_codes_epilog
 @click.option(
     "--threads",
     type=ThreadsType(),  # a bad value: one line, exit 2, as aotc generate and aotc bench say it
-    help="Intra-op threads per replica (CPU packages; 1 to 1024). Default: this machine's cores / replicas "
-    "(one fewer for a text-generation package: a core for the HTTP side).",
+    help="Intra-op threads per replica (CPU packages; 1 to 1024). Default: the physical cores "
+    "this process may use / replicas (one fewer for a text-generation package: a core for the "
+    "HTTP side).",
 )
 @click.option(
     "--max-body-mb",

@@ -178,7 +178,10 @@ def _resources(options: ServeOptions, manifest) -> tuple[int, float]:
     elif cuda:
         threads = 1
     else:
-        share = (os.cpu_count() or 1) // options.replicas
+        from aotc_runtime.threads import default_threads
+
+        # the machine's physical cores this process may use, shared by the replicas
+        share = default_threads() // options.replicas
         # A generating replica streams each token over HTTP from its event loop while its
         # thread runs steps back to back: intra-op threads on every core starve the loop and
         # Ray's proxy (2-core VM: 1,100-1,500 tokens/s with 2 threads, 2,300-2,650 with 1).
