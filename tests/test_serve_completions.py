@@ -344,20 +344,22 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
 
 
 def test_a_generating_cpu_replica_leaves_a_core_to_its_http_side(monkeypatch):
-    """Default intra-op threads: cores / replicas, one fewer for a text-generation package (its
-    event loop streams every token while its thread steps); --threads is taken as given."""
+    """Default intra-op threads: physical cores / replicas, one fewer for a text-generation
+    package (its event loop streams every token while its thread steps); --threads is taken as
+    given."""
     from types import SimpleNamespace
 
+    import aotc_runtime.threads
     from aotc.serve import app
 
-    monkeypatch.setattr(app.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(aotc_runtime.threads, "default_threads", lambda: 8)
     cpu = SimpleNamespace(type="cpu")
     plain = SimpleNamespace(device=cpu, generation=None)
     generating = SimpleNamespace(device=cpu, generation=object())
     options = ServeOptions(package=None, replicas=2)  # type: ignore[arg-type]
     assert app._resources(options, plain) == (4, 0.0)
     assert app._resources(options, generating) == (3, 0.0)
-    monkeypatch.setattr(app.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(aotc_runtime.threads, "default_threads", lambda: 2)
     assert app._resources(options, generating) == (1, 0.0)  # never below one
     given = ServeOptions(package=None, replicas=2, threads=2)  # type: ignore[arg-type]
     assert app._resources(given, generating) == (2, 0.0)

@@ -56,7 +56,9 @@ class ServeOptions:
     batch_wait_ms: float = 5.0
     address: str | None = None  # a Ray cluster; None starts Ray on this machine
     gpus_per_replica: float | None = None  # None: 1 for a CUDA package, 0 for a CPU one
-    threads: int | None = None  # intra-op threads per replica; None: cores / replicas (CPU)
+    threads: int | None = (
+        None  # intra-op threads per replica; None: physical cores / replicas (CPU)
+    )
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body must arrive within it, or 408
     ship: bool | None = None  # None: ship through Ray exactly when --address is given
