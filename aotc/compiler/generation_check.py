@@ -15,7 +15,10 @@ prompt: its prefill and GREEDY_STEPS decode steps. Each greedy step feeds both s
 reference chose (vLLM's tests feed each side its own and stop comparing at the first difference;
 fed the same tokens, every step compares logits of the same context and a near tie does not end
 the comparison). The reference runs first, in this process, and picks the tokens; the package runs
-all the cases in one child process.
+all the cases in one child process, each twice (a CUDA graph is captured on the first call and
+replayed on the second). The reference runs each case once: a step writes the cache positions it
+reads, so its second call repeats the first exactly, and the check's largest prefill (the whole
+cache, every row) is its costliest call.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class Disagreement:
 def greedy_cases(run: EagerRun, prompt, max_len: int, device) -> tuple[list, list]:
     """(cases, reference outputs) of a greedy generation from `prompt` [B, P] (ids): its prefill,
     then up to GREEDY_STEPS decode steps, each fed the reference's argmax of the step before.
-    Each case is run CALLS_PER_CASE times, as the child runs it."""
+    Each case's outputs are listed CALLS_PER_CASE times, as the child runs it."""
     import torch
 
     batch, length = prompt.shape
@@ -62,11 +65,17 @@ def greedy_cases(run: EagerRun, prompt, max_len: int, device) -> tuple[list, lis
         inputs = [ids.to(device), torch.tensor(held), torch.tensor(fed)]
         inputs = [t.to(device) for t in inputs]
         cases.append((label, inputs))
-        for _call in range(CALLS_PER_CASE):
-            outputs.append(run.call(label, inputs))
+        outputs += reference_calls(run, label, inputs)
         ids = outputs[-1][0].argmax(-1, keepdim=True)
         held, fed = [h + f for h, f in zip(held, fed)], [1] * batch
     return cases, outputs
+
+
+def reference_calls(run: EagerRun, label: str, inputs: list) -> list:
+    """The reference's outputs of a case for each of the child's CALLS_PER_CASE calls of it: one
+    eager call, repeated (a generation step rewrites the cache positions it reads with the same
+    values, so a second call returns the first's outputs and leaves the same cache)."""
+    return [run.call(label, inputs)] * CALLS_PER_CASE
 
 
 def example_prompt(ep, task: dict):
@@ -142,7 +151,7 @@ def check_generation(
     cases = check_cases(task, device)
     with strict_fp32() if strict else contextlib.nullcontext():
         run = EagerRun(ep, signature, device)
-        references = [run.call(label, t) for label, t in cases for _ in range(CALLS_PER_CASE)]
+        references = [out for label, t in cases for out in reference_calls(run, label, t)]
         greedy, greedy_references = greedy_cases(
             run, example_prompt(ep, task), task["max_seq_len"], device
         )
