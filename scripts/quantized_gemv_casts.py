@@ -6,7 +6,7 @@ fp16's mantissa, with fp16 activations). One row, weights read from memory (each
 the next of enough copies to pass 512 MB), the best tile of a small sweep for each.
 Raw: docs/bench/quantized_gemv_casts_h100.json.
 
-usage: python scripts/quantized_gemv_casts.py OUT.json   (on a CUDA machine)
+usage: python scripts/quantized_gemv_casts.py OUT.json   (on a CUDA machine, aotc installed)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from quantized_gemv_sweep import time_rotated
+from quantized_gemv_sweep import cold_weights, time_rotated
 
 SHAPES = ((2048, 3072), (2048, 16384), (8192, 2048), (2048, 128256))  # K x N
 CASTS = {0: "plain cast", 1: "fp32 magic number", 2: "fp16 magic number, fp16 activations"}
@@ -72,14 +72,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = {"device": torch.cuda.get_device_name()}
     for k_in, n_out in SHAPES:
-        copies = max(2, -(-(512 << 20) // (n_out * k_in * 2)))
-        weights = [
-            torch.randint(-127, 127, (n_out, k_in), dtype=torch.int8, device="cuda")
-            for _ in range(copies)
-        ]
-        dense = [
-            torch.randn(n_out, k_in, device="cuda", dtype=torch.bfloat16) for _ in range(copies)
-        ]
+        weights, dense = cold_weights(n_out, k_in)
         x = torch.randn(1, k_in, device="cuda", dtype=torch.bfloat16)
         inputs = {0: x, 1: x, 2: x.half()}
         row = {"bf16": time_rotated([lambda w=w, x=x: x @ w.t() for w in dense])}

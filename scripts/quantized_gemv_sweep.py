@@ -34,6 +34,18 @@ def product(x, w, block_n, block_k, splits, warps, stages):
     return out
 
 
+def cold_weights(n_out: int, k_in: int) -> tuple[list, list]:
+    """(int8 weights, bf16 weights) [n_out, k_in], enough copies of each to pass 512 MB, so a call
+    that takes the next copy reads it from memory and not from L2."""
+    copies = max(2, -(-(512 << 20) // (n_out * k_in * 2)))
+    weights = [
+        torch.randint(-127, 127, (n_out, k_in), dtype=torch.int8, device="cuda")
+        for _ in range(copies)
+    ]
+    dense = [torch.randn(n_out, k_in, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    return weights, dense
+
+
 def time_rotated(calls, reps: int = 40) -> float:
     """µs a call (median of 5 replays of a CUDA graph of `reps` calls taken in turn)."""
     for call in calls:
@@ -60,14 +72,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = {}
     for k_in, n_out in SHAPES:
-        copies = max(2, -(-(512 << 20) // (n_out * k_in * 2)))
-        weights = [
-            torch.randint(-127, 127, (n_out, k_in), dtype=torch.int8, device="cuda")
-            for _ in range(copies)
-        ]
-        dense = [
-            torch.randn(n_out, k_in, device="cuda", dtype=torch.bfloat16) for _ in range(copies)
-        ]
+        weights, dense = cold_weights(n_out, k_in)
         x = torch.randn(1, k_in, device="cuda", dtype=torch.bfloat16)
         row = {"bf16": time_rotated([lambda w=w, x=x: x @ w.t() for w in dense])}
         for block_n in (32, 64, 128):
