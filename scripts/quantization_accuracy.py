@@ -39,6 +39,7 @@ minutes and a row's measurement 10 to 40 s (fp32).
     python scripts/quantization_accuracy.py --work ~/.cache/aotc-quantization --out results.json
     python scripts/quantization_accuracy.py --work W --schemes "" --tokens 64 --prompts 2 --eager
     python scripts/quantization_accuracy.py --work W --built int4-skip-lm_head=PACKAGE
+    python scripts/quantization_accuracy.py --work W --schemes "" --eager --simulate-fp8
 """
 
 from __future__ import annotations
@@ -239,6 +240,35 @@ class EagerModel:
         return out[0, len(prompt) :].tolist()
 
 
+class SimulatedModel(EagerModel):
+    """The transformers model run eagerly with each weight replaced by what `aotc build --quantize
+    fp8` stores of it, dequantized: the scheme's rounding, measured on a machine its kernel cannot
+    run on (fp8 needs a CUDA GPU of compute capability 8.9 or more). Every linear layer whose
+    features 16 divides takes float8 e4m3 with a scale per output row; an embedding tied to the
+    output layer keeps its own int8 rows, as the package stores it. The activations stay fp32, as
+    the package's do in its base precision, and the CUDA GEMV sums the same products in fp32."""
+
+    def __init__(self, folder: Path, device: str):
+        from aotc.export import quantized_linear as ql
+
+        super().__init__(folder, device)
+        model = self.model
+        with torch.no_grad():
+            embedding = model.get_input_embeddings()
+            output = model.get_output_embeddings()
+            if output is not None and output.weight is embedding.weight:  # tied: stored twice
+                output.weight = torch.nn.Parameter(output.weight.detach().clone())
+                embedding.weight.copy_(
+                    ql.int8_rows_dequantized(*ql.int8_rows(embedding.weight, torch.float32))
+                )
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear) and not (
+                    module.in_features % 16 or module.out_features % 16
+                ):
+                    back = ql.fp8_rows_dequantized(*ql.fp8_rows(module.weight))
+                    module.weight.copy_(back.to(module.weight.dtype))
+
+
 Model = PackageModel | EagerModel
 
 
@@ -370,6 +400,11 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="add the transformers model run eagerly as a row (a harness check)",
     )
+    parser.add_argument(
+        "--simulate-fp8",
+        action="store_true",
+        help="add fp8's rounding as a row, simulated eagerly (SimulatedModel): fp8 needs a GPU",
+    )
     parser.add_argument("--out", type=Path, default=Path("results.json"))
     args = parser.parse_args()
     if not 1 <= args.prompts <= len(PROMPTS):
@@ -396,6 +431,12 @@ def main() -> None:
             outputs = run_model(name, model, text, prompts, args.new_tokens)
             del model
             rows.append(result_row(name, folder, compare(base, outputs, text)))
+        if args.simulate_fp8:
+            model = SimulatedModel(prepare_folder(args.work), args.device)
+            outputs = run_model("fp8 (simulated)", model, text, prompts, args.new_tokens)
+            del model
+            row = result_row("fp8 (simulated eagerly)", None, compare(base, outputs, text))
+            rows.append({**row, "quantization": {"scheme": "fp8", "simulated": True}})
     for each in rows:
         each["ppl_increase_pct"] = 100 * (each["perplexity"] / rows[0]["perplexity"] - 1)
     print(markdown(rows))
