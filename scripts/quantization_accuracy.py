@@ -243,13 +243,14 @@ class EagerModel:
 class SimulatedModel(EagerModel):
     """The transformers model run eagerly with each weight replaced by what `aotc build --quantize
     fp8` stores of it, dequantized: the scheme's rounding, measured on a machine its kernel cannot
-    run on (fp8 needs a CUDA GPU of compute capability 8.9 or more). Every linear layer whose
-    features 16 divides takes float8 e4m3 with a scale per output row; an embedding tied to the
+    run on (fp8 needs a CUDA GPU of compute capability 8.9 or more). Every linear layer the
+    scheme takes (fp8_refusal) takes float8 e4m3 with a scale per output row; an embedding tied to the
     output layer keeps its own int8 rows, as the package stores it. The activations stay fp32, as
     the package's do in its base precision, and the CUDA GEMV sums the same products in fp32."""
 
     def __init__(self, folder: Path, device: str):
         from aotc.export import quantized_linear as ql
+        from aotc.export.quantization import fp8_refusal
 
         super().__init__(folder, device)
         model = self.model
@@ -262,8 +263,8 @@ class SimulatedModel(EagerModel):
                     ql.int8_rows_dequantized(*ql.int8_rows(embedding.weight, torch.float32))
                 )
             for module in model.modules():
-                if isinstance(module, torch.nn.Linear) and not (
-                    module.in_features % 16 or module.out_features % 16
+                if isinstance(module, torch.nn.Linear) and not fp8_refusal(
+                    module.out_features, module.in_features
                 ):
                     back = ql.fp8_rows_dequantized(*ql.fp8_rows(module.weight))
                     module.weight.copy_(back.to(module.weight.dtype))

@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from quantized_gemv_sweep import cold_weights, time_rotated
 
+from aotc.export.gemv_kernel import split_count
+
 SHAPES = ((2048, 3072), (2048, 16384), (8192, 2048), (2048, 128256))  # K x N
 CASTS = {0: "plain cast", 1: "fp32 magic number", 2: "fp16 magic number, fp16 activations"}
 
@@ -85,11 +87,7 @@ def main() -> None:
             for block_n in (64, 128):
                 for block_k in (128, 256):
                     for per_sm in (1, 2, 4):
-                        blocks_n, want = triton.cdiv(n_out, block_n), per_sm * sms
-                        splits = (
-                            1 if blocks_n >= want
-                            else min(triton.cdiv(k_in, block_k), triton.cdiv(want, blocks_n))
-                        )  # fmt: skip
+                        splits = split_count(n_out, k_in, block_n, block_k, per_sm * sms)
                         for warps, stages in ((4, 3), (4, 4)):
                             shape = (cast, block_n, block_k, splits, warps, stages)
                             calls = [

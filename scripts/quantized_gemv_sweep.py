@@ -78,9 +78,7 @@ def main() -> None:
         for block_n in (32, 64, 128):
             for block_k in (64, 128, 256, 512):
                 for per_sm in (1, 2, 4, 8):
-                    blocks_n, k_blocks = triton.cdiv(n_out, block_n), triton.cdiv(k_in, block_k)
-                    want = per_sm * sms
-                    splits = 1 if blocks_n >= want else min(k_blocks, triton.cdiv(want, blocks_n))
+                    splits = gemv_kernel.split_count(n_out, k_in, block_n, block_k, per_sm * sms)
                     for warps, stages in ((4, 3), (4, 4), (8, 3), (4, 5)):
                         shape = (block_n, block_k, splits, warps, stages)
                         calls = [lambda w=w, x=x, s=shape: product(x, w, *s) for w in weights]

@@ -75,13 +75,20 @@ def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int,
     Llama-3.2-1B shape's products, one row, weights not in L2, on an H200 (docs/quantization.md)."""
     block_n = 64
     block_k = min(256, max(16, triton.next_power_of_2(k_in)))
+    splits = split_count(n_out, k_in, block_n, block_k, programs_wanted)
+    return block_n, block_k, triton.cdiv(n_out, block_n), splits
+
+
+def split_count(n_out: int, k_in: int, block_n: int, block_k: int, programs_wanted: int) -> int:
+    """How many stretches of the input features a tile of block_n x block_k splits into: one if
+    the output features alone give `programs_wanted` programs, else enough to reach it (each at
+    least one block_k), counted after rounding each stretch up to whole blocks."""
     blocks_n = triton.cdiv(n_out, block_n)
     k_blocks = triton.cdiv(k_in, block_k)
     splits = (
         1 if blocks_n >= programs_wanted else min(k_blocks, triton.cdiv(programs_wanted, blocks_n))
     )
-    per_split = triton.cdiv(k_blocks, splits) * block_k
-    return block_n, block_k, blocks_n, triton.cdiv(k_in, per_split)
+    return triton.cdiv(k_in, triton.cdiv(k_blocks, splits) * block_k)
 
 
 @triton_op(OP, mutates_args={})
