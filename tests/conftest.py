@@ -155,6 +155,14 @@ def packages(tmp_path_factory) -> PackageCache:
 
 
 ZOO = Path(__file__).parent / "zoo"
+# gpt2 and the llama line; then other architectures: fused projections (phi3, gpt_neox), multi-query
+# attention, soft-capping and a sliding window shorter than the sequence (gemma2, gemma3), normed
+# queries and keys (qwen3, gemma3), a layer without rotary embeddings (smollm3), parallel attention
+# and MLP with LayerNorm (phi, gpt_neox, cohere, falcon), partial (phi, gpt_neox) or interleaved
+# (cohere) rotary embeddings, a config that names its key/value heads its own way (falcon), a
+# mixture of experts with a shared expert (qwen2_moe)
+GENERATION_FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "phi3", "gemma2", "gemma3", "qwen3", "smollm3",
+            "cohere", "phi", "gpt_neox", "falcon", "qwen2_moe")  # fmt: skip
 GENERATION_MAX_LEN, GENERATION_BATCH = 32, 2
 # A zoo LM with its weights scaled up: at the default init scale a random LM repeats one token,
 # which would make a token-for-token comparison say little.
@@ -336,3 +344,41 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {{ eos_token }} "
+    "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}"
+)
+
+
+def save_llama_folder(folder: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """A tiny LlamaForCausalLM as save_pretrained writes it, with its tokenizer: weights scaled
+    up (at the default init scale a random LM repeats one token, and a comparison says little)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2, 3], pad_token_id=0)
+    model.to(dtype).save_pretrained(folder, max_shard_size="100KB")  # 5 shards
+    words = {"[UNK]": 0, "<s>": 1, "</s>": 2, "<eot>": 3, **{f"w{i}": i for i in range(4, 512)}}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   unk_token="[UNK]", pad_token="[UNK]")  # fmt: skip
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return folder

@@ -12,21 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke
+from conftest import GENERATION_FAMILIES, invoke
 
 import aotc_runtime
 from aotc.compiler.tolerances import GENERATION
 from aotc_runtime.errors import GenerationInputError, PackageError
 
 pytestmark = pytest.mark.slow
-# gpt2 and the llama line; then other architectures: fused projections (phi3, gpt_neox), multi-query
-# attention, soft-capping and a sliding window shorter than the sequence (gemma2, gemma3), normed
-# queries and keys (qwen3, gemma3), a layer without rotary embeddings (smollm3), parallel attention
-# and MLP with LayerNorm (phi, gpt_neox, cohere, falcon), partial (phi, gpt_neox) or interleaved
-# (cohere) rotary embeddings, a config that names its key/value heads its own way (falcon), a
-# mixture of experts with a shared expert (qwen2_moe)
-FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "phi3", "gemma2", "gemma3", "qwen3", "smollm3",
-            "cohere", "phi", "gpt_neox", "falcon", "qwen2_moe")  # fmt: skip
+FAMILIES = GENERATION_FAMILIES
 
 
 @pytest.fixture(scope="module", autouse=True)

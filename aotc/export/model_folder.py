@@ -211,6 +211,9 @@ def build_model(folder: Path, data: dict, dtype: str) -> Any:
     from transformers.initialization import no_init_weights
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from aotc.export.transformers_release import warn_if_untested
+
+    warn_if_untested()
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise UserInputError(

@@ -19,6 +19,7 @@ from typing import Any
 from aotc.errors import UserInputError
 from aotc.export.row_cache import STEP_INPUTS
 from aotc.export.sibling_linears import fuse_sibling_linears
+from aotc.export.transformers_release import cache_keyword, hooks_guard, warn_if_untested
 from aotc_runtime.generation import prefill_inputs  # one definition, the runtime's loop uses it
 
 TASK = "text-generation"
@@ -65,8 +66,8 @@ def cache_shape(model: Any) -> tuple[int, int]:
     with torch.no_grad():
         model(
             input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
-            past_key_values=cache,
             use_cache=True,
+            **{cache_keyword(model): cache},
         )
     # keys [batch, heads, tokens, head dim], per layer
     shapes = {(layer.keys.shape[1], layer.keys.shape[-1]) for layer in cache.layers}
@@ -93,10 +94,11 @@ def cache_step(model: Any, batch_size: int, max_len: int, target: str = "MODEL")
     from aotc.export.row_cache import row_step
 
     check_supports_static_cache(model, target)
-    fuse_sibling_linears(model, lambda: probe_step(model))  # q/k/v, gate/up: one GEMM each
-    heads, head_dim = cache_shape(model)
-    step = row_step(model, batch_size, max_len, heads, head_dim)
-    check_owned_attention(model, step, max_len, target)
+    with hooks_guard(model):  # every call below goes through transformers' model code
+        fuse_sibling_linears(model, lambda: probe_step(model))  # q/k/v, gate/up: one GEMM each
+        heads, head_dim = cache_shape(model)
+        step = row_step(model, batch_size, max_len, heads, head_dim)
+        check_owned_attention(model, step, max_len, target)
     step.zero_cache()
     return step
 
@@ -119,7 +121,9 @@ def check_owned_attention(model: Any, step: Any, max_len: int, target: str = "MO
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
         for start, end in ((0, length), (length, length + 1), (length + 1, length + 2)):
-            out = model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
+            out = model(
+                input_ids=ids[:, start:end], use_cache=True, **{cache_keyword(model): cache}
+            )
             own.append(out.logits[0, -1].float())
         long = torch.zeros(batch, dtype=torch.long, device=device)
         fed = torch.zeros(batch, dtype=torch.long, device=device)
@@ -152,6 +156,7 @@ def generation_export(loaded: Any, cfg: Any, extras: Any = None) -> tuple:
     from aotc.export.shapes import DimSpec
 
     model, max_len = loaded.module, cfg.max_seq_len
+    warn_if_untested()
     check_supports_static_cache(model, cfg.model)  # before anything is measured or allocated
     if cfg.batch_size is None:
         cfg = dataclasses.replace(cfg, batch_size=default_batch_size(model, max_len))
