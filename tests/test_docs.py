@@ -67,3 +67,21 @@ def test_the_library_never_imports_the_cli():
         ):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == [], offenders
+
+
+def test_the_supported_transformers_range_is_stated_alike_everywhere():
+    """The tested releases in the code's warning are the ones the requirements install, the
+    extra declares from the oldest, and the README names."""
+    import tomllib
+
+    from aotc.export import transformers_release as release
+
+    def pin(file: str) -> str:
+        lines = (ROOT / file).read_text().splitlines()
+        return next(line.split("==")[1] for line in lines if line.startswith("transformers=="))
+
+    assert pin("requirements.txt") == release.OLDEST_TESTED
+    assert pin("requirements-newest.txt") == release.NEWEST_TESTED
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"transformers{release.SUPPORTED}" in extras["transformers"]
+    assert f"{release.tested_range()} are tested" in " ".join(README.split())
