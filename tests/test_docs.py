@@ -82,6 +82,6 @@ def test_the_supported_transformers_range_is_stated_alike_everywhere():
 
     assert pin("requirements.txt") == release.OLDEST_TESTED
     assert pin("requirements-newest.txt") == release.NEWEST_TESTED
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert f"transformers{release.SUPPORTED}" in extras["transformers"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert f"transformers{release.SUPPORTED}" in project["optional-dependencies"]["transformers"]
     assert f"{release.tested_range()} are tested" in " ".join(README.split())
