@@ -240,3 +240,77 @@ def test_a_model_generation_packages_cannot_hold_is_sent_to_an_export_that_works
     result = invoke("export", model_file, *args, "-o", tmp_path / "neo.pt2")
     assert result.exit_code == 0, result.stderr
     assert "exported without its KV cache output" in result.stderr
+
+
+def link_out(name: str, target: Path | None = None):
+    """`name` in the folder replaced by a link to a file outside it (a secret, by default)."""
+
+    def change(folder: Path) -> None:
+        outside = target
+        if outside is None:
+            outside = folder.parent / "secret.pem"
+            outside.write_text((folder / name).read_text() if name.endswith(".json") else "KEY")
+        (folder / name).unlink()
+        (folder / name).symlink_to(outside)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (link_out("chat_template.jinja", Path("/proc/self/environ")),
+         ("chat_template.jinja is a link to /proc/", "outside", "copy the file itself")),
+        (link_out("config.json"), ("config.json is a link to", "secret.pem, outside")),
+        (link_out("tokenizer.json"), ("tokenizer.json is a link to", "secret.pem, outside")),
+        (link_out("model-00001-of-00005.safetensors"),
+         ("model-00001-of-00005.safetensors is a link to", "outside")),
+    ],
+    ids=["template-to-environ", "config-to-key", "tokenizer-to-key", "shard-outside"],
+)  # fmt: skip
+def test_a_link_out_of_the_folder_is_refused_and_nothing_of_it_is_written(
+    llama_folder, tmp_path, change, words
+):
+    """A folder file that links elsewhere would carry that file (the exporting process's
+    environment, a private key) into the artifact, the package and its signature."""
+    folder = broken_copy(llama_folder, tmp_path / "linked", change)
+    result = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "-o", tmp_path / "lm.pt2")  # fmt: skip
+    refused(result, 2, *words)
+    assert not (tmp_path / "lm.pt2").exists()
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors.index.json"])
+def test_a_fifo_in_the_folder_is_refused_at_once_not_waited_on(llama_folder, tmp_path, name):
+    """A FIFO blocks whoever opens it until a writer comes: the export refuses it in one line
+    (in a child with a deadline, so that a hang fails the test rather than the suite)."""
+    import os
+    import subprocess
+    import sys
+
+    folder = broken_copy(llama_folder, tmp_path / "fifo", lambda f: (f / name).unlink())
+    os.mkfifo(folder / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "aotc", "export", str(folder), "--task", "text-generation",
+         "--max-seq-len", "16", "-o", str(tmp_path / "lm.pt2")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{name} is a FIFO, not a regular file" in lines[0], done.stderr
+
+
+def test_a_hub_cache_snapshot_whose_files_link_into_its_blobs_exports(llama_folder, tmp_path):
+    """huggingface_hub's cache keeps each file once in blobs/ and links snapshots/<rev>/<name>
+    to it: that layout is the one link out of a folder aotc follows."""
+    repo = tmp_path / "models--tiny--llama"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for number, path in enumerate(sorted(llama_folder.iterdir())):
+        blob = blobs / f"blob{number}"
+        shutil.copyfile(path, blob)
+        (snapshot / path.name).symlink_to(Path("../../blobs") / blob.name)
+    result = invoke("export", snapshot, "--task", "text-generation", "--max-seq-len", 16,
+                    "--batch-size", 1, "-o", tmp_path / "lm.pt2")  # fmt: skip
+    assert result.exit_code == 0, result.stderr

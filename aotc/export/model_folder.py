@@ -6,8 +6,8 @@ safetensors files, one or sharded under model.safetensors.index.json, as vLLM an
 a local folder. Nothing from the folder runs: a config that names custom code (`auto_map`), a
 folder holding Python files, quantized checkpoints (their loaders are code paths of their own)
 and pickle-only weights (pytorch_model.bin) are refused in one line that says what works
-instead. Every file read is bounded: the JSON files by size, the shards by count and by this
-machine's memory.
+instead. Every file read is a regular file of the folder (folder_json.folder_file: no link out of
+it, no FIFO) and bounded: the JSON files by size, the shards by count and by this machine's memory.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import ModelError, UserInputError
-from aotc.export.folder_json import read_json_object
+from aotc.export.folder_json import folder_file, read_json_object
 from aotc.export.loaded_model import LoadedModel
 from aotc.export.user_frames import first_line
 from aotc.export.weights import WeightsMismatch, copy_weights, safetensors_tensors
@@ -141,6 +141,7 @@ def weight_files(folder: Path, names: set[str]) -> list[Path]:
             f"{folder} has no {SINGLE_WEIGHTS} or {WEIGHTS_INDEX}; save the model with "
             "model.save_pretrained(), which writes them"
         )
+    files = [folder_file(path) for path in files]  # regular files of the folder, links refused
     _check_fits_memory(folder, files)
     return files
 

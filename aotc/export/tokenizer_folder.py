@@ -12,6 +12,7 @@ sandbox (aotc_runtime/chat_template.py).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,18 +38,18 @@ def read_tokenizer_extras(folder: Path) -> TokenizerExtras:
     folder = Path(folder)
     fix = f"save the tokenizer again (tokenizer.save_pretrained('{folder}'))"
     config_path = folder / "tokenizer_config.json"
-    config = read_json_object(config_path, fix) if config_path.is_file() else {}
+    config = read_json_object(config_path, fix) if os.path.lexists(config_path) else {}
     template, notes = _chat_template(folder, config, fix)
     tokens = _special_tokens(config, config_path)
     map_path = folder / "special_tokens_map.json"
-    if map_path.is_file():  # older folders keep them here; tokenizer_config.json wins
+    if os.path.lexists(map_path):  # older folders keep them here; tokenizer_config.json wins
         tokens = {**_special_tokens(read_json_object(map_path, fix), map_path), **tokens}
     return TokenizerExtras(template, tokens, notes)
 
 
 def _chat_template(folder: Path, config: dict, fix: str) -> tuple[str | None, tuple]:
     path = folder / CHAT_TEMPLATE_FILE
-    if path.is_file():
+    if os.path.lexists(path):  # a link out of the folder or a FIFO is refused as it is read
         return read_bounded_text(path, MAX_CHAT_TEMPLATE_BYTES, fix), ()
     value = config.get("chat_template")
     where = f"{folder / 'tokenizer_config.json'}: chat_template"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,9 @@ def with_folder_tokenizer(cfg: ExportConfig) -> tuple[ExportConfig, tuple]:
     if cfg.task is None or cfg.tokenizer is not None or not is_model_folder(cfg.model):
         return cfg, ()
     folder = Path(cfg.model)
-    if (folder / "tokenizer.json").is_file():
+    if os.path.lexists(
+        folder / "tokenizer.json"
+    ):  # read as a folder file: a link or FIFO is refused
         return dataclasses.replace(cfg, tokenizer=folder), ()
     return cfg, (
         f"{folder} has no tokenizer.json (a fast tokenizer), so the package carries no tokenizer "
