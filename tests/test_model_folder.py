@@ -314,3 +314,69 @@ def test_a_hub_cache_snapshot_whose_files_link_into_its_blobs_exports(llama_fold
     result = invoke("export", snapshot, "--task", "text-generation", "--max-seq-len", 16,
                     "--batch-size", 1, "-o", tmp_path / "lm.pt2")  # fmt: skip
     assert result.exit_code == 0, result.stderr
+
+
+# A child `aotc` that reports its own peak resident memory on its last stderr line.
+_MEASURED_AOTC = """
+import resource, sys
+from aotc.cli.main import main
+try:
+    main(sys.argv[1:])
+finally:
+    print(f"peak_rss_kib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
+"""
+
+
+def measured_aotc(*args, timeout: float = 300) -> tuple:
+    """(exit code, stderr without the measurement, peak RSS in MiB, seconds) of an aotc child."""
+    import subprocess
+    import sys
+    import time
+
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _MEASURED_AOTC, *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    seconds = time.perf_counter() - started
+    *lines, last = done.stderr.strip().splitlines()
+    assert last.startswith("peak_rss_kib="), done.stderr
+    return done.returncode, "\n".join(lines), int(last.split("=")[1]) / 1024, seconds
+
+
+# An export that stops before the model is built imports torch and transformers: about 0.5 GiB.
+REFUSAL_PEAK_MIB, REFUSAL_SECONDS = 1024, 120
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (
+            100_000,
+            ("num_hidden_layers 100000, but its weight files hold", "fewer than one a layer"),
+        ),
+        (10**400, ("num_hidden_layers 1000000000000", "fewer than one a layer")),
+        (-1, ("num_hidden_layers -1, not a positive whole number of layers",)),
+        ("2", ("num_hidden_layers 2, not a positive whole number",)),
+    ],
+    ids=["100k", "10^400", "negative", "text"],
+)
+def test_a_layer_count_the_weights_cannot_fill_is_refused_before_anything_is_built(
+    llama_folder, tmp_path, value, words
+):
+    """transformers builds every layer the config names before the weights are compared: the
+    count is held against the weight files' headers first, in bounded memory and time."""
+
+    def change(folder: Path) -> None:
+        text = (folder / "config.json").read_text()
+        config = json.loads(text)
+        config["num_hidden_layers"] = "__N__"
+        (folder / "config.json").write_text(
+            json.dumps(config).replace('"__N__"', json.dumps(value))
+        )
+
+    folder = broken_copy(llama_folder, tmp_path / "layers", change)
+    code, stderr, peak, seconds = measured_aotc(
+        "export", folder, "--task", "text-generation", "--max-seq-len", 16, "-o", tmp_path / "x.pt2"
+    )
+    assert code == 2 and len(stderr.splitlines()) == 1, stderr
+    assert all(word in stderr for word in words), stderr
+    assert peak < REFUSAL_PEAK_MIB and seconds < REFUSAL_SECONDS, (peak, seconds)

@@ -46,6 +46,7 @@ def load_model_folder(folder: Path, dtype: str | None = None) -> LoadedModel:
     names = folder_entries(folder)
     config_data = read_config(folder, names)
     weights = weight_files(folder, names)
+    check_layers_fit_weights(folder, config_data, weights)
     model = build_model(folder, config_data, model_dtype(folder, config_data, dtype))
     try:
         copy_weights(model, safetensors_tensors(weights))
@@ -175,6 +176,53 @@ def _shards(folder: Path, names: set[str]) -> list[Path]:
                 f"{folder / WEIGHTS_INDEX} lists {shard}, which is not in the folder; {fix}"
             )
     return [folder / shard for shard in shards]
+
+
+# config.json's names for the count of decoder layers, at its top or in its text_config
+LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def check_layers_fit_weights(folder: Path, config: dict, files: list[Path]) -> None:
+    """Refuse a config whose layer count the weight files cannot fill, before the model is built:
+    transformers makes every layer it names (20,000 take 1.7 GB, 10^400 never end), and each layer
+    has weights of its own, so a real checkpoint holds more tensors than layers. Only the
+    safetensors headers are read."""
+    fix = "save the model again (model.save_pretrained)"
+    sections = [("", config)]
+    if isinstance(config.get("text_config"), dict):
+        sections.append(("text_config.", config["text_config"]))
+    counts = [(where + name, section[name]) for where, section in sections
+              for name in LAYER_COUNT_FIELDS if name in section]  # fmt: skip
+    if not counts:
+        return
+    tensors = sum(1 for _name in safetensors_names(files))
+    for field, value in counts:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserInputError(
+                f"{folder}/config.json gives {field} {str(value)[:40]}, not a positive whole "
+                f"number of layers; {fix}"
+            )
+        if value > tensors:
+            raise UserInputError(
+                f"{folder}/config.json gives {field} {str(value)[:40]}, but its weight files hold "
+                f"{tensors} tensors, fewer than one a layer: the config does not describe these "
+                f"weights; {fix}"
+            )
+
+
+def safetensors_names(files: list[Path]):
+    """The tensor names in these safetensors files' headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                yield from handle.keys()
+        except Exception as exc:  # safetensors' own errors: a damaged or truncated header
+            raise UserInputError(
+                f"{path} cannot be read as safetensors ({first_line(exc)[:160]}); save the model "
+                "again (model.save_pretrained)"
+            ) from None
 
 
 def _check_fits_memory(folder: Path, files: list[Path]) -> None:
