@@ -380,3 +380,71 @@ def test_a_layer_count_the_weights_cannot_fill_is_refused_before_anything_is_bui
     assert code == 2 and len(stderr.splitlines()) == 1, stderr
     assert all(word in stderr for word in words), stderr
     assert peak < REFUSAL_PEAK_MIB and seconds < REFUSAL_SECONDS, (peak, seconds)
+
+
+@pytest.mark.parametrize(
+    "templates", [[{"name": ["x"], "template": "hi"}], ["hi"], [{"template": "hi"}]]
+)
+def test_a_named_template_list_that_is_not_one_is_refused_naming_the_field(
+    llama_folder, tmp_path, templates
+):
+    def change(folder: Path) -> None:
+        (folder / "chat_template.jinja").unlink()
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["chat_template"] = templates
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+    folder = broken_copy(llama_folder, tmp_path / "templates", change)
+    result = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "-o", tmp_path / "lm.pt2")  # fmt: skip
+    refused(result, 2, "tokenizer_config.json: chat_template[0] is not a named template")
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"rope_parameters": {"rope_type": "evil", "rope_theta": 10000.0}},
+         ("rope_parameters.rope_type 'evil' is not a RoPE type transformers knows",)),
+        ({"rope_scaling": {"rope_type": "linear", "factor": -2.0}},
+         ("rope_scaling.factor is -2.0, not a positive number",)),
+        ({"text_config": {"hidden_size": 64}}, ("has a text_config, which a llama config",)),
+        ({"hidden_size": -64}, ("hidden_size is -64, not a whole number of at least 1",)),
+        ({"intermediate_size": 1.5}, ("intermediate_size is 1.5, not a whole number",)),
+        ({"rms_norm_eps": float("nan")}, ("rms_norm_eps is nan, not a positive number",)),
+        ({"rms_norm_eps": -1}, ("rms_norm_eps is -1, not a positive number",)),
+        ({"sliding_window": -1}, ("sliding_window is -1, not null or a whole number",)),
+    ],
+    ids=["rope-type", "rope-factor", "text-config", "negative-size", "fractional-size", "eps-nan",
+         "eps-negative", "window-negative"],
+)  # fmt: skip
+def test_an_invalid_config_value_is_refused_naming_its_field(
+    llama_folder, tmp_path, changes, words
+):
+    """Values transformers would build from as they come (a KeyError, a negative dimension, a
+    model whose outputs are all NaN, a window aotc's check then blames on its own attention)."""
+    folder = broken_copy(llama_folder, tmp_path / "config", edit_config(**changes))
+    result = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "-o", tmp_path / "lm.pt2")  # fmt: skip
+    refused(
+        result, 2, "config.json: " if "text_config" not in changes else "config.json has", *words
+    )
+
+
+def test_weights_that_make_the_models_own_outputs_nan_are_named_as_such(llama_folder, tmp_path):
+    """Not "aotc's attention disagrees": the model's own logits are NaN before aotc changes
+    anything (exit 3, the model fails on its inputs)."""
+    from safetensors.torch import load_file, save_file
+
+    def nan_norm(folder: Path) -> None:
+        for path in folder.glob("*.safetensors"):
+            tensors = load_file(str(path))
+            if "model.norm.weight" in tensors:
+                tensors["model.norm.weight"] = torch.full_like(
+                    tensors["model.norm.weight"], torch.nan
+                )
+                save_file(tensors, str(path), metadata={"format": "pt"})
+
+    folder = broken_copy(llama_folder, tmp_path / "nan", nan_norm)
+    result = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "-o", tmp_path / "lm.pt2")  # fmt: skip
+    refused(result, 3, "LlamaForCausalLM's own logits are not finite", "check the checkpoint")

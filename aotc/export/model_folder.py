@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.errors import ModelError, UserInputError
+from aotc.export.folder_config import check_config_values
 from aotc.export.folder_json import folder_file, read_json_object
 from aotc.export.loaded_model import LoadedModel
 from aotc.export.user_frames import first_line
@@ -269,6 +270,7 @@ def build_model(folder: Path, data: dict, dtype: str) -> Any:
             f"{folder}/config.json's model_type {str(model_type)[:40]!r} is not a model "
             f"transformers {transformers.__version__} knows; install a transformers that has it"
         )
+    check_config_values(folder, data, CONFIG_MAPPING[model_type])
     try:
         config = CONFIG_MAPPING[model_type].from_dict(data)
     except Exception as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from aotc.errors import UserInputError
+from aotc.errors import ModelError, UserInputError
 from aotc.export.row_cache import STEP_INPUTS
 from aotc.export.sibling_linears import fuse_sibling_linears
 from aotc.export.transformers_release import cache_keyword, hooks_guard, warn_if_untested
@@ -132,6 +132,14 @@ def check_owned_attention(model: Any, step: Any, max_len: int, target: str = "MO
             long.fill_(end - start)
             ours.append(step(window, fed, long)[0].float())
             fed += end - start
+    if not all(bool(logits.isfinite().all()) for logits in own):
+        # the model's own code, before aotc changes anything: not aotc's attention
+        raise ModelError(
+            f"{type(model).__name__}'s own logits are not finite (NaN or infinite) on a "
+            f"{length}-token prompt, before aotc changes anything: its weights or its config "
+            "hold NaN, or values that overflow its dtype; check the checkpoint (or export it in "
+            "float32: --dtype float32)"
+        )
     # fp32 rounding apart; a half-precision model's logits round at a few parts in a hundred
     tolerance = 1e-3 if model.dtype.itemsize >= 4 else 5e-2
     for which, (a, b) in enumerate(zip(own, ours)):

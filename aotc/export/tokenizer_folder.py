@@ -55,8 +55,14 @@ def _chat_template(folder: Path, config: dict, fix: str) -> tuple[str | None, tu
     where = f"{folder / 'tokenizer_config.json'}: chat_template"
     if value is None:
         return None, ()
-    if isinstance(value, list):
-        named = {item.get("name"): item.get("template") for item in value if isinstance(item, dict)}
+    if isinstance(value, list):  # transformers' named templates: [{"name": ..., "template": ...}]
+        for number, item in enumerate(value):
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise UserInputError(
+                    f'{where}[{number}] is not a named template (an object whose "name" is a '
+                    f"string); {fix}"
+                )
+        named = {item["name"]: item.get("template") for item in value}
         if "default" not in named:
             return None, (
                 f"{where} names templates ({', '.join(map(str, list(named)[:4]))}) but none "
