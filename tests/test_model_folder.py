@@ -448,3 +448,42 @@ def test_weights_that_make_the_models_own_outputs_nan_are_named_as_such(llama_fo
     result = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 16,
                     "-o", tmp_path / "lm.pt2")  # fmt: skip
     refused(result, 3, "LlamaForCausalLM's own logits are not finite", "check the checkpoint")
+
+
+def grown_tokenizer(stage: str):
+    """The folder's tokenizer.json with a `stage` that replaces a character by 300,000."""
+
+    def change(folder: Path) -> None:
+        data = json.loads((folder / "tokenizer.json").read_text())
+        data[stage] = {"type": "Replace", "pattern": {"String": "w"}, "content": "w5 " * 100_000}
+        (folder / "tokenizer.json").write_text(json.dumps(data))
+
+    return change
+
+
+@pytest.mark.parametrize("stage", ["normalizer", "decoder"])
+def test_a_tokenizer_that_grows_text_without_bound_is_refused_at_export(
+    llama_folder, tmp_path, stage
+):
+    """A one-character prompt would cost gigabytes inside the `tokenizers` library."""
+    folder = broken_copy(llama_folder, tmp_path / "grown", grown_tokenizer(stage))
+    result = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 16,
+                    "-o", tmp_path / "lm.pt2")  # fmt: skip
+    refused(result, 2, f"its {stage} replaces text with text up to 300000 times as long",
+            "aotc takes at most 16 times")  # fmt: skip
+
+
+def test_a_package_whose_tokenizer_grows_text_is_refused_at_load_in_bounded_memory(
+    folder_package, tmp_path
+):
+    """An unsigned package re-hashed around such a tokenizer: `aotc generate --prompt` refuses it
+    (exit 7, one line) before the library reads it, in the memory a refusal takes."""
+    from conftest import tampered_copy
+
+    _artifact, package, _stdout = folder_package
+    copy = tampered_copy(package, tmp_path / "grown", files=grown_tokenizer("normalizer"))
+    code, stderr, peak, seconds = measured_aotc("generate", copy, "--prompt", "w5 w7 w9",
+                                                "--max-new-tokens", 2)  # fmt: skip
+    assert code == 7 and len(stderr.splitlines()) == 1, stderr
+    assert "its tokenizer tokenizer.json is refused: its normalizer replaces text" in stderr
+    assert peak < REFUSAL_PEAK_MIB and seconds < REFUSAL_SECONDS, (peak, seconds)

@@ -195,14 +195,24 @@ def generation_export(loaded: Any, cfg: Any, extras: Any = None) -> tuple:
 def read_tokenizer(folder: Any) -> str:
     """tokenizer.json of a transformers tokenizer folder, checked to be one `tokenizers` reads
     (the runtime loads it with that library: a JSON file, no code)."""
+    import json
     from pathlib import Path
 
     from tokenizers import Tokenizer
 
     from aotc.export.folder_json import read_bounded_text
+    from aotc_runtime import tokenizer_growth_problem
 
     fix = "save it with a fast tokenizer (tokenizer.save_pretrained)"
     text = read_bounded_text(Path(folder) / "tokenizer.json", MAX_TOKENIZER_BYTES, fix)
+    try:
+        problem = tokenizer_growth_problem(json.loads(text))
+    except (ValueError, RecursionError):
+        problem = None  # not JSON: the library's own error below says so
+    if problem is not None:
+        raise UserInputError(
+            f"the tokenizer in {folder}: {problem}; export with the model's own tokenizer"
+        )
     try:
         Tokenizer.from_str(text)
     except Exception as exc:  # the library's errors are plain Exceptions with its parser's text

@@ -59,6 +59,8 @@ _LAZY = {
     "hashed_manifest_text": "manifest",
     "model_contract": "manifest",
     "FieldError": "fields",
+    # what a tokenizer.json may do to the text it rewrites (checked at export and at load)
+    "tokenizer_growth_problem": "tokenizer_bounds",
     "Signature": "signature",
     "TensorSpec": "signature",
     "DTYPES": "signature",
@@ -127,6 +129,7 @@ __all__ = [
     "hashed_manifest_text",
     "model_contract",
     "FieldError",
+    "tokenizer_growth_problem",
     "Signature",
     "TensorSpec",
     "DTYPES",

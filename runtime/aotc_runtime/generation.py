@@ -59,8 +59,24 @@ def load_tokenizer(package: GeneratingPackage) -> Any:  # a tokenizers.Tokenizer
         raise MissingDependencyError(
             "text prompts need the `tokenizers` library; pip install tokenizers"
         ) from None
+    import json
+
+    from .tokenizer_bounds import tokenizer_growth_problem
+
+    path = package.path / generation.tokenizer
     try:
-        return Tokenizer.from_file(str(package.path / generation.tokenizer))
+        # the package's file, hashed when it was loaded: parsed once here for its bounds
+        text = path.read_text(encoding="utf-8")
+        problem = tokenizer_growth_problem(json.loads(text))
+    except (OSError, ValueError, RecursionError) as exc:
+        problem = f"it is not a tokenizer.json ({type(exc).__name__})"
+    if problem is not None:
+        raise PackageError(
+            f"package {package.path}: its tokenizer {generation.tokenizer} is refused: {problem}; "
+            "export the model with its own tokenizer"
+        )
+    try:
+        return Tokenizer.from_str(text)
     except Exception as exc:  # the library raises plain Exceptions with its parser's text
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise PackageError(
