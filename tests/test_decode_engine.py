@@ -171,3 +171,72 @@ def test_stop_strings_without_a_tokenizer_are_refused_and_hold_nothing(generatio
         engine.join("a", stopped)
     assert engine.active == 0
     assert alone(package, [5, 6], 2) == alone(package, [5, 6], 2)
+
+
+class PoisonedRow:
+    """The package's step with row `row`'s logits made non-finite (`value`) at its `at`-th call:
+    what a NaN weight, NaN scales or an fp16 overflow do to one sequence."""
+
+    def __init__(self, package, row: int, at: int, value: float):
+        self.package, self.row, self.at, self.value = package, row, at, value
+        self.calls = 0
+        self.call = package.call_without_graphs
+
+    def __call__(self, *tensors):
+        logits = self.call(*tensors)
+        self.calls += 1
+        if self.calls == self.at:
+            logits = logits.clone()
+            logits[self.row, 100] = self.value
+        return logits
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "step-ahead"])
+@pytest.mark.parametrize(
+    "value, sampling",
+    [
+        (float("nan"), Sampling(temperature=0.7, seed=1)),
+        (float("inf"), Sampling(temperature=0.7, top_p=0.9, seed=1)),
+        (float("nan"), GREEDY),
+    ],
+    ids=["nan-sampled", "inf-filtered", "nan-greedy"],
+)
+def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
+    generation_packages, monkeypatch, value, sampling, overlap
+):
+    """The row ends with finish "error" at that step (no token outside the vocabulary reaches the
+    model: the next step would abort the process); its neighbour's tokens are still its lone
+    `generate`'s, and the same batch then takes a new sequence into the freed row and answers it
+    correctly."""
+    package = aotc_runtime.load(generation_packages["gpt2"][0])
+    expected = {"a": alone(package, [5, 17, 42, 9, 100], 12),
+                "c": alone(package, [11, 12, 13, 14], 5)}  # fmt: skip
+    batch = DecodeEngine(package, overlap=overlap)
+    batch.join("a", request([5, 17, 42, 9, 100], 12))
+    batch.join("b", request([7, 8, 300], 10, sampling))
+    # calls: 1 the prefill of both, then one a step; b's logits turn non-finite at call 4
+    monkeypatch.setattr(package, "call_without_graphs", PoisonedRow(package, 1, 4, value))
+    made: dict = {"a": [], "b": [], "c": []}
+    finishes: dict = {}
+    for _step in range(40):
+        if "b" in finishes and "c" not in finishes and not made["c"] and batch.fits(4, 5):
+            batch.join("c", request([11, 12, 13, 14], 5))
+        for new in batch.step():
+            assert 0 <= new.token < package.generation.vocab_size
+            made[new.key].append(new.token)
+            if new.finish is not None:
+                finishes[new.key] = new.finish
+        if not batch.active:
+            break
+    assert finishes == {"a": "length", "b": "error", "c": "length"}
+    assert len(made["b"]) == 4  # its fourth token's logits were the non-finite ones
+    assert made["a"] == expected["a"] and made["c"] == expected["c"]
+
+
+def test_generate_raises_the_non_finite_error_in_one_line(generation_packages, monkeypatch):
+    package = aotc_runtime.load(generation_packages["gpt2"][0])
+    monkeypatch.setattr(package, "call_without_graphs", PoisonedRow(package, 0, 2, float("nan")))
+    with pytest.raises(aotc_runtime.NonFiniteLogitsError) as error:
+        package.generate(torch.tensor([[5, 17, 42]]), max_new_tokens=6, temperature=0.7, seed=1)
+    assert "logits for prompt 0 were not finite" in str(error.value)
+    assert error.value.exit_code == 3 and "\n" not in str(error.value)

@@ -30,6 +30,7 @@ def test_every_error_class_has_a_documented_exit_code():
         aotc_runtime.PackageError,
         aotc_runtime.InputMismatchError,
         aotc_runtime.AotcRuntimeError,
+        aotc_runtime.NonFiniteLogitsError,
     ]
     for cls in classes:
         assert cls.exit_code in documented, cls

@@ -126,3 +126,34 @@ def test_greedy_rows_take_the_argmax_and_a_greedy_batch_does_no_sampling_work():
     assert sampler.mode == GREEDY_ONLY
     logits = torch.randn(3, 6)
     assert sampler(logits).tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        Sampling(),
+        Sampling(temperature=0.7, seed=3),
+        Sampling(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, seed=3),
+        Sampling(temperature=0.7, seed=3, presence_penalty=0.5, repetition_penalty=1.2),
+    ],
+    ids=["greedy", "sampled", "filtered", "penalized"],
+)
+def test_a_row_with_non_finite_logits_gets_an_id_inside_the_vocabulary_and_is_marked(bad, settings):
+    """Inverse-CDF over a NaN running sum searches to the end: the vocabulary's size, which the
+    model's embedding cannot take. The row gets 0 and is marked failed; its neighbour is not."""
+    from aotc_runtime.sampling import RowSampler
+
+    vocab = 64
+    sampler = RowSampler(2, vocab, torch.device("cpu"))
+    for row in (0, 1):
+        sampler.set(row, settings, prompt=[1, 2], logprobs=3)
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
+    clean = sampler.choose(logits, sampler.mode)[1].item()
+    logits[0, 7] = bad
+    tokens = sampler(logits).tolist()
+    assert tokens[0] == 0 and 0 <= tokens[1] < vocab and tokens[1] == clean
+    assert sampler.failed.tolist() == [True, False]
+    everything_masked = torch.full((2, vocab), float("-inf"))
+    sampler(everything_masked)
+    assert sampler.failed.tolist() == [True, True] and sampler.tokens.tolist() == [0, 0]

@@ -221,6 +221,61 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
     assert events[2:] == ["[DONE]"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_shape(
+    client, server, monkeypatch, stream
+):
+    """The engine ends a row whose logits were not finite with finish "error" (its neighbours go
+    on: test_decode_engine.py): its request hears a 500 in OpenAI's shape, as JSON or as the
+    stream's last event before [DONE], never a token outside the vocabulary."""
+    import aotc_runtime.decode_engine
+    from aotc.serve.completion_engine import NON_FINITE_MESSAGE
+    from aotc_runtime.decode_engine import ERROR, Made
+
+    class NonFinite:
+        """A running batch whose row's logits turn non-finite at its second token."""
+
+        def __init__(self, _package, **_options):
+            self.keys: list = []
+            self.steps = 0
+
+        active = property(lambda self: len(self.keys))
+
+        def fits(self, _prompt, _new):
+            return True
+
+        def join(self, key, _request):
+            self.keys.append(key)
+
+        def step(self):
+            self.steps += 1
+            key = self.keys[0]
+            if self.steps == 1:
+                return [Made(key, 7, None, "")]
+            self.keys.remove(key)
+            return [Made(key, 0, ERROR)]
+
+        def leave(self, key):
+            if key in self.keys:
+                self.keys.remove(key)
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(aotc_runtime.decode_engine, "DecodeEngine", NonFinite)
+    body = {"prompt": [5], "max_tokens": 4, "temperature": 0.5, "seed": 1, "stream": stream}
+    error = {"message": NON_FINITE_MESSAGE, "type": "server_error", "param": None, "code": None}
+    if not stream:
+        reply = client.post("/v1/completions", json=body)
+        assert reply.status_code == 500 and reply.json() == {"error": error}, reply.text
+        return
+    with client.stream("POST", "/v1/completions", json=body) as reply:
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["token_ids"] == [7]
+    assert json.loads(events[1]) == {"error": error}
+    assert events[2:] == ["[DONE]"]
+
+
 def test_health_metadata_and_models_say_nothing_of_the_host_or_paths(client, lm):
     import os
     import socket

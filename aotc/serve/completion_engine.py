@@ -40,6 +40,7 @@ from aotc.serve.protocol import RequestError
 from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
 from aotc.serve.request_fields import Choice
 from aotc.serve.shipping import PackageSource, load_package
+from aotc_runtime.decode_engine import ERROR
 
 logger = logging.getLogger("ray.serve")
 
@@ -47,6 +48,13 @@ logger = logging.getLogger("ray.serve")
 # event loop may take it and, while busy, keep it for Python's switch interval (5 ms by default),
 # so a step could wait milliseconds on the loop. A shorter interval bounds that wait.
 SWITCH_INTERVAL_S = 0.0005
+
+# What a request hears when the package's logits for one of its answers are not finite (the other
+# requests' rows go on: aotc_runtime/decode_engine.py ends that row alone)
+NON_FINITE_MESSAGE = (
+    "the model's logits for this request were not finite (NaN or infinite): its weights, its "
+    "dtype's range or this prompt; the request was ended, other requests go on"
+)
 
 TTFT_BUCKETS_MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
 
@@ -232,6 +240,10 @@ class CompletionEngine:
         if answer.made == 1:
             self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
         job.finished = made.finish is not None
+        if made.finish == ERROR:  # this answer's logits were not finite: its request fails alone
+            if not job.gone:
+                job.send({"error": 500, "message": NON_FINITE_MESSAGE})
+            return
         if not job.gone:
             job.send(
                 {

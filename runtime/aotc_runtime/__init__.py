@@ -21,6 +21,7 @@ from .errors import (
     InputMismatchError,
     InputTooLargeError,
     MissingDependencyError,
+    NonFiniteLogitsError,
     PackageError,
 )
 
@@ -95,6 +96,7 @@ __all__ = [
     "AotcRuntimeError",
     "GenerationInputError",
     "GenerationBusyError",
+    "NonFiniteLogitsError",
     "PackageError",
     "InputMismatchError",
     "InputTooLargeError",

@@ -92,9 +92,15 @@ class HostCopy:
         return [buffer.clone() for buffer in self._buffers[: self._copied]]
 
 
+# A sequence's finish when the package's logits for it were not finite: it ends at once, its
+# token (0) is not a pick, and its neighbours go on (sampling.non_finite)
+ERROR = "error"
+
+
 class Made(NamedTuple):
     """One new token of a sequence: its key, the token, why it ended the sequence (None while it
-    goes on, "stop" at an end-of-sequence id or a stop string, "length" at its last token), the
+    goes on, "stop" at an end-of-sequence id or a stop string, "length" at its last token, ERROR
+    when its logits were not finite: its token is then no answer), the
     text it adds (with a tokenizer; "" without), and, when its request asked for them, the token's
     log-probability and the request's count of most likely tokens at this step as (token id,
     log-probability) pairs, most likely first (the log-softmax of the package's raw logits)."""
@@ -217,12 +223,14 @@ class DecodeEngine:
                     keys, picked = self._keys(), self._decode(self.last.to(self.device))
             sampler = self.sampler
             logprobs = [sampler.logprob, sampler.top_logprobs, sampler.top_ids]
-            self._host.start([picked, *logprobs] if with_logprobs else [picked])
+            failed = sampler.failed
+            self._host.start([picked, failed, *logprobs] if with_logprobs else [picked, failed])
             if self.overlap and self._worth_a_step_ahead(keys):
                 ahead_logprobs = self._with_logprobs()
                 self._ahead = (self._keys(), self._decode(picked), ahead_logprobs)
-            tokens, *host_logprobs = self._host.result()
+            tokens, failed, *host_logprobs = self._host.result()
         listed = [t.tolist() for t in host_logprobs]
+        failed_rows = failed.tolist()
         made = []
         for slot, (key, token) in enumerate(zip(keys, tokens.tolist())):
             row = self.rows[slot]
@@ -232,6 +240,10 @@ class DecodeEngine:
                 continue
             self.last[slot] = token
             row.made += 1
+            if failed_rows[slot]:  # its logits were not finite: it ends here, alone
+                made.append(Made(key, token, ERROR))
+                self._free(slot)
+                continue
             finish = row.request.finish_reason(self.generation, token, row.made)
             delta = ""
             if row.text is not None:
@@ -269,7 +281,13 @@ class DecodeEngine:
                 self.sampler = RowSampler(self.size, self.generation.vocab_size, self.device)
             sampler = self.sampler
             self._host = HostCopy(
-                [sampler.tokens, sampler.logprob, sampler.top_logprobs, sampler.top_ids]
+                [
+                    sampler.tokens,
+                    sampler.failed,
+                    sampler.logprob,
+                    sampler.top_logprobs,
+                    sampler.top_ids,
+                ]
             )
         for row in range(self.size):
             self.sampler.set(row, GREEDY)

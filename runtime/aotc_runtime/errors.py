@@ -47,3 +47,11 @@ class GenerationInputError(AotcRuntimeError):
 class GenerationBusyError(GenerationInputError):
     """A call that would move a package's KV cache while one of its generations is open and
     paused: a stream nobody reads, or one open in the calling thread itself."""
+
+
+class NonFiniteLogitsError(AotcRuntimeError):
+    """The package's logits for a sequence were not finite (NaN or infinite): its weights, its
+    dtype's range or its inputs; the sequence ends, the others go on. Exit 3, as a model that
+    fails on its inputs."""
+
+    exit_code = 3

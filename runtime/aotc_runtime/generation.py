@@ -17,8 +17,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from .decode_engine import DecodeEngine
-from .errors import GenerationInputError, MissingDependencyError, PackageError
+from .decode_engine import ERROR, DecodeEngine
+from .errors import (
+    GenerationInputError,
+    MissingDependencyError,
+    NonFiniteLogitsError,
+    PackageError,
+)
 from .generation_request import (
     GenerationRequest,
     check_eos,
@@ -209,6 +214,12 @@ def stream(
             new = torch.full((len(prompts),), pad, dtype=torch.int64)
             steps = engine.step()
             for made in steps:
+                if made.finish == ERROR:
+                    raise NonFiniteLogitsError(
+                        f"the package's logits for prompt {made.key} were not finite (NaN or "
+                        "infinite) at one of its steps: its weights, its dtype's range or its "
+                        "inputs; check the package with `aotc verify`, or build it in float32"
+                    )
                 new[made.key] = made.token  # type: ignore[index]  # the keys are row numbers
             step = new if logprobs is None else with_logprobs(new, steps, top_count)
             with package.generation_gate.paused():

@@ -19,7 +19,13 @@ OpenAI and vLLM define them over the tokens made (logit - presence * (count > 0)
 count). After top-p, min-p as transformers' `MinPLogitsWarper` (drop the tokens whose probability
 is below min_p times the most likely one's). Greedy rows take the argmax of the penalized logits,
 as `generate` does. Log-probabilities, for the rows that ask, are the log-softmax of the raw
-logits (before penalties and temperature, as vLLM returns them by default)."""
+logits (before penalties and temperature, as vLLM returns them by default).
+
+A row whose logits are not finite (a NaN, a +inf, or nothing but -inf: a NaN weight, an fp16
+overflow) has no distribution to pick from; inverse-CDF over NaN would return the vocabulary's
+size, an id the model's embedding cannot take on the next step. Such a row picks token 0 and is
+marked in `failed`, for the engine to end it alone; every id the sampler returns is inside the
+vocabulary."""
 
 from __future__ import annotations
 
@@ -160,6 +166,12 @@ def sampler_mode(base: str, penalties: bool = False, logprobs: bool = False) -> 
     return "+".join([base] + [PENALTIES] * penalties + [LOGPROBS] * logprobs)
 
 
+def non_finite(logits: torch.Tensor) -> torch.Tensor:
+    """[B] bool: the rows of [B, vocab] logits with a NaN or +inf, or with every logit -inf (the
+    row's largest logit is not finite: max propagates NaN). One reduction, on the device."""
+    return ~logits.amax(dim=-1).isfinite()
+
+
 def _extras(mode: str) -> tuple[str, bool, bool]:
     base, *extras = mode.split("+")
     return base, PENALTIES in extras, LOGPROBS in extras
@@ -194,6 +206,8 @@ class RowSampler:
         self.in_prompt: torch.Tensor | None = None
         self.drawn = torch.zeros(rows, dtype=torch.int64, device=device)  # tokens each row made
         self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)  # the last choice
+        # the last choice's rows whose logits were not finite (their token is 0, not a pick)
+        self.failed = torch.zeros(rows, dtype=torch.bool, device=device)
         # the last choice's log-probabilities: the chosen token's, and the most likely tokens'
         width = min(MAX_LOGPROBS, vocab)
         self.logprob = torch.zeros(rows, dtype=torch.float32, device=device)
@@ -273,6 +287,7 @@ class RowSampler:
         mode = self.mode if mode is None else mode
         _base, penalties, logprobs = _extras(mode)
         tokens = self.choose(logits, mode)
+        self.failed.copy_(non_finite(logits))
         if penalties and self.counts is not None:
             made = self._ones if drawing is None else drawing.to(torch.float32)[:, None]
             self.counts.scatter_add_(1, tokens[:, None], made)
@@ -292,11 +307,12 @@ class RowSampler:
             self.logprobs_of(logits, tokens)
 
     def choose(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
-        """The tokens, changing nothing."""
+        """The tokens, changing nothing; 0 for a row whose logits are not finite."""
         base, penalties, _logprobs = _extras(mode)
+        failed = non_finite(logits)
         if penalties and self.counts is not None:
             logits = self._penalized(logits)
-        tokens = logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1).masked_fill(failed, 0)
         if base == GREEDY_ONLY:
             return tokens
         scores = logits.float() / self.temperature[:, None]
@@ -309,6 +325,8 @@ class RowSampler:
         below = torch.nextafter(total, torch.zeros_like(total))
         target = torch.minimum(uniforms(self.seed, self.drawn)[:, None] * total, below)
         picked = torch.searchsorted(running, target, right=True).squeeze(1)
+        # inside the vocabulary whatever the sums hold (NaN sums search to the end)
+        picked = picked.clamp(max=self.vocab - 1).masked_fill(failed, 0)
         return torch.where(self.greedy, tokens, picked)
 
     def logprobs_of(
