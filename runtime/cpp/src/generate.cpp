@@ -85,20 +85,24 @@ class HostCopy {
  public:
   HostCopy(int64_t n, at::Device device) : device_(device), done_(device.type()) {
     buffer_ = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    failed_ = at::empty({n}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
   }
-  void start(const at::Tensor& tokens) {
+  // the tokens, and the rows whose logits were not finite (RowSampler::failed)
+  void start(const at::Tensor& tokens, const at::Tensor& failed) {
     buffer_.copy_(tokens, /*non_blocking=*/true);
+    failed_.copy_(failed, /*non_blocking=*/true);
     done_.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
   }
   std::vector<int64_t> result(int64_t n) {
     done_.synchronize();
     return std::vector<int64_t>(buffer_.data_ptr<int64_t>(), buffer_.data_ptr<int64_t>() + n);
   }
+  const at::Tensor& failed() const { return failed_; }  // after result()
 
  private:
   at::Device device_;
   c10::Event done_;
-  at::Tensor buffer_;
+  at::Tensor buffer_, failed_;
 };
 
 }  // namespace
@@ -199,15 +203,26 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   for (int64_t step = 0; step < request.max_new_tokens; ++step) {
     const bool last = step + 1 == request.max_new_tokens;
     std::vector<int64_t> row;
+    at::Tensor failed;  // on the host: this step's rows whose logits were not finite
     if (overlap) {
-      host->start(sampler_.tokens);
+      host->start(sampler_.tokens, sampler_.failed);  // copied before the step queued ahead rewrites them
       if (!last) decode_step(mode, graphs);  // a generation ending at end-of-sequence queued one step it does not use
       row = host->result(batch);
+      failed = host->failed();
     } else {
       at::Tensor on_host = sampler_.tokens.to(at::kCPU).contiguous();
       row.assign(on_host.data_ptr<int64_t>(), on_host.data_ptr<int64_t>() + batch);
+      failed = sampler_.failed.to(at::kCPU).contiguous();
     }
     row.resize(prompts);
+    for (int64_t i = 0; i < prompts; ++i) {
+      if (!finished[i] && failed.data_ptr<bool>()[i]) {
+        throw model_error("the package's logits for prompt " + std::to_string(i) +
+                          " were not finite (NaN or infinite) at its token " + std::to_string(step + 1) +
+                          ": its weights, its dtype's range or its inputs; check the package with `aotc verify`, "
+                          "or build it in float32");
+      }
+    }
     bool all_finished = true;
     for (int64_t i = 0; i < prompts; ++i) {
       if (finished[i]) {

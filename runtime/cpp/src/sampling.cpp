@@ -66,6 +66,7 @@ RowSampler::RowSampler(int64_t rows, int64_t vocab, at::Device device) : vocab_(
   seed_ = at::zeros({rows}, on.dtype(at::kLong));
   drawn_ = at::zeros({rows}, on.dtype(at::kLong));
   tokens = at::zeros({rows}, on.dtype(at::kLong));
+  failed = at::zeros({rows}, on.dtype(at::kBool));
   positions_ = at::arange(vocab, on.dtype(at::kLong));
 }
 
@@ -90,8 +91,13 @@ SamplerMode RowSampler::mode() const {
   return mode;
 }
 
+// The rows whose largest logit is not finite: a NaN or +inf among them, or nothing but -inf (max
+// propagates NaN). One reduction, on the device.
+static at::Tensor non_finite(const at::Tensor& logits) { return logits.amax(-1).isfinite().logical_not(); }
+
 at::Tensor RowSampler::operator()(const at::Tensor& logits, const at::Tensor& drawing, SamplerMode mode) {
   at::Tensor chosen = choose(logits, mode);
+  failed.copy_(non_finite(logits));
   if (drawing.defined()) {
     drawn_.add_(drawing.to(at::kLong));
   } else {
@@ -102,7 +108,8 @@ at::Tensor RowSampler::operator()(const at::Tensor& logits, const at::Tensor& dr
 }
 
 at::Tensor RowSampler::choose(const at::Tensor& logits, SamplerMode mode) const {
-  at::Tensor argmax = logits.argmax(-1);
+  const at::Tensor bad = non_finite(logits);
+  at::Tensor argmax = logits.argmax(-1).masked_fill(bad, 0);
   if (mode == SamplerMode::kGreedyOnly) return argmax;
   at::Tensor scores = logits.to(at::kFloat) / temperature_.unsqueeze(1);
   if (mode == SamplerMode::kFiltered) scores = filtered(scores);
@@ -113,6 +120,8 @@ at::Tensor RowSampler::choose(const at::Tensor& logits, SamplerMode mode) const 
   at::Tensor below = at::nextafter(total, at::zeros_like(total));
   at::Tensor target = at::minimum(uniforms(seed_, drawn_).unsqueeze(1) * total, below);
   at::Tensor picked = at::searchsorted(running, target, /*out_int32=*/false, /*right=*/true).squeeze(1);
+  // inside the vocabulary whatever the sums hold (NaN sums search to the end)
+  picked = picked.clamp_max(vocab_ - 1).masked_fill(bad, 0);
   return at::where(greedy_, argmax, picked);
 }
 

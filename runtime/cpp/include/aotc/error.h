@@ -17,11 +17,13 @@ class Error : public std::runtime_error {
 };
 
 constexpr int kUsageExit = 2;    // bad command line or input file
+constexpr int kModelExit = 3;    // the model fails on its inputs (its logits are not finite)
 constexpr int kPackageExit = 7;  // package refused: not a package, damaged, built for another torch/GPU
 constexpr int kInputExit = 8;    // run-time inputs do not match the package signature
 
 inline Error package_error(const std::string& message) { return Error(kPackageExit, message); }
 inline Error input_error(const std::string& message) { return Error(kInputExit, message); }
 inline Error usage_error(const std::string& message) { return Error(kUsageExit, message); }
+inline Error model_error(const std::string& message) { return Error(kModelExit, message); }
 
 }  // namespace aotc

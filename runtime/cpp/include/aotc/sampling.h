@@ -60,6 +60,9 @@ class RowSampler {
   at::Tensor choose(const at::Tensor& logits, SamplerMode mode) const;  // changes nothing
 
   at::Tensor tokens;  // [B] int64, the last call's choice
+  // [B] bool: the last call's rows whose logits were not finite (NaN, +inf, or all -inf); their
+  // token is 0, not a pick, and every token is inside the vocabulary (sampling.py's non_finite)
+  at::Tensor failed;
 
  private:
   at::Tensor filtered(const at::Tensor& scores) const;
