@@ -20,7 +20,9 @@ from aotc_runtime.sampling import GREEDY, Sampling
 
 pytestmark = pytest.mark.slow
 POISONED = 500
-CLEAN, WITH_NAN = [5, 17, 42, 9, 100], [7, POISONED, 300]
+# the poisoned token last: its own hidden state is NaN, whatever an attention kernel makes of NaN
+# keys and values (the CUDA build's attention gives finite outputs for an earlier NaN position)
+CLEAN, WITH_NAN = [5, 17, 42, 9, 100], [7, 300, POISONED]
 
 
 def poisoned_folder(folder: Path) -> Path:
@@ -49,7 +51,9 @@ def build(tmp: Path, device: str) -> Path:
     done = invoke("export", folder, "--task", "text-generation", "--max-seq-len", 32,
                   "--batch-size", 2, "-o", artifact)  # fmt: skip
     assert done.exit_code == 0, done.stderr
-    done = invoke("build", artifact, "--device", device, "--allow-mismatch", "--quiet",
+    # on the GPU with CUDA graphs: the sampler's marks are written inside the captured decode step
+    mode = ["--mode", "reduce-overhead"] if device == "cuda" else []
+    done = invoke("build", artifact, "--device", device, *mode, "--allow-mismatch", "--quiet",
                   "-o", package)  # fmt: skip
     assert done.exit_code == 0, done.stderr
     return package
@@ -132,6 +136,7 @@ def test_on_the_gpu_a_poisoned_row_ends_alone_and_the_same_batch_goes_on(tmp_pat
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     package = aotc_runtime.load(build(tmp_path, "cuda"))
+    assert package.manifest.runtime.cuda_graphs  # the decode steps replay a CUDA graph
     non_finite_row_ends_alone(package)
     with pytest.raises(aotc_runtime.NonFiniteLogitsError):
         package.generate(torch.tensor([WITH_NAN]), max_new_tokens=4, temperature=0.7, seed=1)
