@@ -26,6 +26,7 @@ from conftest import (
     load_model_file,
     save_llama_folder,
 )
+from test_generate import prompts  # the two left-padded prompts test_generate compiles
 
 from aotc.export.artifact import load_artifact
 from aotc.export.eager_reference import EagerRun
@@ -34,15 +35,6 @@ from aotc_runtime.generation import prefill_inputs
 NEW_TOKENS = 16
 # where `make test` installs the newest release, over the pinned one (Makefile)
 NEWEST_OVERLAY = ".transformers-newest"
-
-
-def prompts(vocab: int = 512) -> tuple:
-    """Two prompts, the second 4 tokens long and left-padded to the first's 7."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, vocab, (2, 7), generator=g)
-    mask = torch.ones(2, 7, dtype=torch.long)
-    ids[1, :3], mask[1, :3] = 0, 0
-    return ids, mask
 
 
 def artifact_greedy(artifact: Path, ids, mask, new_tokens: int) -> torch.Tensor:
