@@ -70,18 +70,18 @@ def load_tokenizer(package: GeneratingPackage) -> Any:  # a tokenizers.Tokenizer
 
     path = package.path / generation.tokenizer
     try:
-        # the package's file, hashed when it was loaded: parsed once here for its bounds
-        text = path.read_text(encoding="utf-8")
-        problem = tokenizer_growth_problem(json.loads(text))
-    except (OSError, ValueError, RecursionError) as exc:
-        problem = f"it is not a tokenizer.json ({type(exc).__name__})"
+        # the package's file, hashed when it was loaded: parsed here for its bounds first
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        data = None  # not a JSON file: the library's reading below says what is wrong
+    problem = tokenizer_growth_problem(data)
     if problem is not None:
         raise PackageError(
             f"package {package.path}: its tokenizer {generation.tokenizer} is refused: {problem}; "
             "export the model with its own tokenizer"
         )
     try:
-        return Tokenizer.from_str(text)
+        return Tokenizer.from_file(str(path))
     except Exception as exc:  # the library raises plain Exceptions with its parser's text
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise PackageError(
