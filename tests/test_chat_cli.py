@@ -184,3 +184,24 @@ def test_a_template_that_escapes_the_sandbox_ends_the_chat_in_one_line(chat_pack
         in done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "template, words",
+    [
+        ("{% if true %}" * 5000 + "x" + "{% endif %}" * 5000, "was stopped: RecursionError"),
+        ("{{ x }}" * 140_000, "was stopped: compiling it ran past 2 s"),  # 980 KB
+    ],
+    ids=["5000-nested-ifs", "980kb-of-expressions"],
+)
+def test_a_template_that_cannot_compile_within_its_bounds_ends_the_chat_in_one_line(
+    chat_package, tmp_path, monkeypatch, template, words
+):
+    monkeypatch.setattr("aotc_runtime.template_process.MAX_SECONDS", 2.0)
+    package, _hf = chat_package
+    hostile = with_template(package.parent / "plain_pkg", tmp_path / "bad", template)
+    started = time.perf_counter()
+    done = chat(hostile, input="w5\n")
+    assert done.exit_code == 7, done.stderr
+    assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert time.perf_counter() - started < 10

@@ -102,7 +102,7 @@ def test_the_prompt_equals_transformers_apply_chat_template(
 def test_a_template_that_escapes_the_sandbox_or_its_bounds_is_refused(
     monkeypatch, template, reason
 ):
-    monkeypatch.setattr("aotc_runtime.template_sandbox.MAX_SECONDS", 1.0)
+    monkeypatch.setattr("aotc_runtime.template_process.MAX_SECONDS", 1.0)
     with pytest.raises(PackageError) as caught:
         ChatTemplate(template).render(CONVERSATIONS[0])
     message = str(caught.value)
@@ -140,3 +140,70 @@ def test_bad_messages_are_refused_in_one_line(messages, problem):
     with pytest.raises(GenerationInputError) as caught:
         ChatTemplate(CHATML).render(messages)
     assert problem in str(caught.value) and "\n" not in str(caught.value)
+
+
+# One call that builds a huge value before any size can be checked, or loops inside a Jinja
+# builtin where no template line runs: each was seen to take gigabytes or a minute in the caller.
+BUILT_IN_ONE_CALL = "{% set s = 'x' * 4000000 %}"
+OVERSTEPPING = [
+    BUILT_IN_ONE_CALL + "{{ [s] * 1000 }}",
+    BUILT_IN_ONE_CALL + "{{ ([s] * 1000) | string }}",
+    BUILT_IN_ONE_CALL + "{{ ([s] * 1000) | tojson }}",
+    BUILT_IN_ONE_CALL + "{{ ([s] * 1000) | pprint }}",
+    BUILT_IN_ONE_CALL + "{{ ([s] * 1000) ~ '' }}",
+    BUILT_IN_ONE_CALL + "{{ '%s' % ([s] * 1000) }}",
+    BUILT_IN_ONE_CALL + "{{ ([s] * 1000) | map('upper') | list | length }}",
+    BUILT_IN_ONE_CALL + "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}"
+    "{% set ns.l = ns.l + [s ~ i] %}{% endfor %}{{ ns.l | length }}",
+    "{{ ([[1]] * 4000000) | sum(start=[]) }}",
+]
+_MEASURED_RENDER = """
+import json, resource, sys, time
+from aotc_runtime import template_process
+from aotc_runtime.chat_template import ChatTemplate
+template_process.MAX_SECONDS = 2.0
+started = time.perf_counter()
+try:
+    ChatTemplate(sys.argv[1]).render([{"role": "user", "content": "hi"}])
+    outcome = "rendered"
+except Exception as exc:
+    outcome = f"{type(exc).__name__}: {exc}"
+# VmHWM: this process's peak since its exec (ru_maxrss would count the forked pytest before it)
+peak = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({"outcome": outcome, "seconds": time.perf_counter() - started,
+                  "caller_mib": int(peak.split()[1]) / 1024, "worker_mib": worker / 1024}))
+"""
+
+
+@pytest.mark.parametrize("template", OVERSTEPPING, ids=range(len(OVERSTEPPING)))
+def test_a_template_that_builds_or_loops_in_one_call_is_stopped_in_bounded_memory_and_time(
+    template,
+):
+    """The render's process is capped (template_worker.MAX_ADDRESS_SPACE) and killed at its
+    deadline: the caller's peak stays that of a small Python, whatever the template does."""
+    import json
+    import subprocess
+    import sys
+
+    from aotc_runtime.template_worker import MAX_ADDRESS_SPACE
+
+    done = subprocess.run([sys.executable, "-c", _MEASURED_RENDER, template],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    measured = json.loads(done.stdout)
+    outcome = measured["outcome"]
+    assert outcome.startswith("PackageError: the chat template was stopped: "), outcome
+    assert "MemoryError" in outcome or "the render ran past 2 s" in outcome, outcome
+    assert measured["caller_mib"] < 128 and measured["seconds"] < 5, measured
+    assert measured["worker_mib"] < MAX_ADDRESS_SPACE / (1 << 20), measured
+
+
+def test_lipsum_is_not_offered_and_a_stopped_template_renders_again():
+    template = ChatTemplate(
+        "{% if messages[0]['content'] == 'loop' %}{{ lipsum(200, False, 65535, 65536) }}"
+        "{% endif %}{{ messages[0]['content'] }}"
+    )
+    with pytest.raises(GenerationInputError, match="'lipsum' is undefined$"):
+        template.render([{"role": "user", "content": "loop"}])
+    assert template.render([{"role": "user", "content": "hi"}]) == "hi"
+    template.close()

@@ -343,6 +343,48 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     assert greedy.greedy and sampled.temperature == 0.8 and sampled.seed == 7
 
 
+def test_a_request_with_many_answers_takes_turns_with_the_requests_behind_it():
+    """A request of n=6 answers and a one-answer request behind it, on a fake batch of 2 rows:
+    the second request takes the second row at once (in arrival order it would wait for the
+    first's six answers), and each row freed goes to the request holding the fewest."""
+    import asyncio
+    import collections
+
+    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc.serve.request_fields import Choice
+    from aotc_runtime.generation_request import GenerationRequest
+
+    class Batch:
+        def __init__(self):
+            self.joined: list = []
+
+        @property
+        def active(self):
+            return len(self.joined)
+
+        def fits(self, _prompt, _new):
+            return len(self.joined) < 2
+
+        def join(self, key, _request):
+            self.joined.append(key)
+
+    request = GenerationRequest((5, 6), 4)
+    large = Reply(None, asyncio.Queue())  # type: ignore[arg-type]
+    small = Reply(None, asyncio.Queue())  # type: ignore[arg-type]
+    answers = [Job(Choice(i, 0, request), large) for i in range(6)]
+    alone = Job(Choice(0, 0, request), small)
+    engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
+    engine._pending = collections.deque([*answers, alone])
+    batch, rows = Batch(), {}
+    engine._admit(batch, rows)
+    assert [rows[key].job for key in batch.joined] == [answers[0], alone]
+    batch.joined.remove(id(alone))  # the small request ends: its row goes back to the large one
+    del rows[id(alone)]
+    engine._admit(batch, rows)
+    assert [rows[key].job for key in batch.joined] == [answers[0], answers[1]]
+    assert list(engine._pending) == answers[2:]
+
+
 def test_a_generating_cpu_replica_leaves_a_core_to_its_http_side(monkeypatch):
     """Default intra-op threads: physical cores / replicas, one fewer for a text-generation
     package (its event loop streams every token while its thread steps); --threads is taken as

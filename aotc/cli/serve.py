@@ -65,6 +65,15 @@ from aotc.cli.types import ThreadsType, exit_codes_epilog
     "the package's longest prompt needs (16 KiB + 64 B per --max-seq-len token).",
 )
 @click.option(
+    "--max-answer-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=32.0,
+    show_default=True,
+    help="Largest answer one completion request may make, whole or streamed (n answers, their "
+    "logprobs); past it a whole answer gets HTTP 400 and a stream ends with that error, and the "
+    "request's rows are freed.",
+)
+@click.option(
     "--body-timeout-s",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
@@ -101,6 +110,7 @@ def serve(
     gpus_per_replica,
     threads,
     max_body_mb,
+    max_answer_mb,
     body_timeout_s,
     ship,
     metrics_port,
@@ -150,6 +160,7 @@ def serve(
         threads=threads,
         max_body_bytes=int(max_body_mb * (1 << 20)),
         body_timeout_s=body_timeout_s,
+        max_answer_bytes=int(max_answer_mb * (1 << 20)),
         ship=ship,
         metrics_port=metrics_port,
         public_key=public_key,

@@ -5,7 +5,9 @@ the order of events. No server here.
 
 `usage` counts each prompt once (a list of prompts: all of them; `n` answers of one prompt share
 it) and every token of every answer, as OpenAI and vLLM count them. A stream that fails after its
-first token ends with one OpenAI error event, then `data: [DONE]`.
+first token ends with one OpenAI error event, then `data: [DONE]`. An answer is held to
+`max_bytes` (`aotc serve --max-answer-mb`) while it is made: past it, a whole answer is a 400 and
+a stream ends with that error event; either way the request's rows are freed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aotc.serve.completions import DONE_EVENT, sse_event
-from aotc.serve.protocol import RequestError, error_body
+from aotc.serve.protocol import RequestError, answer_too_large, error_body
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,19 @@ class Made:
     finish: str = "length"
 
 
-async def whole_answer(events: AsyncIterator, request: Any, shape: Any, model: str) -> dict:
+async def whole_answer(
+    events: AsyncIterator, request: Any, shape: Any, model: str, max_bytes: int
+) -> dict:
     """Every event of the request, collected into one answer; a failure raises its RequestError."""
     made = {choice.index: Made() for choice in request.choices}
+    size = 0
     async for item in events:
         for event in item["events"]:
             if "error" in event:
                 raise RequestError(event["error"], event["message"])
+            size += event_size(event)
+            if size > max_bytes:
+                raise answer_too_large(max_bytes)
             mine = made[event["index"]]
             mine.texts.append(event["text"])
             mine.ids.extend(event["token_ids"])
@@ -80,13 +88,19 @@ async def whole_answer(events: AsyncIterator, request: Any, shape: Any, model: s
     return envelope(shape, model, chunks=False).body(choices, usage=usage(request, total))
 
 
-async def server_sent(events: AsyncIterator, request: Any, shape: Any, model: str):
+def event_size(event: dict) -> int:
+    """About the bytes an engine event takes in an answer: its text, and each logprob's token."""
+    tops = event.get("top_logprobs") or ()
+    return 64 + 2 * len(event["text"]) + sum(64 + len(str(top)) for top in tops)
+
+
+async def server_sent(events: AsyncIterator, request: Any, shape: Any, model: str, max_bytes: int):
     """The request's chunks as server-sent events, then the usage chunk if asked, then [DONE]."""
     answer = envelope(shape, model, chunks=True)
     by_index = {choice.index: choice for choice in request.choices}
     started: set = set()
     extra = {"usage": None} if request.include_usage else {}
-    total, failed = 0, False
+    total, failed, size = 0, False, 0
     async for item in events:
         sent = []
         for event in item["events"]:
@@ -99,7 +113,14 @@ async def server_sent(events: AsyncIterator, request: Any, shape: Any, model: st
             started.add(index)
             total += len(event["token_ids"])
             sent.append(sse_event(answer.body(choices, **extra)))
-        yield b"".join(sent)  # one write for what came together
+        data = b"".join(sent)  # one write for what came together
+        size += len(data)
+        if size > max_bytes and not failed:
+            data = sse_event(answer_too_large(max_bytes).body())
+            failed = True
+        yield data
+        if failed:
+            break  # the caller closes the engine's events: the request's rows are freed
     if request.include_usage and not failed:
         yield sse_event(answer.body([], usage=usage(request, total)))
     yield DONE_EVENT

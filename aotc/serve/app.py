@@ -25,6 +25,7 @@ from typing import Any
 from aotc.errors import ServeError, UserInputError
 from aotc.serve.protocol import (
     COMPLETIONS_DEPLOYMENT,
+    DEFAULT_MAX_ANSWER_BYTES,
     DEFAULT_MAX_BODY_BYTES,
     MODEL_DEPLOYMENT,
 )
@@ -61,6 +62,7 @@ class ServeOptions:
     )
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body must arrive within it, or 408
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES  # a completion's answer, whole or streamed
     ship: bool | None = None  # None: ship through Ray exactly when --address is given
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
     public_key: Path | None = None  # `--require-signature`: the package must be signed by its key
@@ -277,7 +279,12 @@ def start(options: ServeOptions) -> Server:
         if "generation" in server.metadata:
             # completions stream a token at a time: the replica answers HTTP itself
             app = completion_deployment(options.replicas, cpus, gpus, QUIET_LOGS).bind(
-                source, settings, server.metadata, options.max_body_bytes, options.body_timeout_s
+                source,
+                settings,
+                server.metadata,
+                options.max_body_bytes,
+                options.body_timeout_s,
+                options.max_answer_bytes,
             )
         else:
             model = serve.deployment(

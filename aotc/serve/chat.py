@@ -90,8 +90,9 @@ def parse_chat(body: bytes, generation: Any, tokenizer: Any, template: Any) -> C
 
 
 def _prompt_ids(messages: Any, template: Any, tokenizer: Any) -> list:
-    """The template's prompt for the messages; the template's refusal as a 400 on `messages`."""
-    from aotc_runtime.errors import GenerationInputError
+    """The template's prompt for the messages; the template's refusal as a 400 on `messages`, a
+    template stopped by its bounds (the package's fault, not the request's) as a 500."""
+    from aotc_runtime.errors import GenerationInputError, PackageError
 
     if not isinstance(messages, list) or not messages:
         raise RequestError(
@@ -103,6 +104,8 @@ def _prompt_ids(messages: Any, template: Any, tokenizer: Any) -> list:
         return template.prompt_ids(tokenizer, plain, add_generation_prompt=True)
     except GenerationInputError as exc:
         raise RequestError(400, str(exc), param="messages") from None
+    except PackageError as exc:
+        raise RequestError(500, str(exc), code="chat_template_stopped") from None
 
 
 def _message(number: int, message: Any) -> dict:

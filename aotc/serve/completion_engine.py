@@ -157,10 +157,17 @@ class CompletionEngine:
             yield {"refused": RequestError(503, REFUSED)}
             return
         try:
+            # off the event loop: a chat template renders in its own process (up to its
+            # deadline), and a prompt's tokenizing grows with its text; streams and health
+            # checks go on meanwhile
             if chat:
-                request = parse_chat(body, self.generation, self.tokenizer, self.chat_template)
+                request = await asyncio.to_thread(
+                    parse_chat, body, self.generation, self.tokenizer, self.chat_template
+                )
             else:
-                request = parse_completion(body, self.generation, self.tokenizer)
+                request = await asyncio.to_thread(
+                    parse_completion, body, self.generation, self.tokenizer
+                )
             if request.model not in (None, self._served):
                 raise RequestError(
                     404,
@@ -217,19 +224,27 @@ class CompletionEngine:
             await loop.run_in_executor(self._executor, self._run_batch)
 
     def _admit(self, batch: Any, rows: dict) -> None:
-        """In the package's thread: the waiting requests that fit the running batch, in order."""
-        for job in list(self._pending):
-            if job.gone:
-                self._pending.remove(job)
-                continue
+        """In the package's thread: waiting answers join the running batch while they fit. Each
+        free row goes to the request that holds the fewest rows now, the first to arrive among
+        equals: a request's `n` answers take turns with the requests behind them, so a small
+        request waits for one row to free, not for a large request's every answer."""
+        held = collections.Counter(id(answer.job.reply) for answer in rows.values())
+        while True:
+            while self._pending and self._pending[0].gone:
+                self._pending.popleft()
+            waiting = [job for job in self._pending if not job.gone]
+            if not waiting:
+                return
+            job = min(waiting, key=lambda each: held[id(each.reply)])  # min: the earliest
             request = job.choice.request
             if not batch.fits(len(request.prompt), request.max_new_tokens):
                 if batch.active == 0:  # cannot happen (requests are checked against the cache)
                     raise RuntimeError("a request that fits the cache does not fit an empty batch")
-                return  # in order: a later request does not overtake this one
+                return  # the chosen answer waits for room; none overtakes it
             self._pending.remove(job)
             rows[id(job)] = Answer(job)  # first: a failing join is told to it
             batch.join(id(job), request)
+            held[id(job.reply)] += 1
 
     def _deliver(self, answer: Answer, made: Any) -> None:
         """One new token of an answer (decode_engine.Made: the token, its text, whether it ended

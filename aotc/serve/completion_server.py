@@ -28,7 +28,11 @@ from aotc.serve.chat import ChatShape
 from aotc.serve.completion_engine import CompletionEngine
 from aotc.serve.completions import CompletionShape, body_too_large_for_prompt, max_body_bytes
 from aotc.serve.ingress import json_response, read_body, refusals_counter, route
-from aotc.serve.protocol import COMPLETIONS_DEPLOYMENT, body_too_large
+from aotc.serve.protocol import (
+    COMPLETIONS_DEPLOYMENT,
+    DEFAULT_MAX_ANSWER_BYTES,
+    body_too_large,
+)
 from aotc.serve.replica import ReplicaSettings
 from aotc.serve.shipping import PackageSource
 
@@ -50,8 +54,10 @@ class CompletionServer:
         metadata: dict,
         max_body: int,
         body_timeout_s: float,
+        max_answer: int = DEFAULT_MAX_ANSWER_BYTES,
     ):
         self._metadata = metadata
+        self._max_answer = max_answer
         self._model = metadata["generation"]["model"]
         self._engine = CompletionEngine(source, settings, self._model)
         # no completion needs more than its longest prompt's bytes; the 413 names whichever
@@ -98,7 +104,7 @@ class CompletionServer:
                 self._streamed(events, parsed, shape), media_type="text/event-stream"
             )
         try:
-            answer = await whole_answer(events, parsed, shape, self._model)
+            answer = await whole_answer(events, parsed, shape, self._model, self._max_answer)
         finally:
             await events.aclose()
         return json_response(answer)
@@ -107,7 +113,7 @@ class CompletionServer:
         """The stream's events, then [DONE]. A client that leaves cancels this generator, and
         closing the engine's marks its rows gone."""
         try:
-            async for chunk in server_sent(events, parsed, shape, self._model):
+            async for chunk in server_sent(events, parsed, shape, self._model, self._max_answer):
                 yield chunk
         finally:
             await events.aclose()

@@ -43,6 +43,11 @@ FORM_TYPE = "application/x-www-form-urlencoded"
 # (replica.py), and a text-generation package (completion_server.py)
 MODEL_DEPLOYMENT, COMPLETIONS_DEPLOYMENT = "aotc-model", "aotc-completions"
 DEFAULT_MAX_BODY_BYTES = 64 << 20  # `aotc serve --max-body-mb`
+# `aotc serve --max-answer-mb`: the bytes one request's answer may take, whole or streamed. A
+# 150-byte request can ask for n=128 answers of the whole cache with 20 top logprobs each (100 MB
+# and more); and a stream its client does not read is held by Ray Serve's proxy, which takes
+# every event the replica sends, whatever the client's socket takes (docs/usage.md)
+DEFAULT_MAX_ANSWER_BYTES = 32 << 20
 # Lists and values (a comma each) a JSON body may hold beyond its inputs': other keys, and commas or
 # brackets inside the names
 JSON_ALLOWANCE = 64
@@ -293,3 +298,14 @@ def encode_response(result: object, signature: Signature, kind: str) -> tuple[by
     body = {"outputs": {name: t.tolist() for name, t in zip(names, outputs)}}
     # NaN and infinities are written as NaN / Infinity (Python's json and most clients read them)
     return json.dumps(body).encode(), JSON_TYPE
+
+
+def answer_too_large(max_bytes: int) -> RequestError:
+    """400 for an answer that passed `max_bytes` while it was made (its rows are freed)."""
+    return RequestError(
+        400,
+        f"the answer passed this server's limit of {max_bytes:,} bytes for one request; ask for "
+        "fewer tokens, choices (n) or top_logprobs (or start the server with a larger "
+        "--max-answer-mb)",
+        code="answer_too_large",
+    )

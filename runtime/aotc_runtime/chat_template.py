@@ -5,7 +5,8 @@ The template is the package's `chat_template.jinja` (manifest `generation.chat_t
 with every other file), rendered with the package's special tokens (`generation.special_tokens`:
 bos_token, eos_token, ...) as transformers passes its tokenizer's. It came with a model folder, so
 it is untrusted: it renders in template_sandbox.py's bounded sandbox, and what it refuses or
-oversteps is one line.
+oversteps is one line. It compiles and renders in a process of its own (template_process.py), with
+a capped address space and a deadline: a template cannot take the caller's memory or its time.
 
     template = ChatTemplate.of_package(package)       # None: the package carries no template
     ids = template.prompt_ids(package.tokenizer, [{"role": "user", "content": "Hi"}])
@@ -14,6 +15,7 @@ oversteps is one line.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,18 +42,14 @@ class ChatTemplate:
             k: v for k, v in (special_tokens or {}).items() if isinstance(v, str)
         }
         self.origin = origin  # names the template in messages: "package lm_pkg: its chat template"
-        try:
-            import jinja2
-        except ImportError:
-            raise MissingDependencyError("chat templates need jinja2; pip install jinja2") from None
-        from .template_sandbox import BoundedSandbox
+        if importlib.util.find_spec("jinja2") is None:  # said here: its process would only die
+            raise MissingDependencyError("chat templates need jinja2; pip install jinja2")
+        from .template_process import TemplateFailure, TemplateProcess
 
         try:
-            self._template = BoundedSandbox().from_string(text)
-        except jinja2.TemplateSyntaxError as exc:
-            raise PackageError(
-                f"{origin} is not a Jinja template (line {exc.lineno}: {exc.message}); {_FIX}"
-            ) from None
+            self._process = TemplateProcess(text)
+        except TemplateFailure as exc:
+            raise self._problem(exc) from None
 
     @classmethod
     def of_package(cls, package: Any) -> ChatTemplate | None:
@@ -70,9 +68,7 @@ class ChatTemplate:
     ) -> str:
         """The conversation as the prompt's text (apply_chat_template(tokenize=False))."""
         check_messages(messages)
-        import jinja2
-
-        from .template_sandbox import render_bounded
+        from .template_process import TemplateFailure
 
         variables = {
             **self.special_tokens,
@@ -82,19 +78,26 @@ class ChatTemplate:
             "add_generation_prompt": bool(add_generation_prompt),
         }
         try:
-            return render_bounded(self._template, **variables)
-        except jinja2.exceptions.SecurityError as exc:  # an escape, or a bound overstepped
-            raise PackageError(f"{self.origin} was stopped: {_first_line(exc)}; {_FIX}") from None
-        except jinja2.TemplateError as exc:  # raise_exception(...), or an undefined it needed
-            raise GenerationInputError(
-                f"{self.origin} refuses these messages: {_first_line(exc)}"
-            ) from None
-        except (RecursionError, MemoryError) as exc:
-            raise PackageError(f"{self.origin} was stopped: {type(exc).__name__}; {_FIX}") from None
-        except Exception as exc:  # the template's own arithmetic or indexing on these messages
-            raise GenerationInputError(
-                f"{self.origin} failed on these messages ({type(exc).__name__}: {_first_line(exc)})"
-            ) from None
+            return self._process.render(variables)
+        except TemplateFailure as exc:
+            raise self._problem(exc) from None
+
+    def close(self) -> None:
+        """Stops the template's process (it also stops with this object, or its parent)."""
+        self._process.close()
+
+    def _problem(self, failure: Any) -> Exception:
+        """A template_process.TemplateFailure as the error the caller reports: the package's
+        problem (exit 7) for a template that is not Jinja or overstepped a bound, the messages'
+        (exit 2) for one that refused them or failed on them."""
+        kind, message = failure.kind, failure.message
+        if kind == "syntax":
+            return PackageError(f"{self.origin} is not a Jinja template ({message}); {_FIX}")
+        if kind == "stopped":
+            return PackageError(f"{self.origin} was stopped: {message}; {_FIX}")
+        if kind == "refused":
+            return GenerationInputError(f"{self.origin} refuses these messages: {message}")
+        return GenerationInputError(f"{self.origin} failed on these messages ({message})")
 
     def prompt_ids(
         self,
@@ -164,8 +167,3 @@ def _read_hashed(folder: Path, relative: str, files: Mapping[str, str], origin: 
 
 def _kind(value: Any) -> str:
     return "missing" if value is None else f"a {type(value).__name__}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200].rstrip(".") if text else type(exc).__name__
