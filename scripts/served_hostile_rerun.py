@@ -11,9 +11,12 @@ on the message "hang" and builds 4 GB on "grow" (tests/test_serve_hostile_client
 
 - non-finite: a sampled completion whose prompt holds token 500, beside two greedy streams;
 - template: chat messages "grow" and "hang", and /v1/health's latency while "hang" renders;
-- unread streams: four streaming chats (n=128, top_logprobs 20) whose clients never read, held
-  30 s, then closed;
-- row share: a 1-token request sent 1 s after an n=128, max_tokens=511 request.
+- unread streams: four streaming completions (n=128, 200 tokens, logprobs 20) whose clients never
+  read, held 30 s, then closed;
+- row share: a 1-token request sent 1 s after an n=128, max_tokens=200 request.
+
+Every request but the poisoned one is greedy on a prompt whose 200 tokens never include 500 (a row
+that makes the poisoned token itself ends in error on its next step, as it should).
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def in_background(call, *args) -> tuple[threading.Thread, dict]:
 def non_finite(url: str) -> dict:
     streams = [
         in_background(post, url, "/v1/completions",
-                      {"prompt": "w5 w17 w42", "max_tokens": 200, "temperature": 0,
+                      {"prompt": "w9 w300", "max_tokens": 200, "temperature": 0,
                        "stream": True, "ignore_eos": True})
         for _ in range(2)
     ]  # fmt: skip
@@ -119,15 +122,14 @@ def template(url: str) -> dict:
 
 def unread_streams(url: str, hold_s: float) -> dict:
     host, port = url.split("//")[1].split(":")
-    body = json.dumps({"messages": [{"role": "user", "content": "w5 w17"}], "n": 128,
-                       "max_tokens": 300, "logprobs": True, "top_logprobs": 20,
-                       "stream": True, "temperature": 0.9}).encode()  # fmt: skip
+    body = json.dumps({"prompt": "w9 w300", "n": 128, "max_tokens": 200, "logprobs": 20,
+                       "stream": True, "temperature": 0, "ignore_eos": True}).encode()  # fmt: skip
     sockets = []
     for _ in range(4):
         connection = socket.create_connection((host, int(port)))
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         connection.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -143,7 +145,7 @@ def unread_streams(url: str, hold_s: float) -> dict:
 def row_share(url: str) -> dict:
     large, result = in_background(
         post, url, "/v1/completions",
-        {"prompt": "w5 w17", "n": 128, "max_tokens": 511, "temperature": 0.9, "ignore_eos": True},
+        {"prompt": "w9 w300", "n": 128, "max_tokens": 200, "temperature": 0, "ignore_eos": True},
     )  # fmt: skip
     time.sleep(1.0)
     started = time.perf_counter()

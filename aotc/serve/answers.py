@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aotc.serve.completions import DONE_EVENT, sse_event
-from aotc.serve.protocol import RequestError, answer_too_large, error_body
+from aotc.serve.protocol import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    RequestError,
+    answer_too_large,
+    error_body,
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,11 @@ class Made:
 
 
 async def whole_answer(
-    events: AsyncIterator, request: Any, shape: Any, model: str, max_bytes: int
+    events: AsyncIterator,
+    request: Any,
+    shape: Any,
+    model: str,
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
 ) -> dict:
     """Every event of the request, collected into one answer; a failure raises its RequestError."""
     made = {choice.index: Made() for choice in request.choices}
@@ -94,7 +103,13 @@ def event_size(event: dict) -> int:
     return 64 + 2 * len(event["text"]) + sum(64 + len(str(top)) for top in tops)
 
 
-async def server_sent(events: AsyncIterator, request: Any, shape: Any, model: str, max_bytes: int):
+async def server_sent(
+    events: AsyncIterator,
+    request: Any,
+    shape: Any,
+    model: str,
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+):
     """The request's chunks as server-sent events, then the usage chunk if asked, then [DONE]."""
     answer = envelope(shape, model, chunks=True)
     by_index = {choice.index: choice for choice in request.choices}
