@@ -207,3 +207,51 @@ def test_lipsum_is_not_offered_and_a_stopped_template_renders_again():
         template.render([{"role": "user", "content": "loop"}])
     assert template.render([{"role": "user", "content": "hi"}]) == "hi"
     template.close()
+
+
+def test_a_worker_killed_between_renders_is_started_again():
+    import os
+    import signal
+
+    template = ChatTemplate("{{ messages[0]['content'] }}")
+    worker = template._process.pid()
+    os.kill(worker, signal.SIGKILL)
+    os.waitid(os.P_PID, worker, os.WEXITED | os.WNOWAIT)  # gone (left for the render to reap)
+    assert template.render([{"role": "user", "content": "again"}]) == "again"
+    template.close()
+
+
+_ORPHANED_RENDER = """
+import sys
+from aotc_runtime import template_process
+from aotc_runtime.chat_template import ChatTemplate
+template_process.MAX_SECONDS = 2.0
+template = ChatTemplate("{{ ([[1]] * 4000000) | sum(start=[]) }}")
+print(template._process.pid(), flush=True)
+template.render([{"role": "user", "content": "hi"}])
+"""
+
+
+def test_a_worker_whose_caller_dies_mid_render_ends_itself():
+    """Its caller killed (SIGKILL: nothing of it runs) while the worker loops inside one builtin:
+    the worker ends itself a little after the deadline, instead of spinning on for hours."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    caller = subprocess.Popen([sys.executable, "-c", _ORPHANED_RENDER], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    worker = int(caller.stdout.readline())
+    time.sleep(0.5)  # the render has started
+    caller.kill()
+    caller.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)  # still there (an orphan is reaped by init once it ends)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(worker, 9)
+    raise AssertionError("the orphaned worker was still rendering 15 s after its caller died")

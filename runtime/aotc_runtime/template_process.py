@@ -52,6 +52,8 @@ class TemplateProcess:
     def render(self, variables: dict[str, Any]) -> str:
         """The template rendered with `variables` (JSON values), in its process."""
         with self._lock:
+            if self._process is not None and self._process.poll() is not None:
+                self._stop()  # it ended between renders (killed from outside): start another
             if self._process is None:
                 self._start()
             return self._ask({"variables": variables}, "the render")["text"]
@@ -79,12 +81,16 @@ class TemplateProcess:
         )
         self._ask({"template": self._text}, "compiling it")
 
+    def pid(self) -> int | None:
+        """The worker's process id (None: none runs now)."""
+        return self._process.pid if self._process is not None else None
+
     def _ask(self, request: dict, what: str) -> dict:
         process = self._process
         assert process is not None and process.stdin is not None
         deadline = time.monotonic() + MAX_SECONDS
         try:
-            write_message(process.stdin, request)
+            write_message(process.stdin, {**request, "seconds": MAX_SECONDS})
             size = int.from_bytes(self._read(HEADER_BYTES, deadline, what), "big")
             if size > MAX_REPLY_BYTES:
                 self._stop()

@@ -8,23 +8,29 @@ here, in a process of its own:
 - its address space is capped at MAX_ADDRESS_SPACE: a template that asks for more gets a
   MemoryError here (or this process dies), never the server's memory;
 - its parent kills it when a compile or a render runs past its deadline, wherever the time goes;
-- it imports only the sandbox and Jinja (not torch), so it starts in a fraction of a second.
+- it imports only the sandbox and Jinja (not torch), so it starts in a fraction of a second;
+- it ends itself (SIGALRM, whose default action ends a process even inside a C loop) a little
+  after the deadline its parent gives each request, so a worker whose parent died mid-render
+  does not spin on; between requests, its parent's end closes its input and it returns.
 
-Messages are length-prefixed JSON on stdin and stdout. The first request is `{"template": text}`,
-answered `{"ok": true}` once compiled; each next one is `{"variables": {...}}`, answered
-`{"text": prompt}`. A failure is `{"kind": KIND, "message": one line}` with KIND one of "syntax"
-(not Jinja), "stopped" (an escape or a bound), "refused" (the template's raise_exception, or a
-variable it needed) or "failed" (its own arithmetic or indexing on these messages).
+Messages are length-prefixed JSON on stdin and stdout. The first request is `{"template": text,
+"seconds": deadline}`, answered `{"ok": true}` once compiled; each next one is `{"variables":
+{...}, "seconds": deadline}`, answered `{"text": prompt}`. A failure is `{"kind": KIND, "message":
+one line}` with KIND one of "syntax" (not Jinja), "stopped" (an escape or a bound), "refused" (the
+template's raise_exception, or a variable it needed) or "failed" (its own arithmetic or indexing
+on these messages).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import IO, Any
 
 MAX_ADDRESS_SPACE = 256 << 20  # bytes: Python and Jinja take ~50 MiB, a 4 Mi-character prompt ~70
 HEADER_BYTES = 4  # a message's length, big-endian
+GRACE_SECONDS = 2  # past the parent's deadline, before the worker ends itself
 
 
 def write_message(stream: IO[bytes], message: dict) -> None:
@@ -78,18 +84,27 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     first = read_message(requests)
     if first is None:
         return
+    _end_after(first["seconds"])
     try:
         template: Any = BoundedSandbox().from_string(first["template"])
     except Exception as exc:  # noqa: BLE001  (every failure is the template's, told in one line)
         write_message(replies, _failure(exc))
         return
+    signal.alarm(0)
     write_message(replies, {"ok": True})
     while (request := read_message(requests)) is not None:
+        _end_after(request["seconds"])
         try:
             reply = {"text": render_bounded(template, **request["variables"])}
         except Exception as exc:  # noqa: BLE001
             reply = _failure(exc)
+        signal.alarm(0)
         write_message(replies, reply)
+
+
+def _end_after(seconds: float) -> None:
+    """SIGALRM (not handled: its default action ends the process) once the deadline has passed."""
+    signal.alarm(int(seconds) + 1 + GRACE_SECONDS)
 
 
 def main() -> None:
