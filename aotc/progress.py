@@ -1,6 +1,8 @@
 """Progress on stderr, the one interface of build and bench.
 
-Progress: each stage with its elapsed time, and a heartbeat while a long step runs (`aotc build`).
+Progress: each stage with its elapsed time, and a heartbeat while a long step runs (`aotc build`):
+on a terminal one line redrawn in place, elsewhere (CI logs, pipes) a line at intervals that
+double, so a 20-minute check writes 7 lines, not 80.
 ProgressBar: the same, plus one bar over a plan of weighted steps (`aotc bench`).
 """
 
@@ -13,12 +15,15 @@ import threading
 import time
 from collections.abc import Callable
 
+MAX_HEARTBEAT_S = 300.0  # the longest wait between two heartbeat lines off a terminal
+
 
 class Progress:
     def __init__(self, enabled: bool = True, stream=None, heartbeat_s: float = 15.0):
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.heartbeat_s = heartbeat_s
+        self.redraws = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}  # stage key -> seconds, for stages given a key
 
@@ -57,16 +62,28 @@ class Progress:
             yield
         finally:
             stop.set()
+            if beat.is_alive():
+                beat.join()
             if key:
                 self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - began
         self._say(f"{name}: done in {time.perf_counter() - began:.1f}s")
 
     def _heartbeat(self, name: str, began: float, stop: threading.Event, detail) -> None:
-        while not stop.wait(self.heartbeat_s):
+        wait, drawn = self.heartbeat_s, False
+        while not stop.wait(wait):
             extra = detail() if detail else ""
-            self._say(
-                f"{name}: still working ({time.perf_counter() - began:.0f}s{', ' + extra if extra else ''})"
-            )
+            line = f"{name}: still working ({time.perf_counter() - began:.0f}s{', ' + extra if extra else ''})"
+            if self.redraws:  # the next line (the stage's end, or a note) is drawn over it
+                elapsed = time.perf_counter() - self.started
+                self.stream.write(f"\r\x1b[K[aotc {elapsed:6.1f}s] {line}")
+                self.stream.flush()
+                drawn = True
+            else:
+                self._say(line)
+                wait = min(2 * wait, MAX_HEARTBEAT_S)
+        if drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 class ProgressBar(Progress):
@@ -77,6 +94,7 @@ class ProgressBar(Progress):
         self.width = width
         self.total, self.done, self.last_line = 1.0, 0.0, 0.0
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.redraws = False  # its heartbeat goes through _say, which redraws the bar itself
 
     def begin(self, total: float) -> None:
         """`total`: the plan's weight, the sum of its steps' weights (rough relative costs)."""

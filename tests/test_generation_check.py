@@ -107,6 +107,17 @@ def test_long_prefill_at_fp32_passes(builds):
     assert (check["atol"], check["rtol"]) == GENERATION["fp32"]
     logits = check["outputs"][0]
     assert 0 < logits["max_rel"] <= GENERATION["fp32"][1]  # measured: a fraction of the spread
+    # a CPU package replays no CUDA graph: each case is called once (a second call repeats it)
+    assert logits["worst_case"].endswith(", first call"), logits["worst_case"]
+
+
+@pytest.mark.parametrize("cuda_graphs, calls", [(True, 2), (False, 1)])
+def test_a_package_that_replays_cuda_graphs_is_called_twice_per_case(tmp_path, cuda_graphs, calls):
+    from aotc.compiler.generation_check import calls_per_case
+
+    manifest = {"runtime": {"cuda_graphs": cuda_graphs, "tf32": False}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert calls_per_case(tmp_path) == calls
 
 
 def test_model_stored_in_bf16_passes_at_bf16s_bound(builds):

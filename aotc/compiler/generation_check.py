@@ -15,10 +15,10 @@ prompt: its prefill and GREEDY_STEPS decode steps. Each greedy step feeds both s
 reference chose (vLLM's tests feed each side its own and stop comparing at the first difference;
 fed the same tokens, every step compares logits of the same context and a near tie does not end
 the comparison). The reference runs first, in this process, and picks the tokens; the package runs
-all the cases in one child process, each twice (a CUDA graph is captured on the first call and
-replayed on the second). The reference runs each case once: a step writes the cache positions it
-reads, so its second call repeats the first exactly, and the check's largest prefill (the whole
-cache, every row) is its costliest call.
+all the cases in one child process, each once, or twice for a package that replays CUDA graphs (a
+graph is captured on the first call and replayed on the second). The reference runs each case
+once: a step writes the cache positions it reads, so its second call repeats the first exactly,
+and the check's largest prefill (the whole cache, every row) is its costliest call.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ class Disagreement:
     what: str  # the one-line description of the difference
 
 
-def greedy_cases(run: EagerRun, prompt, max_len: int, device) -> tuple[list, list]:
+def greedy_cases(run: EagerRun, prompt, max_len: int, device, calls: int) -> tuple[list, list]:
     """(cases, reference outputs) of a greedy generation from `prompt` [B, P] (ids): its prefill,
     then up to GREEDY_STEPS decode steps, each fed the reference's argmax of the step before.
-    Each case's outputs are listed CALLS_PER_CASE times, as the child runs it."""
+    Each case's outputs are listed `calls` times, as the child runs it."""
     import torch
 
     batch, length = prompt.shape
@@ -65,17 +65,27 @@ def greedy_cases(run: EagerRun, prompt, max_len: int, device) -> tuple[list, lis
         inputs = [ids.to(device), torch.tensor(held), torch.tensor(fed)]
         inputs = [t.to(device) for t in inputs]
         cases.append((label, inputs))
-        outputs += reference_calls(run, label, inputs)
+        outputs += reference_calls(run, label, inputs, calls)
         ids = outputs[-1][0].argmax(-1, keepdim=True)
         held, fed = [h + f for h, f in zip(held, fed)], [1] * batch
     return cases, outputs
 
 
-def reference_calls(run: EagerRun, label: str, inputs: list) -> list:
-    """The reference's outputs of a case for each of the child's CALLS_PER_CASE calls of it: one
-    eager call, repeated (a generation step rewrites the cache positions it reads with the same
-    values, so a second call returns the first's outputs and leaves the same cache)."""
-    return [run.call(label, inputs)] * CALLS_PER_CASE
+def reference_calls(run: EagerRun, label: str, inputs: list, calls: int) -> list:
+    """The reference's outputs of a case for each of the child's `calls` calls of it: one eager
+    call, repeated (a generation step rewrites the cache positions it reads with the same values,
+    so a second call returns the first's outputs and leaves the same cache)."""
+    return [run.call(label, inputs)] * calls
+
+
+def calls_per_case(package_dir: Path) -> int:
+    """How often the child calls each case: twice for a package that replays CUDA graphs (the
+    capture, then a replay), else once. A generation step's second call repeats its first
+    exactly (above), and the check's largest case, the whole cache's prefill, is its costliest."""
+    import json
+
+    manifest = json.loads((package_dir / "manifest.json").read_text())
+    return CALLS_PER_CASE if manifest.get("runtime", {}).get("cuda_graphs") else 1
 
 
 def example_prompt(ep, task: dict):
@@ -149,15 +159,16 @@ def check_generation(
 
     atol, rtol, strict = settings["atol"], settings["rtol"], settings["strict"]
     cases = check_cases(task, device)
+    per_case = calls_per_case(package_dir)
     with strict_fp32() if strict else contextlib.nullcontext():
         run = EagerRun(ep, signature, device)
-        references = [out for label, t in cases for out in reference_calls(run, label, t)]
+        references = [out for label, t in cases for out in reference_calls(run, label, t, per_case)]
         greedy, greedy_references = greedy_cases(
-            run, example_prompt(ep, task), task["max_seq_len"], device
+            run, example_prompt(ep, task), task["max_seq_len"], device, per_case
         )
     cases, references = cases + greedy, references + greedy_references
-    outputs = run_in_child(package_dir, cases, strict)
-    calls = [(label, t, call) for label, t in cases for call in ("first", "repeat")]
+    outputs = run_in_child(package_dir, cases, strict, per_case)
+    calls = [(label, t, call) for label, t in cases for call in ("first", "repeat")[:per_case]]
     worst_abs, worst_rel, worst_case, problems, near_ties = 0.0, 0.0, calls[0][0], [], 0
     for (label, inputs, call), got, want in zip(calls, outputs, references):
         where = f"{label}, {call} call"
@@ -169,7 +180,7 @@ def check_generation(
         if max_rel >= worst_rel:
             worst_abs, worst_rel, worst_case = max_abs, max_rel, where
     name = signature["outputs"][0]["name"] if signature["outputs"] else "logits"
-    greedy_calls = len(greedy) * CALLS_PER_CASE * task["batch_size"]
+    greedy_calls = len(greedy) * per_case * task["batch_size"]
     described = (
         f"{settings['described']}; per row of logits |package - eager| <= atol + rtol x the "
         f"row's std, and greedy tokens equal except near ties ({near_ties} near ties in "

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from aotc.child_process import CHILD_TIMEOUT_S, child_command, child_env, failure_line
 from aotc.compiler.package_writer import VERIFY_PREFIX
 from aotc.errors import BuildError, NumericMismatchError
-from aotc.export.eager_reference import eager_outputs, input_cases
+from aotc.export.eager_reference import CALLS_PER_CASE, eager_outputs, input_cases
 from aotc.quiet import verbose
 
 if TYPE_CHECKING:
@@ -52,14 +52,23 @@ def reference_program(ep, signature: dict, device: str, precision, quantization=
     return weights_rounded_to(placed, precision), signature_in_precision(signature, precision)
 
 
-def check_command(package_dir: Path, inputs_path: Path, outputs_path: Path) -> list:
+def check_command(
+    package_dir: Path, inputs_path: Path, outputs_path: Path, calls: int = CALLS_PER_CASE
+) -> list:
     return child_command(
-        "aotc.compiler.verify_child", str(package_dir), str(inputs_path), str(outputs_path)
+        "aotc.compiler.verify_child",
+        str(package_dir),
+        str(inputs_path),
+        str(outputs_path),
+        str(calls),
     )
 
 
-def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
-    """Run the package on each case in a fresh process; a crash becomes a BuildError."""
+def run_in_child(
+    package_dir: Path, cases, strict: bool = False, calls: int = CALLS_PER_CASE
+) -> list:
+    """Run the package on each case in a fresh process, `calls` times each; a crash becomes a
+    BuildError."""
     import torch
 
     with tempfile.TemporaryDirectory(prefix=f"{VERIFY_PREFIX}{os.getpid()}-") as work:
@@ -68,7 +77,7 @@ def run_in_child(package_dir: Path, cases, strict: bool = False) -> list:
         env = child_env(**{STRICT_FP32_ENV: "1" if strict else "0"})
         try:
             proc = subprocess.run(
-                check_command(package_dir, inputs_path, outputs_path),
+                check_command(package_dir, inputs_path, outputs_path, calls),
                 capture_output=True,
                 text=True,
                 timeout=CHILD_TIMEOUT_S,
