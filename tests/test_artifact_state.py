@@ -28,7 +28,10 @@ def test_the_zero_cache_takes_no_room_and_loads_back_as_zeros_of_its_shape(artif
     for state, spec in zip(states, specs):
         assert list(state.shape) == spec["shape"] and state.is_contiguous()
         assert not state.any()
-    cache_bytes = sum(s.numel() * s.element_size() for s in states)
+    shapes = {tuple(spec["shape"]) for spec in specs}
+    caches = [t for t in ep.constants.values() if tuple(t.shape) in shapes]  # the model's own
+    assert caches and all(t.is_contiguous() and not t.any() for t in caches)
+    cache_bytes = sum(s.numel() * s.element_size() for s in states + caches)
     whole = tmp_path / "whole.pt2"
     torch.export.save(ep, str(whole))  # the same program with its zeros written out
     saved = whole.stat().st_size - artifact.stat().st_size

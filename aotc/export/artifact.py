@@ -102,10 +102,11 @@ def save_artifact(ep, meta: ArtifactMeta, output: Path, extra: dict | None = Non
         torch.export.save(stored, str(tmp), extra_files=files)
 
 
-# A model's state (a KV cache) starts as zeros and is most of a generation artifact: SmolLM2-135M's
-# at 8 rows of 2,048 positions is 1.4 GB of a 1.96 GB file. A state input that is all zeros is
-# stored as one zero expanded to its shape (torch.save keeps the view: one element), and loaded
-# back as a tensor of zeros of that shape.
+# A model's state (a KV cache) starts as zeros and is most of a generation artifact, twice: as the
+# state's example inputs, and as the model's own cache buffers, which the program keeps among its
+# constants (SmolLM2-135M at 8 rows of 2,048 positions: 2 x 755 MB of a 2.06 GB file). Each such
+# tensor that is all zeros, at a declared state's shape, is stored as one zero expanded to its shape
+# (torch.save keeps the view: one element), and loaded back as a tensor of zeros of that shape.
 
 
 def _with_zero_state_stored_small(ep, signature: dict):
@@ -119,15 +120,20 @@ def _with_zero_state_stored_small(ep, signature: dict):
     n_inputs = len(signature.get("inputs", ()))
     if not signature.get("state") or not examples:
         return ep
+    shapes = {(tuple(spec["shape"]), spec["dtype"]) for spec in signature["state"]}
+
+    def small(t):
+        if not isinstance(t, torch.Tensor):  # a script object among the constants
+            return t
+        if (tuple(t.shape), str(t.dtype).removeprefix("torch.")) in shapes and not t.any():
+            return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+        return t
+
     args, kwargs = examples
-    small = [
-        torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
-        if i >= n_inputs and t.numel() > 1 and not t.any()
-        else t
-        for i, t in enumerate(args)
-    ]
     stored = copy.copy(ep)
-    stored.example_inputs = (tuple(small), kwargs)
+    stored.example_inputs = (tuple(small(t) if i >= n_inputs else t for i, t in enumerate(args)),
+                             kwargs)  # fmt: skip
+    stored._constants = {name: small(t) for name, t in ep.constants.items()}
     return stored
 
 
@@ -137,25 +143,27 @@ def _zero_state_made_whole(ep, path: Path, signature: dict) -> None:
     for more memory than the program it describes."""
     import torch
 
-    examples = getattr(ep, "example_inputs", None)
-    if not examples:
-        return
-    args, kwargs = examples
     n_inputs = len(signature.get("inputs", ()))
     states = signature.get("state") or []
-    whole = []
-    for i, t in enumerate(args):
-        if t.numel() > 1 and 0 in t.stride():
-            spec = states[i - n_inputs] if 0 <= i - n_inputs < len(states) else None
-            if spec is None or list(t.shape) != list(spec.get("shape", ())):
-                raise UserInputError(
-                    f"{path}: example input {i} is stored as one value of shape "
-                    f"{list(t.shape)}, which is not a state its signature declares; re-export "
-                    "the model with `aotc export`"
-                )
-            t = torch.zeros(t.shape, dtype=t.dtype).copy_(t)
-        whole.append(t)
-    ep.example_inputs = (tuple(whole), kwargs)
+    shapes = {tuple(spec.get("shape", ())) for spec in states}
+
+    def whole(t, what: str, declared: bool):
+        if not isinstance(t, torch.Tensor) or t.numel() <= 1 or 0 not in t.stride():
+            return t
+        if not declared or tuple(t.shape) not in shapes:
+            raise UserInputError(
+                f"{path}: {what} is stored as one value of shape {list(t.shape)}, which is not a "
+                "state its signature declares; re-export the model with `aotc export`"
+            )
+        return torch.zeros(t.shape, dtype=t.dtype).copy_(t)
+
+    examples = getattr(ep, "example_inputs", None)
+    if examples:
+        args, kwargs = examples
+        ep.example_inputs = (tuple(whole(t, f"example input {i}", i >= n_inputs)
+                                   for i, t in enumerate(args)), kwargs)  # fmt: skip
+    for name, t in list(ep.constants.items()):
+        ep.constants[name] = whole(t, f"constant {name}", True)
 
 
 TOKENIZER_ENTRY = "aotc_tokenizer.json"  # a text-generation artifact's tokenizer (tokenizers' JSON)
