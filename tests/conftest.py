@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -382,3 +383,21 @@ def save_llama_folder(folder: Path, dtype: torch.dtype = torch.float32) -> Path:
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
     return folder
+
+
+# Each test file's time (setup, call and teardown of its tests), summed: what `--durations` gives
+# per test, per file, so that the slowest files are the first place to look (docs/development.md).
+_FILE_SECONDS: collections.Counter = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("slowest test files")
+    for path, seconds in _FILE_SECONDS.most_common(15):
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}s in all")
