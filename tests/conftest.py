@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -401,3 +402,26 @@ def pytest_terminal_summary(terminalreporter):
     for path, seconds in _FILE_SECONDS.most_common(15):
         terminalreporter.write_line(f"{seconds:8.1f}s {path}")
     terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}s in all")
+
+
+@functools.cache
+def built_runner() -> Path:
+    """The C++ runner (`make runner`'s build), built once per test session, whichever test asks
+    first."""
+    from aotc.deploy.cpp_runner import build_runner
+
+    return build_runner()
+
+
+@pytest.fixture(scope="session")
+def runner() -> Path:
+    return built_runner()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, on 127.0.0.1."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

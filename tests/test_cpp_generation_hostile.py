@@ -15,17 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tampered_copy
-from test_cpp_runner import built_runner, run_cpp
+from test_cpp_runner import run_cpp
 
 import aotc_runtime
 from aotc_runtime.errors import AotcRuntimeError
 
 FIX = "; rebuild it with `aotc build --force`"
-
-
-@pytest.fixture(scope="session")
-def runner() -> Path:
-    return built_runner()
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,12 @@ from pathlib import Path
 import numpy
 import pytest
 from conftest import invoke
-from test_cpp_runner import assert_same_outputs, built_runner, python_outputs, run_cpp
+from test_cpp_runner import assert_same_outputs, python_outputs, run_cpp
 
 import aotc_runtime
 from aotc.deploy.bundle import launcher_text
 from aotc_runtime.errors import AotcRuntimeError
 from aotc_runtime.runner import run_package
-
-
-@pytest.fixture(scope="session")
-def runner() -> Path:
-    return built_runner()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ building it needs cmake, a C++ compiler, OpenSSL's and zlib's headers and the nl
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import shutil
@@ -19,20 +18,8 @@ import pytest
 import torch
 
 import aotc_runtime
-from aotc.deploy.cpp_runner import build_runner
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@functools.cache
-def built_runner() -> Path:
-    """Built once per test session, whichever module asks first (test_cpp_hostile.py shares it)."""
-    return build_runner()
-
-
-@pytest.fixture(scope="session")
-def runner() -> Path:
-    return built_runner()
 
 
 def run_cpp(runner: Path, *args, env=None) -> subprocess.CompletedProcess:

@@ -13,14 +13,11 @@ from pathlib import Path
 
 import numpy
 import pytest
-import test_cpp_runner
 import torch
 from conftest import MLP, invoke
 from test_cpp_runner import python_outputs, run_cpp
 
 import aotc_runtime
-
-runner = test_cpp_runner.runner  # the session's `make runner` build, as a fixture here too
 
 MEMBER = "specialized/B-8"
 

@@ -116,7 +116,8 @@ def test_aotc_generate_ends_with_exit_3_in_one_line(poisoned, sampling):
 @pytest.mark.parametrize("sampling", [[], ["--temperature", 0.7, "--seed", 1]],
                          ids=["greedy", "sampled"])  # fmt: skip
 def test_the_cpp_runner_ends_with_exit_3_in_one_line(poisoned, sampling):
-    from test_cpp_runner import built_runner, run_cpp
+    from conftest import built_runner
+    from test_cpp_runner import run_cpp
 
     runner = built_runner()
     done = run_cpp(runner, poisoned, "--generate", "--prompt-ids", "5,17,42,9",

@@ -18,7 +18,6 @@ import pytest
 import torch
 from conftest import assert_manifest_matches_schema, invoke, load_model_file
 from test_cpp_runner import GENERATE_PROMPTS, python_generate, run_cpp
-from test_cpp_runner import runner as runner  # the session's C++ runner, a fixture
 from test_generate import prompts, reference
 
 import aotc_runtime

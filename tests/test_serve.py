@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy
 import pytest
 import torch
+from conftest import free_port
 
 pytest.importorskip("ray.serve")
 
@@ -25,12 +26,6 @@ from aotc_runtime import PackageError, load  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CLIENT_THREADS = 16
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

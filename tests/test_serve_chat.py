@@ -11,10 +11,9 @@ test_serve_openai_fields.py.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
-from conftest import invoke
+from conftest import free_port, invoke
 from test_serve_openai_fields import PROMPT, chat_prompt, generated, with_chat_template
 
 pytest.importorskip("ray.serve")
@@ -25,12 +24,6 @@ from aotc.serve.app import ServeOptions, _ask, start, stop  # noqa: E402
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 60
 MESSAGES = [{"role": "user", "content": "w5 w17 w42"}]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from tests.test_serve import free_port  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import torch
-from conftest import GENERATION_MAX_LEN, invoke
+from conftest import GENERATION_MAX_LEN, free_port, invoke
 
 pytest.importorskip("ray.serve")
 
@@ -25,12 +25,6 @@ from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import torch
 
 pytest.importorskip("ray.serve")
 
-from test_serve_completions import expected_ids, free_port, get, post  # noqa: E402
+from conftest import free_port  # noqa: E402
+from test_serve_completions import expected_ids, get, post  # noqa: E402
 
 from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
 

@@ -51,8 +51,9 @@ def signature_json(mlp) -> dict:
 
 @pytest.fixture(scope="module")
 def server(mlp):
+    from conftest import free_port
+
     from aotc.serve.app import ServeOptions, start, stop
-    from tests.test_serve import free_port
 
     running = start(ServeOptions(package=mlp, port=free_port(), body_timeout_s=BODY_TIMEOUT_S))
     yield running

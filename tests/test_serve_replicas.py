@@ -21,10 +21,12 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
+from conftest import free_port  # noqa: E402
+
 from aotc.serve.app import ServeOptions, descendants, start, stop  # noqa: E402
 from aotc.serve.client import Client  # noqa: E402
 from aotc_runtime import load  # noqa: E402
-from tests.test_serve import free_port, request_rows  # noqa: E402
+from tests.test_serve import request_rows  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

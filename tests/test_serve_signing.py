@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 
 import pytest
-from conftest import invoke
+from conftest import free_port, invoke
 
 pytest.importorskip("ray.serve")
 
@@ -126,12 +125,6 @@ def test_a_replica_checks_the_signature_itself_as_it_loads(signed, keys):
     refused = first_answer(swapped)["refused"]
     assert (refused.status, str(refused)) == (503, REFUSED)
     assert swapped.health()["status"] == "refused" and "reason" not in swapped.health()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_serve_exits_7_with_the_reason_when_its_replica_refuses_the_package(

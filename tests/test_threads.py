@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke
-from test_cpp_runner import built_runner
+from conftest import built_runner, invoke
 
 from aotc_runtime.threads import (
     MAX_THREADS,
