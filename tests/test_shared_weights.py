@@ -80,7 +80,8 @@ def test_a_weights_file_changed_after_the_build_is_refused(specialized, tmp_path
 )
 def test_the_cpp_runner_reads_the_shared_weights(specialized, tmp_path, batch, ran):
     import numpy
-    from test_cpp_runner import built_runner, run_cpp
+    from conftest import built_runner
+    from test_cpp_runner import run_cpp
 
     x = torch.randn(batch, 128)
     numpy.save(tmp_path / "x.npy", x.numpy())
@@ -107,7 +108,8 @@ def test_a_weights_file_whose_tensor_claims_more_than_it_holds_is_refused(specia
     would read past its end. Both runtimes refuse it before any program sees it (exit 7)."""
     import shutil
 
-    from test_cpp_runner import built_runner, run_cpp
+    from conftest import built_runner
+    from test_cpp_runner import run_cpp
 
     from aotc.compiler.package_writer import write_manifest
 
