@@ -230,12 +230,11 @@ class CompletionEngine:
         request waits for one row to free, not for a large request's every answer."""
         held = collections.Counter(id(answer.job.reply) for answer in rows.values())
         while True:
-            while self._pending and self._pending[0].gone:
-                self._pending.popleft()
-            waiting = [job for job in self._pending if not job.gone]
-            if not waiting:
+            for gone in [job for job in self._pending if job.gone]:
+                self._pending.remove(gone)
+            if not self._pending:
                 return
-            job = min(waiting, key=lambda each: held[id(each.reply)])  # min: the earliest
+            job = min(self._pending, key=lambda each: held[id(each.reply)])  # min: the earliest
             request = job.choice.request
             if not batch.fits(len(request.prompt), request.max_new_tokens):
                 if batch.active == 0:  # cannot happen (requests are checked against the cache)
