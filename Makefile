@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 AOTC := $(VENV)/bin/aotc
 DEMO := demo_out
 
-.PHONY: install demo test test-newest test-gpu bench lint format runner clean
+.PHONY: install demo test test-newest test-gpu gpu-wheels bench lint format runner clean
 
 install: $(VENV)/.installed
 
@@ -29,7 +29,7 @@ demo: install
 
 test: install runner
 	@command -v tmux >/dev/null || test "$$(id -u)" != 0 || (apt-get update -q && apt-get install -y -q tmux)  # aotc chat's terminal test
-	$(PY) -m pytest -q --durations=25 tests --ignore=tests/test_transformers_release.py  # run by test-newest
+	$(PY) -m pytest -q --durations=25 -n 2 --dist loadgroup tests --ignore=tests/test_transformers_release.py  # run by test-newest
 	$(MAKE) test-newest
 
 # The text-generation parity tests again on the newest transformers of the supported range
@@ -46,8 +46,19 @@ $(NEWEST)/.installed: requirements-newest.txt $(VENV)/.installed
 test-newest: install $(NEWEST)/.installed
 	PYTHONPATH=$(CURDIR)/$(NEWEST) $(PY) -m pytest -q -p no:cacheprovider tests/test_transformers_release.py
 
-test-gpu: install
-	$(PY) -m pytest -q -m gpu tests
+# On a GPU machine, with its own torch (not .venv's CPU build): aotc installed beside it, the tests'
+# dependencies from .gpu/wheels when there (offline machines), then the GPU tests. PYTEST_ARGS adds
+# pytest options, e.g. PYTEST_ARGS='-k "not max-autotune"'.
+test-gpu:
+	PYTHON=$(PYTHON) scripts/gpu_install.sh
+	$(PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests $(PYTEST_ARGS)
+
+# On a machine with the package registry: the wheels scripts/gpu_install.sh installs offline, for the
+# GPU machine's Python (GPU_PYTHON_VERSION, 3.12 by default), into .gpu/wheels.
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels: install
+	$(PY) -m pip download -q --disable-pip-version-check --only-binary=:all: --platform manylinux2014_x86_64 \
+	  --python-version $(GPU_PYTHON_VERSION) -d .gpu/wheels jsonschema==4.26.0 nlohmann-json==3.12.0 importlib-resources==7.1.0
 
 # The C++ runner (runtime/cpp) against the installed torch: runtime/cpp/build/aotc-runner, linked into
 # .venv/bin. Needs cmake, g++ and the OpenSSL and zlib headers (installed with apt when missing and root).

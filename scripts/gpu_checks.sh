@@ -73,14 +73,9 @@ mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
 log() { echo "[$(date +%T)] $*" | tee -a "$RESULTS/session.log"; }
 
 log "install"
-python3 -m pip install -q --no-deps --no-build-isolation -e ./runtime -e . > "$RESULTS/install.log" 2>&1 || log "install failed"
-# The tests validate every package against docs/manifest.schema.json; offline GPU machines get
-# jsonschema from wheels downloaded beforehand (docs/gpu.md).
-if [ -d .gpu/wheels ]; then
-  # the wheels that are there, by file: naming one that is not makes pip install none
-  python3 -m pip install -q --no-index --find-links .gpu/wheels .gpu/wheels/*.whl \
-    >> "$RESULTS/install.log" 2>&1 || log "test dependencies install failed"
-fi
+# aotc beside the machine's torch, and the tests' dependencies from .gpu/wheels (docs/gpu.md): the
+# same script as `make test-gpu`'s
+scripts/gpu_install.sh > "$RESULTS/install.log" 2>&1 || log "install failed: $(tail -1 "$RESULTS/install.log")"
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" >> "$RESULTS/gpu.txt" 2>&1
 python3 -c "from aotc.compiler import toolchain as t; print('compiler choice:', t.choose_compiler())" >> "$RESULTS/gpu.txt" 2>&1

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import shared_store
 import torch
 from click.testing import CliRunner
 
@@ -47,61 +48,116 @@ def invoke(*args):
     return result
 
 
-# A child process of BuildAhead: the aotc commands given as JSON lists of arguments, one after
-# another in one process (torch and transformers imported once for all of them).
+# A child process of BuildAhead: jobs read from stdin, one JSON line each ({"commands": [aotc
+# arguments, ...], "log": path}), run one after another in this one process (torch and transformers
+# imported once for all of them); each job's stdout and stderr go to its log, and its exit code to
+# the parent on the process's first stdout, one JSON line per job.
 _AHEAD_CHILD = """
-import json, sys
+import json, os, sys, traceback
 from aotc.cli.main import cli
-for args in json.loads(sys.argv[1]):
-    try:
-        code = cli.main(args, prog_name="aotc", standalone_mode=False)
-    except SystemExit as exc:  # the commands end with their documented exit code
-        code = exc.code
-    if code:
-        sys.exit(code)
+answers = os.fdopen(os.dup(1), "w")
+for line in sys.stdin:
+    job = json.loads(line)
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(log, 1), os.dup2(log, 2), os.close(log)
+    code = 0
+    for args in job["commands"]:
+        try:
+            code = cli.main(args, prog_name="aotc", standalone_mode=False) or 0
+        except SystemExit as exc:  # the commands end with their documented exit code
+            code = exc.code or 0
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        if code:
+            break
+    sys.stdout.flush(), sys.stderr.flush()
+    answers.write(json.dumps({"code": code}) + "\\n")
+    answers.flush()
 """
 
 
 class BuildAhead:
-    """Exports and builds run in child processes two at a time, ahead of the tests that load their
-    packages. On the CI's 2 cores an in-process build leaves one core idle most of the time (its
-    export and its C++ compile each run on one), so a module whose tests each need a package of
-    their own (test_generate, test_zoo) submits them all at its start and each test waits for its
-    own. The commands are the CLI's, as `invoke` runs them."""
+    """Exports and builds run in child processes, ahead of the tests that load their packages. On
+    the CI's 2 cores an in-process build leaves one core idle most of the time (its export and its
+    C++ compile each run on one), so a module whose tests each need a package of their own
+    (test_generate, test_zoo) submits them all at its start and each test waits for its own. Two run
+    at a time in a run without pytest-xdist workers, one per worker with them (the other worker is
+    the other core's work). Each runs in a child process kept for JOBS_PER_CHILD jobs, which saves
+    importing torch, transformers and Inductor again for each (6 s and more). The commands are the
+    CLI's, as `invoke` runs them; each package is made once per run (shared_store), whichever worker
+    asks first."""
 
-    def __init__(self, workers: int = 2):
+    JOBS_PER_CHILD = 6  # then a new child: what one build leaves in memory does not pile up
+    TIMEOUT_S = 1200
+
+    def __init__(self, workers: int | None = None):
+        import threading
         from concurrent.futures import ThreadPoolExecutor
 
+        workers = workers or (1 if shared_store.worker() else 2)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="build-ahead")
         self._runs: dict = {}
+        self._local = threading.local()  # each pool thread's child: (process, jobs run)
+        self._children: list = []
 
-    def submit(self, key, *commands: list) -> None:
+    def submit(self, key, package: Path, outputs: list, *commands: list) -> None:
         if key not in self._runs:
-            self._runs[key] = self._pool.submit(self._run, [[str(a) for a in c] for c in commands])
+            commands_text = [[str(a) for a in c] for c in commands]
+            log = Path(str(package) + ".log")
+            self._runs[key] = self._pool.submit(
+                shared_store.once, package, lambda: self._run(commands_text, log), outputs
+            )
 
     def close(self) -> None:
         """At the session's end: what no test waited for is not started (a run of a few tests)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        for child in self._children:
+            child.stdin.close()
+            child.wait(timeout=60)
 
     def submitted(self, key) -> bool:
         return key in self._runs
 
     def wait(self, key, package: Path) -> None:
-        """Fails the test with the child's stderr if its commands failed."""
-        done = self._runs[key].result()
-        assert done.returncode == 0, done.stderr[-3000:]
+        """Fails the test with the child's output if its commands failed."""
+        self._runs[key].result()
         assert_manifest_matches_schema(package)
 
-    @staticmethod
-    def _run(commands: list):
+    def _run(self, commands: list, log: Path) -> None:
         import json
+        import select
+
+        child = self._child()
+        child.stdin.write(json.dumps({"commands": commands, "log": str(log)}) + "\n")
+        child.stdin.flush()
+        ready, _, _ = select.select([child.stdout], [], [], self.TIMEOUT_S)
+        answer = child.stdout.readline() if ready else ""
+        self._local.jobs += 1
+        if not answer:  # it ended or hung: the next job gets a new child
+            child.kill()
+            self._local.process = None
+        text = log.read_text(errors="replace") if log.exists() else ""
+        code = json.loads(answer)["code"] if answer else f"none in {self.TIMEOUT_S} s or it ended"
+        assert code == 0, f"exit code {code}: {text[-3000:]}"
+
+    def _child(self):
         import subprocess
         import sys
 
-        return subprocess.run(
-            [sys.executable, "-c", _AHEAD_CHILD, json.dumps(commands)],
-            capture_output=True, text=True, timeout=1200,
-        )  # fmt: skip
+        local = self._local
+        if getattr(local, "process", None) is None or local.jobs >= self.JOBS_PER_CHILD:
+            if getattr(local, "process", None) is not None:
+                local.process.stdin.close()
+                local.process.wait(timeout=60)
+            local.process = subprocess.Popen(
+                [sys.executable, "-c", _AHEAD_CHILD],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            local.jobs = 0
+            self._children.append(local.process)
+        return local.process
 
 
 def built_package(args: list) -> Path:
@@ -132,28 +188,43 @@ class Built:
 
 
 class PackageCache:
+    """The CASES' packages, each exported and built once per test run (shared_store): by the first
+    test that asks, in whichever pytest-xdist worker runs it."""
+
+    BUILD_FLAGS = ("--device", "cpu", "--mode", "default")
+
     def __init__(self, root: Path):
         self.root = root
-        self.built: dict[str, Built] = {}
 
     def get(self, name: str) -> Built:
-        if name not in self.built:
-            model, flags = CASES[name]
-            artifact = self.root / f"{name}.pt2"
-            package = self.root / f"{name}_pkg"
+        model, flags = CASES[name]
+        label = f"{name}-{shared_store.key(MODELS / model, *flags, *self.BUILD_FLAGS)}"
+        artifact, package = self.root / f"{label}.pt2", self.root / f"{label}_pkg"
+
+        def make() -> None:
             result = invoke("export", MODELS / model, *flags, "-o", artifact)
             assert result.exit_code == 0, result.stderr
-            result = invoke(
-                "build", artifact, "--device", "cpu", "--mode", "default", "-o", package, "--quiet"
-            )
+            result = invoke("build", artifact, *self.BUILD_FLAGS, "-o", package, "--quiet")
             assert result.exit_code == 0, result.stderr
-            self.built[name] = Built(name, artifact, package, MODELS / model)
-        return self.built[name]
+
+        shared_store.once(package, make, outputs=[artifact])
+        return Built(name, artifact, package, MODELS / model)
 
 
 @pytest.fixture(scope="session")
-def packages(tmp_path_factory) -> PackageCache:
-    return PackageCache(tmp_path_factory.mktemp("packages"))
+def store_root(tmp_path_factory) -> Iterator[Path]:
+    """The folder of this run's shared packages (shared_store). At the session's end, a test that
+    changed one of them fails the run."""
+    root = shared_store.run_root(tmp_path_factory.getbasetemp()) / "store"
+    root.mkdir(exist_ok=True)
+    yield root
+    changed = shared_store.check_unchanged(root)
+    assert not changed, "; ".join(changed)
+
+
+@pytest.fixture(scope="session")
+def packages(store_root) -> PackageCache:
+    return PackageCache(store_root)
 
 
 ZOO = Path(__file__).parent / "zoo"
@@ -199,38 +270,51 @@ def load_model_file(path: Path):
 
 class GenerationBuilds:
     """Text-generation packages of the zoo's decoder LMs (tests/zoo/<family>.py, weights scaled),
-    exported for batch 2 and a 32-token cache and built on the CPU once per session, on first use:
-    family -> (package folder, the same model in eager)."""
+    exported for batch 2 and a 32-token cache and built on the CPU once per run (shared_store), on
+    first use: family -> (package folder, the same model in eager)."""
 
     def __init__(self, root: Path):
         self.root = root
-        self.built: dict = {}
         self.ahead = BuildAhead()
+        self.built: dict = {}
 
     def __getitem__(self, family: str) -> tuple:
         if family not in self.built:
             self.built[family] = self._build(family, family)
         return self.built[family]
 
+    def artifact(self, family: str) -> Path:
+        """The family's export artifact (its package built too)."""
+        self[family]
+        return self._files(family, family)[1]
+
+    def model_file(self, family: str) -> Path:
+        """The family's model file, as `aotc export` takes it (nothing built)."""
+        return self._files(family, family)[0]
+
     def prefetch(self, families) -> None:
         """Export and build these families in child processes from now on (BuildAhead)."""
         for family in families:
-            if family not in self.built:
-                source, artifact, package = self._files(family, family)
-                self.ahead.submit(family, *self._commands(source, artifact, package))
+            source, artifact, package = self._files(family, family)
+            self.ahead.submit(
+                family, package, [artifact], *self._commands(source, artifact, package)
+            )
 
     def with_tokenizer(self) -> tuple:
         """GPT-2's package with tiny_tokenizer's word-level tokenizer in it: (package, model)."""
         if "tokenizer" not in self.built:
-            folder = tiny_tokenizer(self.root / "tokenizer")
+            folder = self.root / "gpt2_tokenizer"
+            shared_store.once(folder, lambda: tiny_tokenizer(folder))
             self.built["tokenizer"] = self._build("gpt2", "gpt2_tok", "--tokenizer", folder)
         return self.built["tokenizer"]
 
-    def _files(self, family: str, name: str) -> tuple:
-        """(model file, artifact, package) of a build; the model file written if not yet."""
+    def _files(self, family: str, name: str, *export_flags) -> tuple:
+        """(model file, artifact, package) of a build; the model file written if not yet. Each
+        name is one build (the export settings above are the same for all), so the files are
+        named after it: tests read `<family>.pt2` and `<family>_lm.py` from `root`."""
         source = self.root / f"{family}_lm.py"
-        if not source.exists():
-            source.write_text(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
+        text = GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py"))
+        shared_store.once(source, lambda: source.write_text(text))
         return source, self.root / f"{name}.pt2", self.root / f"{name}_pkg"
 
     @staticmethod
@@ -240,13 +324,17 @@ class GenerationBuilds:
         return export, ["build", artifact, "--device", "cpu", "-o", package, "--quiet"]
 
     def _build(self, family: str, name: str, *export_flags) -> tuple:
-        source, artifact, package = self._files(family, name)
+        source, artifact, package = self._files(family, name, *export_flags)
         if self.ahead.submitted(name):
             self.ahead.wait(name, package)
         else:
-            for command in self._commands(source, artifact, package, *export_flags):
-                done = invoke(*command)
-                assert done.exit_code == 0, done.stderr
+
+            def make() -> None:
+                for command in self._commands(source, artifact, package, *export_flags):
+                    done = invoke(*command)
+                    assert done.exit_code == 0, done.stderr
+
+            shared_store.once(package, make, outputs=[artifact])
         return package, load_model_file(source)
 
 
@@ -264,8 +352,55 @@ def tiny_tokenizer(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def generation_packages(tmp_path_factory) -> Iterator[GenerationBuilds]:
-    builds = GenerationBuilds(tmp_path_factory.mktemp("generation"))
+def tokenizer(store_root):
+    """tiny_tokenizer's word-level tokenizer, loaded with `tokenizers`."""
+    from tokenizers import Tokenizer
+
+    folder = store_root / "tiny_tokenizer"
+    shared_store.once(folder, lambda: tiny_tokenizer(folder))
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+# ChatML spelled in tiny_tokenizer's words: w1 a user's turn, w2 the assistant's, w3 the system's,
+# w4 the end of a turn
+CHATML_WORDS_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] not in ('user', 'assistant', 'system') -%}"
+    "{{ raise_exception('no role ' + m['role']) }}{%- endif -%}"
+    "{{ {'user': 'w1', 'assistant': 'w2', 'system': 'w3'}[m['role']] }} {{ m['content'] }} w4 "
+    "{% endfor -%}"
+    "{%- if add_generation_prompt %}w2{% endif -%}"
+)
+
+
+def with_chat_template(package: Path, target: Path, eos=None) -> Path:
+    """A copy of the package carrying CHATML_WORDS_TEMPLATE, hashed as a build hashes it; `eos`
+    replaces its end-of-sequence ids."""
+
+    def write(folder):
+        (folder / "chat_template.jinja").write_text(CHATML_WORDS_TEMPLATE)
+
+    def edit(manifest):
+        manifest["generation"]["chat_template"] = "chat_template.jinja"
+        if eos is not None:
+            manifest["generation"]["eos_token_ids"] = eos
+
+    return tampered_copy(package, target, edit=edit, files=write)
+
+
+@pytest.fixture(scope="session")
+def chat_lm(generation_packages, store_root) -> Path:
+    """GPT-2's package with tiny_tokenizer and CHATML_WORDS_TEMPLATE: the served chat model."""
+    plain = generation_packages.with_tokenizer()[0]
+    target = store_root / "gpt2_chat_pkg"
+    shared_store.once(target, lambda: with_chat_template(plain, target))
+    return target
+
+
+@pytest.fixture(scope="session")
+def generation_packages(store_root) -> Iterator[GenerationBuilds]:
+    (store_root / "generation").mkdir(exist_ok=True)
+    builds = GenerationBuilds(store_root / "generation")
     yield builds
     builds.ahead.close()
 
@@ -329,7 +464,8 @@ def manifest_problems(manifest: dict) -> list:
     except ImportError:  # a GPU machine without the registry: docs/gpu.md says how to bring it
         pytest.fail(
             "jsonschema is not installed; the tests check every package against docs/manifest.schema.json: "
-            "pip install jsonschema (offline: docs/gpu.md)"
+            "on a GPU machine run scripts/gpu_install.sh (make test-gpu does; offline: docs/gpu.md), "
+            "elsewhere make test"
         )
     validator = jsonschema.Draft202012Validator(json.loads(MANIFEST_SCHEMA.read_text()))
     return [
@@ -338,8 +474,39 @@ def manifest_problems(manifest: dict) -> list:
     ]
 
 
+def pytest_configure(config):
+    """In a pytest-xdist worker: one CPU thread for torch, for the OpenMP of the commands it runs in
+    child processes, and for Inductor's compile workers, so that `make test`'s 2 workers keep the
+    machine's 2 cores busy rather than 4 builds or 8 threads fighting over them."""
+    worker = shared_store.worker()
+    if worker:
+        import os
+
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+            os.environ[name] = "1"
+        torch.set_num_threads(1)
+        # Inductor's cache, one per worker: two workers compiling the same graph at once into one
+        # cache gave a package whose compiled model described the other worker's artifact (its
+        # build's check refused it, exit 5)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{cache_dir()}-{worker}"
+
+
+def xdist_group(path: str) -> str:
+    """The pytest-xdist group (--dist loadgroup) of a test file's tests: a file's tests run in one
+    worker, so that its module fixtures are made once; the serve tests all run in one, one after
+    another, so that two Ray instances never share the machine (ports, /tmp/ray, memory)."""
+    name = Path(path).name
+    return "serve" if name.startswith("test_serve") else name
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu are skipped on machines without CUDA (CI has none)."""
+    """Each test gets its xdist group; tests marked gpu are skipped on machines without CUDA (CI has
+    none)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid.split("::")[0])))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -408,9 +575,13 @@ def pytest_terminal_summary(terminalreporter):
 def built_runner() -> Path:
     """The C++ runner (`make runner`'s build), built once per test session, whichever test asks
     first."""
-    from aotc.deploy.cpp_runner import build_runner
+    from filelock import FileLock
 
-    return build_runner()
+    from aotc.deploy.cpp_runner import BUILD_DIR, build_runner
+
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    with FileLock(BUILD_DIR / "tests.lock"):  # pytest-xdist workers: one cmake at a time
+        return build_runner()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_tokenizer
 
 from aotc.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
 from aotc.serve.protocol import RequestError
@@ -15,14 +14,6 @@ from aotc_runtime.sampling import Sampling
 from aotc_runtime.text_delta import cut_at_stop
 
 GENERATION = Generation(batch_size=4, max_seq_len=32, vocab_size=512)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from tokenizers import Tokenizer
-
-    folder = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-    return Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
 def parse(data, tokenizer=None):

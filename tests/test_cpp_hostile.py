@@ -26,16 +26,6 @@ from aotc_runtime.errors import AotcRuntimeError
 from aotc_runtime.runner import run_package
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("keys")
-    pairs = {}
-    for name in ("mine", "other"):
-        pairs[name] = (folder / f"{name}.pem", folder / f"{name}.pub.pem")
-        aotc_runtime.generate_keypair(*pairs[name])
-    return pairs
-
-
 def python_says(package, inputs=(), public_key=None) -> tuple[int, str]:
     """The Python runtime's exit code and error line for the same run (as `aotc-run` prints it)."""
     try:
@@ -67,20 +57,20 @@ def assert_same_refusal(runner, package, inputs=(), public_key=None, code=None):
 def signed(packages, tmp_path, keys):
     package = tmp_path / "signed"
     shutil.copytree(packages.get("mlp").package, package)
-    aotc_runtime.sign_package(package, keys["mine"][0])
+    aotc_runtime.sign_package(package, keys.mine.private)
     return package
 
 
 def test_runner_runs_a_signed_package(runner, signed, keys):
-    result = run_cpp(runner, signed, "--require-signature", "--public-key", keys["mine"][1])
+    result = run_cpp(runner, signed, "--require-signature", "--public-key", keys.mine.public)
     assert result.returncode == 0, result.stderr
-    assert run_cpp(runner, signed, "--public-key", keys["mine"][1]).returncode == 0
+    assert run_cpp(runner, signed, "--public-key", keys.mine.public).returncode == 0
 
 
 def test_runner_refuses_what_the_python_runtime_refuses(runner, signed, packages, tmp_path, keys):
-    mine, other = keys["mine"][1], keys["other"][1]
+    mine, other = keys.mine.public, keys.other.public
     assert_same_refusal(runner, signed, public_key=other, code=7)  # signed by another key
-    assert_same_refusal(runner, signed, public_key=keys["mine"][0], code=7)  # a private key
+    assert_same_refusal(runner, signed, public_key=keys.mine.private, code=7)  # a private key
     assert_same_refusal(runner, signed, public_key=tmp_path / "none.pem", code=7)
     sig = signed / "manifest.json.sig"
     good = sig.read_bytes()
@@ -101,7 +91,7 @@ def test_a_fifo_for_the_signature_or_key_is_refused_at_once(runner, signed, tmp_
     sig = signed / "manifest.json.sig"
     sig.unlink()
     os.mkfifo(sig)  # a plain open() would wait for a writer forever
-    code, line = cpp_says(runner, signed, "--public-key", keys["mine"][1])
+    code, line = cpp_says(runner, signed, "--public-key", keys.mine.public)
     assert code == 7 and "manifest.json.sig cannot be read (not a regular file)" in line
     os.mkfifo(tmp_path / "key.pem")
     code, line = cpp_says(runner, signed, "--public-key", tmp_path / "key.pem")
@@ -111,7 +101,7 @@ def test_a_fifo_for_the_signature_or_key_is_refused_at_once(runner, signed, tmp_
 def test_signature_flags_on_the_command_line(runner, signed, keys):
     code, line = cpp_says(runner, signed, "--require-signature")
     assert code == 2 and "--require-signature needs --public-key" in line
-    key = keys["mine"][1]
+    key = keys.mine.public
     code, line = cpp_says(runner, signed, "--public-key", key, "--public-key", key)
     assert code == 2 and "--public-key is given twice" in line
 
@@ -429,10 +419,10 @@ def test_signed_bundle_refuses_an_altered_package(runner, packages, tmp_path, ke
     package = tmp_path / "pkg"
     shutil.copytree(packages.get("mlp").package, package)
     bundle = tmp_path / "bundle"
-    unsigned = invoke("bundle", package, "-o", bundle, "--public-key", keys["mine"][1])
+    unsigned = invoke("bundle", package, "-o", bundle, "--public-key", keys.mine.public)
     assert unsigned.exit_code == 7 and "is not signed" in unsigned.stderr  # refused before copying
     assert invoke("bundle", package, "-o", bundle, "--require-signature").exit_code == 2
-    aotc_runtime.sign_package(package, keys["mine"][0])
+    aotc_runtime.sign_package(package, keys.mine.private)
     result = invoke(
         "bundle",
         package,
@@ -440,7 +430,7 @@ def test_signed_bundle_refuses_an_altered_package(runner, packages, tmp_path, ke
         bundle,
         "--require-signature",
         "--public-key",
-        keys["mine"][1],
+        keys.mine.public,
         "--json",
     )
     assert result.exit_code == 0, result.stderr
@@ -454,7 +444,7 @@ def test_signed_bundle_refuses_an_altered_package(runner, packages, tmp_path, ke
     manifest = json.loads((inside / "manifest.json").read_text())
     manifest["mode"] = "max-autotune"  # what an attacker would change, hash and signature redone
     (inside / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
-    aotc_runtime.sign_package(inside, keys["other"][0])
+    aotc_runtime.sign_package(inside, keys.other.private)
     refused = run_bundle()
     assert refused.returncode == 7 and "signed by another key" in refused.stderr, refused.stderr
     (inside / "manifest.json.sig").unlink()

@@ -173,8 +173,7 @@ def test_the_gpt_fast_style_decoder_gives_transformers_tokens(generation_package
 
     from aotc.bench.gpt_fast import GptFastDecoder
 
-    generation_packages._files(family, family)  # writes the model file
-    model = load_model_file(generation_packages.root / f"{family}_lm.py")
+    model = load_model_file(generation_packages.model_file(family))
     ids = torch.randint(3, 500, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,

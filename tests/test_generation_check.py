@@ -86,9 +86,9 @@ def builds(tmp_path_factory):
     (root / "bf16_lm.py").write_text(BF16_MODEL.format(zoo_file=str(ZOO / "llama.py")))
     ahead = BuildAhead()
     long, bf16 = root / "long.pt2", root / "bf16.pt2"
-    ahead.submit("long", _export(root / "long_lm.py", long, LONG),
+    ahead.submit("long", root / "long_fp32", [long], _export(root / "long_lm.py", long, LONG),
                  _build(long, root / "long_fp32", "fp32"))  # fmt: skip
-    ahead.submit("bf16_weights", _export(root / "bf16_lm.py", bf16, SHORT),
+    ahead.submit("bf16_weights", root / "bf16_bf16", [bf16], _export(root / "bf16_lm.py", bf16, SHORT),
                  _build(bf16, root / "bf16_bf16", "bf16"))  # fmt: skip
     yield SimpleNamespace(root=root, ahead=ahead, bf16_artifact=bf16)
     ahead.close()
@@ -101,9 +101,12 @@ def _check(builds, key: str, package: str) -> dict:
     return json.loads((folder / "manifest.json").read_text())["numeric_check"]
 
 
-def test_long_prefill_at_fp32_passes(builds):
+def test_long_context_at_fp32_passes(builds):
+    """The cache's far end at fp32: its last position's attention sums over all LONG positions
+    (batch 2 x LONG is past CHECK_TOKENS_PER_CALL, so the check reaches it by windows)."""
     check = _check(builds, "long", "long_fp32")
-    assert check["passed"] and f"prefill of {LONG} tokens (S at its max)" in check["cases"]
+    last = f"decode of the cache's last position ({LONG - 1}), reading all {LONG}"
+    assert check["passed"] and last in check["cases"]
     assert (check["atol"], check["rtol"]) == GENERATION["fp32"]
     logits = check["outputs"][0]
     assert 0 < logits["max_rel"] <= GENERATION["fp32"][1]  # measured: a fraction of the spread
@@ -200,3 +203,34 @@ def test_computed_precision_and_defaults():
     assert tolerance("fp32", "cpu", None, None, None, task, half) == GENERATION["bf16"]
     assert tolerance("bf16", "cpu", None, 0.3, None, task, full) == (GENERATION["bf16"][0], 0.3)
     assert tolerance("fp32", "cpu", None, None) == (1e-4, 1e-4)  # one-call models: as before
+
+
+def test_the_long_context_cases_catch_a_cache_position_one_off(generation_packages, monkeypatch):
+    """Past CHECK_TOKENS_PER_CALL the check reaches the cache's end by two windows and a decode of
+    its last position instead of a whole prefill. A step that writes the far window one position
+    late (a package's indexing error at a long context, played here by the eager program fed
+    shifted positions) gives last-position logits the check refuses; the right positions give the
+    reference's own logits."""
+    from aotc.export import text_generation
+    from aotc.export.artifact import load_artifact
+    from aotc.export.eager_reference import EagerRun
+
+    # batch 2: windows of 8 positions in the 32-position cache of the session's Llama
+    monkeypatch.setattr(text_generation, "CHECK_TOKENS_PER_CALL", 16)
+    ep, meta = load_artifact(generation_packages.artifact("llama"))
+    cases = text_generation.check_cases(meta.task, "cpu")
+    assert [label for label, _ in cases[:3]] == [
+        "prefill of 8 tokens at the cache's start",
+        "prefill of 8 tokens at positions 23-30",
+        "decode of the cache's last position (31), reading all 32",
+    ]
+    reference, right, wrong = (EagerRun(ep, meta.signature, "cpu") for _ in range(3))
+    atol, rtol = GENERATION["fp32"]
+    for index, (label, inputs) in enumerate(cases[:3]):
+        want = reference.call(label, inputs)[0]
+        same = right.call(label, inputs)[0]
+        late = [inputs[0], inputs[1] + int(index == 1), inputs[2]]
+        got = wrong.call(label, late)[0]
+    assert compare_step(label, inputs, same, want, atol, rtol)[2] == []
+    problems = compare_step(label, inputs, got, want, atol, rtol)[2]
+    assert problems and problems[0].position == 32, problems

@@ -267,8 +267,7 @@ def test_export_refuses_a_tokenizer_that_does_not_name_the_models_tokens(
     Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(
         str(small / "tokenizer.json")
     )
-    source = generation_packages.root / "gpt2_lm.py"
-    generation_packages["gpt2"]  # writes the model file
+    source = generation_packages.model_file("gpt2")
     result = invoke("export", source, "--task", "text-generation", "--max-seq-len", 32,
                     "--tokenizer", small, "-o", tmp_path / "lm.pt2")  # fmt: skip
     refused(result, 2, "knows 2 tokens, but the model has 512")
@@ -276,8 +275,7 @@ def test_export_refuses_a_tokenizer_that_does_not_name_the_models_tokens(
 
 
 def test_export_refuses_a_kv_cache_larger_than_the_machine(generation_packages, tmp_path):
-    source = generation_packages.root / "gpt2_lm.py"
-    generation_packages["gpt2"]
+    source = generation_packages.model_file("gpt2")
     result = invoke("export", source, "--task", "text-generation", "--max-seq-len", 32,
                     "--batch-size", 100000000, "-o", tmp_path / "lm.pt2")  # fmt: skip
     refused(result, 2, "--batch-size 100000000 with --max-seq-len 32 needs a KV cache of")

@@ -14,7 +14,7 @@ import json
 
 import pytest
 from conftest import free_port, invoke
-from test_serve_openai_fields import PROMPT, chat_prompt, generated, with_chat_template
+from test_serve_openai_fields import PROMPT, chat_prompt, generated
 
 pytest.importorskip("ray.serve")
 
@@ -27,21 +27,15 @@ MESSAGES = [{"role": "user", "content": "w5 w17 w42"}]
 
 
 @pytest.fixture(scope="module")
-def lm(generation_packages, tmp_path_factory):
-    plain = generation_packages.with_tokenizer()[0]
-    return with_chat_template(plain, tmp_path_factory.mktemp("served") / "chat_pkg")
+def package(chat_lm):
+    return aotc_runtime.load(chat_lm)
 
 
 @pytest.fixture(scope="module")
-def package(lm):
-    return aotc_runtime.load(lm)
-
-
-@pytest.fixture(scope="module")
-def server(lm):
+def server(chat_lm):
     import ray
 
-    running = start(ServeOptions(package=lm, port=free_port()))
+    running = start(ServeOptions(package=chat_lm, port=free_port()))
     yield running
     if ray.is_initialized():  # the last test stops it itself
         stop(running)
@@ -69,10 +63,10 @@ def test_every_route_answers_as_soon_as_the_server_is_ready(server):
         assert body is not None and status in (200, 400), (endpoint, status)
 
 
-def test_the_openai_client_chats_plain_and_streamed(server, package, lm):
+def test_the_openai_client_chats_plain_and_streamed(server, package, chat_lm):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=TIMEOUT_S)
-    expected = generated(package, chat_prompt(lm, MESSAGES), 6)
+    expected = generated(package, chat_prompt(chat_lm, MESSAGES), 6)
     text = " ".join(f"w{t}" for t in expected)
     answer = client.chat.completions.create(
         model="chat_pkg", messages=MESSAGES, max_tokens=6, temperature=0
@@ -88,12 +82,14 @@ def test_the_openai_client_chats_plain_and_streamed(server, package, lm):
     assert caught.value.body["message"].startswith("'messages' must be a non-empty list")
 
 
-def test_langchain_chat_and_its_legacy_llm_with_a_list_of_prompts(server, package, lm, no_tiktoken):
+def test_langchain_chat_and_its_legacy_llm_with_a_list_of_prompts(
+    server, package, chat_lm, no_tiktoken
+):
     langchain_openai = pytest.importorskip("langchain_openai")
     common = {"base_url": f"{server.url}/v1", "api_key": "unused", "model": "chat_pkg",
               "temperature": 0, "max_tokens": 5, "timeout": TIMEOUT_S}  # fmt: skip
     chat = langchain_openai.ChatOpenAI(**common)
-    expected = " ".join(f"w{t}" for t in generated(package, chat_prompt(lm, MESSAGES), 5))
+    expected = " ".join(f"w{t}" for t in generated(package, chat_prompt(chat_lm, MESSAGES), 5))
     assert chat.invoke(MESSAGES[0]["content"]).content == expected
     assert "".join(chunk.content for chunk in chat.stream(MESSAGES[0]["content"])) == expected
     llm = langchain_openai.OpenAI(**common)

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import tampered_copy
+from conftest import CHATML_WORDS_TEMPLATE, with_chat_template
 
 pytest.importorskip("ray.serve")
 from starlette.testclient import TestClient  # noqa: E402
@@ -25,48 +25,17 @@ from aotc.serve.protocol import RequestError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
 
-# ChatML spelled in the tokenizer's words: w1 a user's turn, w2 the assistant's, w3 the system's,
-# w4 the end of a turn
-CHAT_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "{%- if m['role'] not in ('user', 'assistant', 'system') -%}"
-    "{{ raise_exception('no role ' + m['role']) }}{%- endif -%}"
-    "{{ {'user': 'w1', 'assistant': 'w2', 'system': 'w3'}[m['role']] }} {{ m['content'] }} w4 "
-    "{% endfor -%}"
-    "{%- if add_generation_prompt %}w2{% endif -%}"
-)
 PROMPT = [5, 17, 42]
 
 
-def with_chat_template(package, target, eos=None):
-    """A copy of the package carrying CHAT_TEMPLATE, hashed as a build hashes it; `eos` replaces its
-    end-of-sequence ids."""
-
-    def write(folder):
-        (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-
-    def edit(manifest):
-        manifest["generation"]["chat_template"] = "chat_template.jinja"
-        if eos is not None:
-            manifest["generation"]["eos_token_ids"] = eos
-
-    return tampered_copy(package, target, edit=edit, files=write)
+@pytest.fixture(scope="module")
+def package(chat_lm):
+    return aotc_runtime.load(chat_lm)
 
 
 @pytest.fixture(scope="module")
-def lm(generation_packages, tmp_path_factory):
-    plain = generation_packages.with_tokenizer()[0]
-    return with_chat_template(plain, tmp_path_factory.mktemp("chat") / "chat_pkg")
-
-
-@pytest.fixture(scope="module")
-def package(lm):
-    return aotc_runtime.load(lm)
-
-
-@pytest.fixture(scope="module")
-def client(lm):
-    with TestClient(asgi(completion_server(lm))) as client:
+def client(chat_lm):
+    with TestClient(asgi(completion_server(chat_lm))) as client:
         yield client
 
 
@@ -85,13 +54,13 @@ def generated(package, prompt, max_tokens, **sampling) -> list:
     return new[: ends[0] + 1] if ends else new
 
 
-def chat_prompt(lm, messages) -> list:
+def chat_prompt(chat_lm, messages) -> list:
     """The prompt transformers' apply_chat_template makes of the messages, with the same template
     and tokenizer."""
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_file=str(lm / "tokenizer.json"), chat_template=CHAT_TEMPLATE
+        tokenizer_file=str(chat_lm / "tokenizer.json"), chat_template=CHATML_WORDS_TEMPLATE
     )
     made = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(made["input_ids"] if hasattr(made, "keys") else made)
@@ -141,7 +110,7 @@ def package_logprobs(package, tokens: list) -> list:
     return found
 
 
-def test_logprobs_are_the_log_softmax_of_the_packages_logits(client, package, lm):
+def test_logprobs_are_the_log_softmax_of_the_packages_logits(client, package, chat_lm):
     answer = complete(client, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3)
     choice = answer["choices"][0]
     made = choice["token_ids"]
@@ -166,7 +135,7 @@ def test_logprobs_are_the_log_softmax_of_the_packages_logits(client, package, lm
         client, "/v1/chat/completions", messages=messages, max_tokens=4, temperature=0,
         logprobs=True, top_logprobs=2,
     )  # fmt: skip
-    prompt = chat_prompt(lm, messages)
+    prompt = chat_prompt(chat_lm, messages)
     content = chat["choices"][0]["logprobs"]["content"]
     made = generated(package, prompt, 4)
     reference = []
@@ -246,26 +215,28 @@ def test_ignore_eos_goes_on_to_max_tokens(generation_packages, tmp_path):
     there, and with ignore_eos goes on to max_tokens, as the runtime's does."""
     plain = generation_packages.with_tokenizer()[0]
     first = aotc_runtime.load(plain).generate([PROMPT], max_new_tokens=3)[0, -1].item()
-    lm = with_chat_template(plain, tmp_path / "eos_pkg", eos=[first])
-    with TestClient(asgi(completion_server(lm))) as client:
+    chat_lm = with_chat_template(plain, tmp_path / "eos_pkg", eos=[first])
+    with TestClient(asgi(completion_server(chat_lm))) as client:
         ask = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
         stopped = complete(client, **ask)["choices"][0]
         assert stopped["finish_reason"] == "stop" and stopped["token_ids"][-1] == first
         assert len(stopped["token_ids"]) <= 3
         going = complete(client, **ask, ignore_eos=True)["choices"][0]
         assert going["finish_reason"] == "length" and len(going["token_ids"]) == 8
-        expected = aotc_runtime.load(lm).generate([PROMPT], max_new_tokens=8, ignore_eos=True)
+        expected = aotc_runtime.load(chat_lm).generate([PROMPT], max_new_tokens=8, ignore_eos=True)
         assert going["token_ids"] == expected[0, 3:].tolist()
 
 
-def test_chat_answers_as_the_runtime_on_transformers_prompt_plain_and_streamed(client, package, lm):
+def test_chat_answers_as_the_runtime_on_transformers_prompt_plain_and_streamed(
+    client, package, chat_lm
+):
     openai = pytest.importorskip("openai")
     api = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client)
     messages = [
         {"role": "system", "content": "w30 w31"},
         {"role": "user", "content": "w5 w17 w42"},
     ]
-    prompt = chat_prompt(lm, messages)
+    prompt = chat_prompt(chat_lm, messages)
     expected = generated(package, prompt, 6)
     answer = api.chat.completions.create(
         model="chat_pkg", messages=messages, max_completion_tokens=6, temperature=0
@@ -317,19 +288,10 @@ GENERATION = aotc_runtime.Generation(batch_size=4, max_seq_len=32, vocab_size=51
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from conftest import tiny_tokenizer
-    from tokenizers import Tokenizer
-
-    folder = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-    return Tokenizer.from_file(str(folder / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
 def template():
     from aotc_runtime.chat_template import ChatTemplate
 
-    return ChatTemplate(CHAT_TEMPLATE)
+    return ChatTemplate(CHATML_WORDS_TEMPLATE)
 
 
 @pytest.mark.parametrize(

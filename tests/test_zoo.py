@@ -72,9 +72,13 @@ class ZooBuilds:
 
     def prefetch(self, names) -> None:
         """Export and build these models in child processes from now on (conftest's BuildAhead)."""
+        from aotc.config import default_package_folder
+
         for name in names:
             if name not in self.built:
-                self.ahead.submit(name, *self._commands(name))
+                artifact = self.root / f"{name}.pt2"
+                package = default_package_folder(artifact)
+                self.ahead.submit(name, package, [artifact], *self._commands(name))
 
     def get(self, name: str) -> Path:
         if name not in self.built:

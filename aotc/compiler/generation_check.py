@@ -9,7 +9,7 @@ logits are within that same bound (a near tie, which rounding may flip). An elem
 reads near-zero logits, which no token depends on, and a fixed atol does not grow with the
 logits' scale or with a long prefill's longer sums.
 
-Both sides run the check's cases (text_generation.check_cases: a full-cache prefill, prompts of
+Both sides run the check's cases (text_generation.check_cases: the cache's whole length, prompts of
 several lengths, decode steps, a mixed step), then a greedy generation from the export's example
 prompt: its prefill and GREEDY_STEPS decode steps. Each greedy step feeds both sides the token the
 reference chose (vLLM's tests feed each side its own and stop comparing at the first difference;
@@ -17,8 +17,7 @@ fed the same tokens, every step compares logits of the same context and a near t
 the comparison). The reference runs first, in this process, and picks the tokens; the package runs
 all the cases in one child process, each once, or twice for a package that replays CUDA graphs (a
 graph is captured on the first call and replayed on the second). The reference runs each case
-once: a step writes the cache positions it reads, so its second call repeats the first exactly,
-and the check's largest prefill (the whole cache, every row) is its costliest call.
+once: a step writes the cache positions it reads, so its second call repeats the first exactly.
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ def reference_calls(run: EagerRun, label: str, inputs: list, calls: int) -> list
 def calls_per_case(package_dir: Path) -> int:
     """How often the child calls each case: twice for a package that replays CUDA graphs (the
     capture, then a replay), else once. A generation step's second call repeats its first
-    exactly (above), and the check's largest case, the whole cache's prefill, is its costliest."""
+    exactly (above)."""
     import json
 
     manifest = json.loads((package_dir / "manifest.json").read_text())

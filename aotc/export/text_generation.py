@@ -340,13 +340,26 @@ def attention_window(config: Any) -> int:
     return min(windows, default=0)
 
 
+# The most tokens (rows x window) one call of the check's long-context cases computes: the build's
+# check of a real model stays a fraction of its compile (docs/development.md has the figures).
+CHECK_TOKENS_PER_CALL = 1024
+
+
 def check_cases(task: dict, device: Any) -> list:
     """The build's numeric check of a generation step: [(label, inputs)] in the order they run,
-    the cache carried from one to the next as in generation: a prefill that fills the whole cache
-    (S at its max), prompts of different lengths, decode steps after them, a step that prefills one
-    row while it decodes the other, and a one-token prefill (S at its min). Each is called twice by
-    the check; a step writes the same cache positions both times, so the second call sees what the
-    first did."""
+    the cache carried from one to the next as in generation: the cache's whole length (below),
+    prompts of different lengths, decode steps after them, a step that prefills one row while it
+    decodes the other, and a one-token prefill (S at its min). A step writes the same cache
+    positions on each call, so a second call (a CUDA-graph package's replay) sees what the first
+    did.
+
+    The whole length: a prefill of every row to the cache's end (S at its max) where that costs at
+    most CHECK_TOKENS_PER_CALL tokens. Past that (a real model's 8 rows x 2,048 positions, where
+    that one call cost three quarters of the check), the positions that show a wrong cache index
+    or mask are reached without computing the rest: a window at the cache's start, a window that
+    ends one short of its end, and a decode of its last position, whose attention reads every
+    position, the windows' and the zeros between them. The batch is static in the step, so a
+    window costs every row: one row at full length would cost all of them."""
     import torch
 
     batch, max_len, vocab = task["batch_size"], task["max_seq_len"], task["vocab_size"]
@@ -359,15 +372,25 @@ def check_cases(task: dict, device: Any) -> list:
         as_tensor = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
         return label, [t.to(device) for t in (ids, as_tensor(held), as_tensor(fed))]
 
+    window = max(2, CHECK_TOKENS_PER_CALL // batch)
+    if window >= max_len:
+        cases = [case(f"prefill of {max_len} tokens (S at its max)", tokens(max_len),
+                      [0] * batch, [max_len] * batch)]  # fmt: skip
+    else:
+        far = max_len - 1 - window
+        cases = [
+            case(f"prefill of {window} tokens at the cache's start", tokens(window),
+                 [0] * batch, [window] * batch),
+            case(f"prefill of {window} tokens at positions {far}-{max_len - 2}", tokens(window),
+                 [far] * batch, [window] * batch),
+            case(f"decode of the cache's last position ({max_len - 1}), reading all {max_len}",
+                 tokens(1), [max_len - 1] * batch, [1] * batch),
+        ]  # fmt: skip
     length = max(2, min(8, max_len // 2))
     # each row's prompt: the first `length` tokens, the others one fewer down to 1 (left-padded)
     prompts = [max(1, length - row) for row in range(batch)]
-    cases = [
-        case(f"prefill of {max_len} tokens (S at its max)", tokens(max_len), [0] * batch,
-             [max_len] * batch),
-        case(f"prefill of prompts of {min(prompts)}-{length} tokens", tokens(length),
-             [0] * batch, prompts),
-    ]  # fmt: skip
+    cases.append(case(f"prefill of prompts of {min(prompts)}-{length} tokens", tokens(length),
+                      [0] * batch, prompts))  # fmt: skip
     held = list(prompts)
     for step in range(min(3, max_len - length - 1)):
         cases.append(case(f"decode step {step + 1}", tokens(1), held, [1] * batch))
