@@ -389,10 +389,11 @@ def with_chat_template(package: Path, target: Path, eos=None) -> Path:
 
 
 @pytest.fixture(scope="session")
-def chat_lm(generation_packages, store_root) -> Path:
-    """GPT-2's package with tiny_tokenizer and CHATML_WORDS_TEMPLATE: the served chat model."""
+def chat_lm(generation_packages) -> Path:
+    """GPT-2's package with tiny_tokenizer and CHATML_WORDS_TEMPLATE: the served chat model, named
+    (after its folder) chat_pkg."""
     plain = generation_packages.with_tokenizer()[0]
-    target = store_root / "gpt2_chat_pkg"
+    target = generation_packages.root / "chat_pkg"
     shared_store.once(target, lambda: with_chat_template(plain, target))
     return target
 
