@@ -29,7 +29,7 @@ demo: install
 
 test: install runner
 	@command -v tmux >/dev/null || test "$$(id -u)" != 0 || (apt-get update -q && apt-get install -y -q tmux)  # aotc chat's terminal test
-	$(PY) -m pytest -q --durations=25 -n 2 --dist loadgroup tests --ignore=tests/test_transformers_release.py  # run by test-newest
+	$(PY) -m pytest -q --durations=25 -n 2 tests --ignore=tests/test_transformers_release.py  # run by test-newest
 	$(MAKE) test-newest
 
 # The text-generation parity tests again on the newest transformers of the supported range

@@ -494,20 +494,30 @@ def pytest_configure(config):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{cache_dir()}-{worker}"
 
 
-def xdist_group(path: str) -> str:
-    """The pytest-xdist group (--dist loadgroup) of a test file's tests: a file's tests run in one
-    worker, so that its module fixtures are made once; the serve tests all run in one, one after
-    another, so that two Ray instances never share the machine (ports, /tmp/ray, memory)."""
-    name = Path(path).name
-    return "serve" if name.startswith("test_serve") else name
+def xdist_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs whole, one after another: a test file, so that its module
+    fixtures are made once; and every test_serve*.py file together, so that two Ray instances never
+    share the machine (ports, /tmp/ray, memory)."""
+    path = nodeid.split("::")[0]
+    return "serve" if Path(path).name.startswith("test_serve") else path
+
+
+@pytest.hookimpl(optionalhook=True)  # a GPU machine runs the GPU tests without pytest-xdist
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s `-n 2` hands out xdist_unit's units (pytest-xdist's --dist loadgroup would
+    do it from marks, but its node-id suffix has no effect under pytest 9.2, and every test went
+    its own way). The largest units go first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return ByUnit(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each test gets its xdist group; tests marked gpu are skipped on machines without CUDA (CI has
-    none)."""
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid.split("::")[0])))
+    """Tests marked gpu are skipped on machines without CUDA (CI has none)."""
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
