@@ -7,6 +7,7 @@ idempotent), so every accepted request is answered, and answered right; Ray star
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import signal
@@ -110,9 +111,14 @@ def test_a_stop_that_hangs_ends_with_every_process_it_started(mlp):
 
 @pytest.fixture(scope="module")
 def server(mlp):
+    own_print = builtins.print
     running = start(ServeOptions(package=mlp, port=free_port(), replicas=2, threads=1, ship=True))
     yield running
     stop(running)
+    # Ray replaced the process's print() with its own while it ran here (seen after a replica was
+    # killed) and leaves it after ray.shutdown; stop() puts the process's back: a model with a
+    # print() exported later in the process traced Ray's, and `aotc explain` reported it
+    assert builtins.print is own_print
 
 
 def replica_states(url: str, want: int, timeout: float = 90.0) -> dict:

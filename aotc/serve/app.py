@@ -8,6 +8,7 @@ Two Ray Serve deployments (model composition, as Ray Serve's docs build it):
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -78,6 +79,10 @@ class Server:
     store: object | None = None  # the PackageStore actor when the package was shipped
     started_ray: bool = False  # this process called ray.init (and disconnects at the end)
     local_ray: bool = False  # ... and that Ray is its own, on this machine (stopped at the end)
+    # the process's print() before ray.init: Ray may put its own in place while it runs (seen after
+    # a replica was killed) and leaves it after ray.shutdown, where a model exported later in the
+    # process would trace Ray's print
+    print_before_ray: Any = None
     health: dict = field(default_factory=dict)
 
 
@@ -222,6 +227,7 @@ def start(options: ServeOptions) -> Server:
         _check_port_free(options.host, options.port)
     shipping = options.ship if options.ship is not None else not local
     started_ray = False
+    print_before_ray = builtins.print
     problem = None
     try:
         if not ray.is_initialized():
@@ -252,11 +258,11 @@ def start(options: ServeOptions) -> Server:
             serve.start(http_options={"host": options.host, "port": options.port})
     except (ConnectionError, RuntimeError, ValueError) as exc:
         if started_ray:  # Ray came up but Serve did not: nothing of ours stays running
-            ray.shutdown()
+            _shutdown_ray(print_before_ray)
         raise ServeError(f"Ray could not start ({exc}); check --address and `ray status`") from None
     if problem:
         if started_ray:
-            ray.shutdown()
+            _shutdown_ray(print_before_ray)
         raise UserInputError(problem)
     server = Server(
         f"http://{reachable_host(options)}:{options.port}",
@@ -264,6 +270,7 @@ def start(options: ServeOptions) -> Server:
         metadata(manifest, options, max_batch),
         started_ray=started_ray,
         local_ray=started_ray and local,
+        print_before_ray=print_before_ray,
     )
     try:
         source = PackageSource(path=str(options.package.resolve()))
@@ -509,7 +516,16 @@ def stop(server: Server) -> None:
             ray.kill(server.store)
     finally:
         if server.started_ray:
-            ray.shutdown()
+            _shutdown_ray(server.print_before_ray)
+
+
+def _shutdown_ray(print_before_ray: Any) -> None:
+    """ray.shutdown(), and the process's own print() back (Ray may have put its own in place)."""
+    import ray
+
+    ray.shutdown()
+    if print_before_ray is not None:
+        builtins.print = print_before_ray
 
 
 def descendants(pid: int) -> list[int]:
