@@ -303,8 +303,7 @@ class GenerationBuilds:
     def with_tokenizer(self) -> tuple:
         """GPT-2's package with tiny_tokenizer's word-level tokenizer in it: (package, model)."""
         if "tokenizer" not in self.built:
-            folder = self.root / "gpt2_tokenizer"
-            shared_store.once(folder, lambda: tiny_tokenizer(folder))
+            folder = shared_tiny_tokenizer(self.root.parent)
             self.built["tokenizer"] = self._build("gpt2", "gpt2_tok", "--tokenizer", folder)
         return self.built["tokenizer"]
 
@@ -351,14 +350,20 @@ def tiny_tokenizer(folder: Path) -> Path:
     return folder
 
 
+def shared_tiny_tokenizer(store_root: Path) -> Path:
+    """tiny_tokenizer's folder in the run's store, written once for the `tokenizer` fixture and
+    GPT-2's package with a tokenizer alike."""
+    folder = store_root / "tiny_tokenizer"
+    shared_store.once(folder, lambda: tiny_tokenizer(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tokenizer(store_root):
     """tiny_tokenizer's word-level tokenizer, loaded with `tokenizers`."""
     from tokenizers import Tokenizer
 
-    folder = store_root / "tiny_tokenizer"
-    shared_store.once(folder, lambda: tiny_tokenizer(folder))
-    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return Tokenizer.from_file(str(shared_tiny_tokenizer(store_root) / "tokenizer.json"))
 
 
 # ChatML spelled in tiny_tokenizer's words: w1 a user's turn, w2 the assistant's, w3 the system's,
