@@ -15,9 +15,10 @@ from aotc.export.trace import ExportResult, export_model
 from aotc.progress import Progress, ProgressBar
 
 
-def export(cfg: ExportConfig) -> ExportResult:
-    """Trace a user's model with torch.export and save the artifact (.pt2)."""
-    return export_model(cfg)
+def export(cfg: ExportConfig, progress: Progress | None = None) -> ExportResult:
+    """Trace a user's model with torch.export and save the artifact (.pt2). `progress`: its
+    stages on stderr (silent when not given)."""
+    return export_model(cfg, progress)
 
 
 def export_onnx(artifact: str | Path, output: str | Path, force: bool = False) -> ExportResult:

@@ -31,6 +31,12 @@ CASES = {
 }
 
 
+def error_lines(stderr: str) -> list[str]:
+    """stderr's lines without export's and build's progress lines (each starts "[aotc "): what a
+    refusal says, which is one line."""
+    return [line for line in stderr.strip().splitlines() if not line.startswith("[aotc ")]
+
+
 def invoke(*args):
     """Run the aotc CLI in-process; the result has exit_code, stdout, stderr.
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, tampered_copy, tiny_tokenizer
+from conftest import error_lines, invoke, tampered_copy, tiny_tokenizer
 
 import aotc_runtime
 from aotc_runtime import generation_gate
@@ -39,8 +39,8 @@ def loaded(gpt2):
 def refused(result, code: int, words: str) -> None:
     assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
     assert "Traceback" not in result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert words in result.stderr and len(lines) == 1, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and words in lines[0], result.stderr
 
 
 def generation(field: str, value):

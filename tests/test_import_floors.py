@@ -38,6 +38,7 @@ FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
             "aotc.errors",
             "aotc.config",
             "aotc.progress",
+            "aotc.stage_estimates",
             "aotc.quiet",
             "aotc.env_vars",
             "aotc.cache_dir",

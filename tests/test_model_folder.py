@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CHAT_TEMPLATE, invoke, save_llama_folder
+from conftest import CHAT_TEMPLATE, error_lines, invoke, save_llama_folder
 
 MAX_LEN, BATCH, NEW_TOKENS = 32, 2, 8
 
@@ -40,8 +40,8 @@ def folder_package(llama_folder, tmp_path_factory) -> tuple:
 def refused(result, code: int, *words: str) -> None:
     assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
     assert "Traceback" not in result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and all(w in result.stderr for w in words), result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and all(w in lines[0] for w in words), result.stderr
 
 
 def test_the_folder_is_sharded_and_ties_its_embeddings(llama_folder):
@@ -296,7 +296,7 @@ def test_a_fifo_in_the_folder_is_refused_at_once_not_waited_on(llama_folder, tmp
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
+    lines = error_lines(done.stderr)
     assert len(lines) == 1 and f"{name} is a FIFO, not a regular file" in lines[0], done.stderr
 
 
@@ -377,7 +377,7 @@ def test_a_layer_count_the_weights_cannot_fill_is_refused_before_anything_is_bui
     code, stderr, peak, seconds = measured_aotc(
         "export", folder, "--task", "text-generation", "--max-seq-len", 16, "-o", tmp_path / "x.pt2"
     )
-    assert code == 2 and len(stderr.splitlines()) == 1, stderr
+    assert code == 2 and len(error_lines(stderr)) == 1, stderr
     assert all(word in stderr for word in words), stderr
     assert peak < REFUSAL_PEAK_MIB and seconds < REFUSAL_SECONDS, (peak, seconds)
 

@@ -22,6 +22,7 @@ from conftest import (
     GENERATION_MAX_LEN,
     GENERATION_MODEL_FILE,
     ZOO,
+    error_lines,
     invoke,
     load_model_file,
     save_llama_folder,
@@ -161,7 +162,7 @@ def test_a_hook_that_breaks_ends_with_exit_3_naming_the_release_and_range(
     done = invoke("export", source, "--task", "text-generation", "--max-seq-len", 16,
                   "--batch-size", 1, "-o", tmp_path / "lm.pt2")  # fmt: skip
     assert done.exit_code == 3, done.stderr
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
+    errors = [line for line in error_lines(done.stderr) if not line.startswith("warning:")]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert errors[0].startswith("error: LlamaForCausalLM fails in aotc's generation hooks under "
                                 "transformers 6.1.0 (TypeError: "), errors[0]  # fmt: skip

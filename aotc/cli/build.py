@@ -222,7 +222,11 @@ def build(
     )
     if config_file:
         cfg = apply_config_file(cfg, config_file, given)
-    result = build_api(cfg, Progress(enabled=not quiet))
+    progress = Progress(enabled=not quiet)
+    try:
+        result = build_api(cfg, progress)
+    finally:
+        progress.end()
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return

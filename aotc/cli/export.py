@@ -61,6 +61,7 @@ from aotc.cli.types import exit_codes_epilog, model_options
 @click.option("--strict", is_flag=True, help="Use torch.export's strict (TorchDynamo) tracing.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def export(
     model,
     output,
@@ -77,6 +78,7 @@ def export(
     strict,
     force,
     as_json,
+    quiet,
 ):
     """Trace MODEL into an export artifact (.pt2), or an ONNX model.
 
@@ -90,6 +92,7 @@ def export(
     """
     from aotc.api import export as export_api
     from aotc.config import ExportConfig
+    from aotc.progress import Progress
 
     if output_format is None:
         output_format = "onnx" if output is not None and output.suffix == ".onnx" else "pt2"
@@ -122,7 +125,11 @@ def export(
         batch_size=batch_size,
         tokenizer=tokenizer,
     )
-    result = export_api(cfg)
+    progress = Progress(enabled=not quiet)
+    try:
+        result = export_api(cfg, progress)
+    finally:
+        progress.end()
     if output_format == "onnx" and not as_json:
         report_onnx_check(result.output)
     if as_json:

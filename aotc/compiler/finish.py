@@ -54,7 +54,10 @@ def finish(
         hash_files=not manifest.files,
     )
     commit(staging, output)
-    progress.note(f"wrote {output} in {manifest.build_seconds:.1f}s")
+    stages = progress.breakdown() if hasattr(progress, "breakdown") else ""
+    progress.note(
+        f"wrote {output} in {manifest.build_seconds:.1f}s" + (f" ({stages})" if stages else "")
+    )
     return BuildResult(output, manifest)
 
 

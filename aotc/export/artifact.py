@@ -245,17 +245,29 @@ def code_entries(path: Path) -> list:
 def read_artifact_meta(path: Path) -> ArtifactMeta:
     """Only the metadata (the signature) of an artifact, without deserializing its program: for
     callers that hand the file to a build which loads it fully (seconds for a large model)."""
+    meta = peek_artifact_meta(path)
+    if meta is None:  # the full load names what is wrong with the file
+        return load_artifact(path)[1]
+    return meta
+
+
+MAX_PEEKED_META_BYTES = 16 << 20  # larger than any signature aotc writes: not read for a hint
+
+
+def peek_artifact_meta(path: Path) -> ArtifactMeta | None:
+    """The metadata if it reads as such, else None (never raises: for hints, such as estimates)."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as archive:
-            name = next(n for n in archive.namelist() if n.endswith(f"/extra/{ARTIFACT_META}"))
-            meta = ArtifactMeta.from_json(json.loads(archive.read(name)))
-    except (OSError, zipfile.BadZipFile, StopIteration, ValueError, RecursionError):
-        meta = None
-    if meta is None:  # the full load names what is wrong with the file
-        return load_artifact(path)[1]
-    return meta
+            info = next(
+                i for i in archive.infolist() if i.filename.endswith(f"/extra/{ARTIFACT_META}")
+            )
+            if info.file_size > MAX_PEEKED_META_BYTES:
+                return None
+            return ArtifactMeta.from_json(json.loads(archive.read(info)))
+    except Exception:  # any malformed file: the build's full load says what is wrong
+        return None
 
 
 def load_artifact(path: Path):

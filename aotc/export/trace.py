@@ -33,7 +33,9 @@ from aotc.export.shapes import export_dynamic_shapes
 from aotc.export.signature import make_signature
 from aotc.export.user_frames import first_line, innermost_user_frame
 from aotc.export.weights import load_weights
+from aotc.progress import Progress
 from aotc.quiet import quiet_torch
+from aotc.stage_estimates import StageEstimates, export_kind
 
 # FlatCall holds the user's module as `model`: its buffer FQNs start with this
 STATE_PREFIX = "model."
@@ -57,41 +59,74 @@ class ExportResult:
         }
 
 
-def export_model(cfg: ExportConfig) -> ExportResult:
+def export_model(cfg: ExportConfig, progress: Progress | None = None) -> ExportResult:
     cfg.validate()
+    progress = progress or Progress(enabled=False)
     started = time.perf_counter()
     import torch
 
+    estimates = planned_stages(cfg, progress)
     cfg, folder_notes = with_folder_tokenizer(cfg)
     extras = tokenizer_extras(cfg)
-    loaded, call, task = prepare_model(cfg, extras)
-    with torch.no_grad():
+    with progress.stage(f"loading {cfg.model}", key="load"):
+        loaded, call, task = prepare_model(cfg, extras)
+    modules = sum(1 for _ in loaded.module.modules())  # what running and tracing take time with
+    state_bytes = sum(t.numel() * t.element_size() for t in loaded.module.state_dict().values())
+    progress.set_plan(
+        {"load": progress.plan.get("load")}
+        | {stage: estimates.seconds(stage, modules) for stage in ("eager", "trace")}
+        | {"save": estimates.seconds("save", state_bytes)}
+    )
+    with progress.stage("running the model once eagerly", key="eager"), torch.no_grad():
         layout = output_layout(check_eager(loaded, call))
-    ep, state = export_with_state(loaded, call, layout, cfg.strict)
-    if foreign := foreign_ops(ep):
-        raise ExportError(
-            f"{loaded.description} exports to {', '.join(foreign)}, an op defined outside "
-            "PyTorch that `aotc build` and the runtimes cannot load; write that part with "
-            "torch operations (or a model option that avoids the op)"
-        )
-    signature = make_signature(ep, call, layout, state)
-    if call.dims and task is None:  # a generation step's S is checked by its build's loop
-        check_dim_ranges(ep, signature, call)
+    with progress.stage("tracing with torch.export", key="trace"):
+        ep, state = export_with_state(loaded, call, layout, cfg.strict)
+        if foreign := foreign_ops(ep):
+            raise ExportError(
+                f"{loaded.description} exports to {', '.join(foreign)}, an op defined outside "
+                "PyTorch that `aotc build` and the runtimes cannot load; write that part with "
+                "torch operations (or a model option that avoids the op)"
+            )
+        signature = make_signature(ep, call, layout, state)
+        if call.dims and task is None:  # a generation step's S is checked by its build's loop
+            check_dim_ranges(ep, signature, call)
     meta = dataclasses.replace(
         ArtifactMeta.new(model=loaded.description, signature=signature), task=task
     )
-    if cfg.format == "onnx":
-        from aotc.export.onnx import export_to_onnx
+    with progress.stage(f"saving {cfg.output}", key="save"):
+        if cfg.format == "onnx":
+            from aotc.export.onnx import export_to_onnx
 
-        export_to_onnx(ep, meta, cfg.output)
-    else:
-        save_artifact(ep, meta, cfg.output, carried_files(cfg, extras))
+            export_to_onnx(ep, meta, cfg.output)
+        else:
+            save_artifact(ep, meta, cfg.output, carried_files(cfg, extras))
+    estimates.record(progress.seconds)
     from aotc.export.text_generation import task_notes
 
     notes = folder_notes + loaded.notes + extras.notes + task_notes(task)
-    return ExportResult(
-        cfg.output, loaded.description, signature, time.perf_counter() - started, notes
-    )
+    seconds = time.perf_counter() - started
+    progress.note(f"wrote {cfg.output} in {seconds:.1f}s ({progress.breakdown()})")
+    return ExportResult(cfg.output, loaded.description, signature, seconds, notes)
+
+
+def planned_stages(cfg: ExportConfig, progress: Progress) -> StageEstimates:
+    """The export's four stages in the progress plan, the load's estimate known now (by the bytes
+    of the weights it reads), the others once the model is built (by its size)."""
+    from aotc.export.model_folder import is_model_folder
+
+    folder = is_model_folder(cfg.model)
+    estimates = StageEstimates.for_this_machine(export_kind(folder, cfg.task))
+    load = estimates.seconds("load", weight_bytes(Path(cfg.model) if folder else None, cfg.weights))
+    progress.set_plan({"load": load, "eager": None, "trace": None, "save": None})
+    return estimates
+
+
+def weight_bytes(folder: Path | None, weights: Path | str | None) -> int:
+    """The bytes of the weight files an export reads (a folder's safetensors, or --weights)."""
+    files = list(folder.glob("*.safetensors")) if folder else []
+    if weights:
+        files.append(Path(weights))
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def with_folder_tokenizer(cfg: ExportConfig) -> tuple[ExportConfig, tuple]:

@@ -31,13 +31,14 @@ from aotc.compiler.toolchain import compiler_options, use_compiler
 from aotc.compiler.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
-from aotc.export.artifact import load_artifact
+from aotc.export.artifact import load_artifact, peek_artifact_meta
 from aotc.export.cached_attention import implementation_for, lower_cached_attention
 from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
 from aotc.math_mode import tf32_matmuls
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
+from aotc.stage_estimates import StageEstimates, build_kind
 from aotc_runtime import CONTRACT_KEY, MODEL_FILE, model_contract
 
 
@@ -68,8 +69,14 @@ def _build(
 ) -> BuildResult:
     options = resolve_options(cfg)
     check_space(cfg.output, cfg.artifact)
+    estimates = planned_stages(cfg, progress)
     with progress.stage(f"loading {cfg.artifact}", key="load"):
         ep, meta = load_artifact(cfg.artifact)
+    nodes = len(ep.graph.nodes)  # what lowering, compiling and checking take time in proportion to
+    progress.set_plan(
+        {"load": progress.plan.get("load")}
+        | {stage: estimates.seconds(stage, nodes) for stage in ("lower", "compile", "check")}
+    )
     signature = meta.signature
     quantization = cfg.quantization()
     scheme = f", {quantization.scheme}" if quantization else ""
@@ -170,7 +177,22 @@ def _build(
                 precision=cfg.precision.value,
                 scale_relative=scale_relative(cfg.precision.value, cfg.quantize),
             )
-        return finish(staging, manifest, check, cfg.output, started, progress)
+        result = finish(staging, manifest, check, cfg.output, started, progress)
+    estimates.record(progress.seconds)
+    return result
+
+
+def planned_stages(cfg: BuildConfig, progress: Progress) -> StageEstimates:
+    """The build's four stages in the progress plan, the load's estimate known now (by the
+    artifact's bytes), the others once the program is loaded (by its node count)."""
+    artifact = Path(cfg.artifact)
+    meta = peek_artifact_meta(artifact)
+    task = meta.task if meta else None
+    kind = build_kind(cfg.device, cfg.mode.value, cfg.precision.value, cfg.quantize, task)
+    estimates = StageEstimates.for_this_machine(kind)
+    load = estimates.seconds("load", artifact.stat().st_size if artifact.is_file() else 0)
+    progress.set_plan({"load": load, "lower": None, "compile": None, "check": None})
+    return estimates
 
 
 def empty_weights_blob(package_path: Path) -> bool:
