@@ -1,7 +1,9 @@
 """The decode engine (runtime/aotc_runtime/decode_engine.py): sequences join a running batch and
 leave it at step boundaries, and each gets the tokens it gets alone (the runtime's own `generate`,
 which tests/test_generate.py holds to transformers' `generate`). The conftest's generation
-packages: batch 2, a 32-token cache, built once per session."""
+packages: batch 2, a 32-token cache, built once per session. These hold the engine to the real
+compiled program, one test per behaviour; tests/test_decode_engine_fake.py tests the same
+semantics, and more, against tests/fake_generation.py with nothing compiled."""
 
 from __future__ import annotations
 

@@ -1,0 +1,197 @@
+"""A text-generation package with no compiled model, for the decode engine's tests
+(tests/test_decode_engine_fake.py): `FakeGeneration` is a decode_engine.GeneratingPackage on the
+CPU whose step honours the step contract (decode_engine.py, aotc/export/row_cache.py) in plain
+Python, so the engine's joins, chunks, finishes and per-row sampling run in milliseconds.
+
+    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+
+Its state is a real per-row cache: the token at each of a row's positions. Row b is fed the last
+input_lengths[b] tokens of its window, written at positions cache_lengths[b]... (a position past
+the cache goes to the padding's slot, max_seq_len, as the compiled step's does), and its logits
+are those of its whole history, the tokens at positions 0 .. cache_lengths[b] + input_lengths[b]:
+the next token is a hash of that history mod the vocabulary, with logit LEAD, and every other
+token a value in [0, 1) drawn from the same hash, so greedy picks it by a clear margin and a
+sampled row has a spread to draw from. A token written at the wrong position, a row fed another
+row's tokens or a row not emptied when a sequence joins it gives other tokens than the sequence
+alone, which `greedy_alone` computes from the same rule without the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from aotc_runtime.fields import Fields
+from aotc_runtime.generation_gate import GenerationGate
+from aotc_runtime.generation_record import STEP_FORMAT, Generation, check_generation_record
+from aotc_runtime.signature import Signature
+
+VOCAB = 128
+LEAD = 4.0  # the next token's logit; every other token's is below 1
+_MASK = 2**64 - 1
+
+
+class StepContractError(AssertionError):
+    """The engine fed the step something the compiled step cannot take (an id outside the
+    vocabulary aborts the process there: the embedding's bounds check)."""
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: 64 bits in, 64 well-mixed bits out."""
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def history_hash(history: Sequence[int]) -> int:
+    """A hash of a row's tokens in order: a token changed, moved, left out or added changes it."""
+    h = 0
+    for token in history:
+        h = _mix(h * 0x9E3779B97F4A7C15 + token + 1)
+    return h
+
+
+def next_token(history: Sequence[int], vocab_size: int = VOCAB) -> int:
+    """The token the fake's logits put first after `history`."""
+    return history_hash(history) % vocab_size
+
+
+def logits_of(
+    history: Sequence[int],
+    vocab_size: int = VOCAB,
+    poison: int | None = None,
+    poison_value: float = math.nan,
+) -> list[float]:
+    """The fake's logits after `history`: LEAD for `next_token`, a value in [0, 1) for every other
+    token; with `poison` in the history, `poison_value` in place of LEAD (as a NaN embedding row
+    reaches every later position through attention)."""
+    h = history_hash(history)
+    draws = random.Random(h)
+    logits = [draws.random() for _ in range(vocab_size)]
+    logits[h % vocab_size] = poison_value if poison is not None and poison in history else LEAD
+    return logits
+
+
+def greedy_alone(
+    prompt: Sequence[int], new_tokens: int, vocab_size: int = VOCAB, eos: Sequence[int] = ()
+) -> list[int]:
+    """A sequence's greedy tokens by the fake's rule, alone, in plain Python: up to its first
+    end-of-sequence id in `eos`, or `new_tokens` of them."""
+    history, made = list(prompt), []
+    while len(made) < new_tokens:
+        token = next_token(history, vocab_size)
+        made.append(token)
+        history.append(token)
+        if token in eos:
+            break
+    return made
+
+
+def log_softmax(logits: Sequence[float]) -> list[float]:
+    top = max(logits)
+    total = top + math.log(sum(math.exp(x - top) for x in logits))
+    return [x - total for x in logits]
+
+
+def step_signature(batch_size: int, max_seq_len: int, vocab_size: int) -> Signature:
+    """The step's signature as aotc export records it (aotc/export/text_generation.py), its state
+    one layer's cache [B, max_len + 1, 1, 1] that holds each position's token."""
+    return Signature.from_json(
+        {
+            "inputs": [
+                {"name": "input_ids", "dtype": "int64", "shape": [batch_size, "S"],
+                 "value_range": [0, vocab_size - 1]},
+                {"name": "cache_lengths", "dtype": "int64", "shape": [batch_size]},
+                {"name": "input_lengths", "dtype": "int64", "shape": [batch_size]},
+            ],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": [batch_size, vocab_size]}],
+            "dims": {"S": {"min": 1, "max": max_seq_len, "example": 1}},
+            "output_structure": "tensor",
+            "state": [{"name": "token_cache", "dtype": "int64",
+                       "shape": [batch_size, max_seq_len + 1, 1, 1]}],
+            "state_in_place": True,
+        }
+    )  # fmt: skip
+
+
+def generation_record(
+    batch_size: int, max_seq_len: int, vocab_size: int, eos_token_ids: Sequence[int] = ()
+) -> Generation:
+    """The manifest's `generation` record, read as load() reads it."""
+    data = {
+        "batch_size": batch_size,
+        "max_seq_len": max_seq_len,
+        "vocab_size": vocab_size,
+        "eos_token_ids": list(eos_token_ids),
+        "pad_token_id": None,
+        "tokenizer": None,
+        "sliding_window": 0,
+        "step_format": STEP_FORMAT,
+    }
+    return Generation.read(Fields(data, "generation"))
+
+
+class FakeGeneration:
+    """A GeneratingPackage (decode_engine.py) whose step is the fake's rule above, on the CPU.
+    `fed` lists each call's input_lengths; `past_cache` counts tokens fed past a row's cache."""
+
+    def __init__(
+        self,
+        batch_size: int = 2,
+        max_seq_len: int = 32,
+        vocab_size: int = VOCAB,
+        eos_token_ids: Sequence[int] = (),
+        poison: int | None = None,
+        poison_value: float = math.nan,
+    ):
+        self.path = Path("fake-generation")
+        self.device = torch.device("cpu")
+        self.generation_gate = GenerationGate()
+        self.signature = step_signature(batch_size, max_seq_len, vocab_size)
+        self._generation = generation_record(batch_size, max_seq_len, vocab_size, eos_token_ids)
+        # the record held to the step as load() holds a package's (PackageError if they disagree)
+        check_generation_record(self.path, self._generation, self.signature, {})
+        self.cache = torch.zeros(batch_size, max_seq_len + 1, 1, 1, dtype=torch.int64)
+        self.poison, self.poison_value = poison, poison_value
+        self.fed: list[list[int]] = []
+        self.past_cache = 0
+
+    @property
+    def generation(self) -> Generation:
+        return self._generation
+
+    def decode_graph(self) -> None:
+        """No CUDA graphs (as a package on the CPU): the engine calls the step itself."""
+        return None
+
+    def call_without_graphs(self, *tensors: torch.Tensor) -> torch.Tensor:
+        self.signature.check_inputs(list(tensors))  # as Package.call_without_graphs does
+        ids, held, fed = (t.tolist() for t in tensors)
+        self._check(ids, held, fed)
+        self.fed.append(fed)
+        rows = [self._row(b, ids[b], held[b], fed[b]) for b in range(len(ids))]
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def _check(self, ids: list, held: list, fed: list) -> None:
+        vocab, window = self._generation.vocab_size, len(ids[0])
+        if any(not 0 <= token < vocab for row in ids for token in row):
+            raise StepContractError(f"a token id outside the vocabulary (0..{vocab - 1}): {ids}")
+        if any(not 0 <= n <= window for n in fed) or any(n < 0 for n in held):
+            raise StepContractError(f"cache lengths {held}, input lengths {fed}, window {window}")
+
+    def _row(self, row: int, window: list, held: int, fed: int) -> list[float]:
+        """Row `row` fed the last `fed` tokens of its window after the `held` it holds: they are
+        written at its positions held.., and its logits are those of all it holds then."""
+        length = self._generation.max_seq_len
+        for offset, token in enumerate(window[len(window) - fed :]):
+            position = held + offset
+            if position >= length:  # the padding's slot, never read
+                self.past_cache += 1
+            self.cache[row, min(position, length), 0, 0] = token
+        history = self.cache[row, : min(held + fed, length), 0, 0].tolist()
+        return logits_of(history, self._generation.vocab_size, self.poison, self.poison_value)
