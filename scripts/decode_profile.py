@@ -8,8 +8,11 @@ steps (on a reduce-overhead package, CUDA-graph replays) without the prefill. Pe
   is time the GPU sat idle between kernels (launch gaps, host waits);
 - the number of kernels, their time by family (GEMM, attention, Triton, copies), and the slowest.
 
+With --ahead N,M..., the wall time (and so the idle time) is measured once for each number of
+decode steps the engine queues ahead of the host (decode_engine.STEPS_AHEAD), in turns.
+
 usage: python scripts/decode_profile.py PKG_DIR... [--prompt-tokens 512] [--steps 64] [--top 25]
-       [--json OUT.json]
+       [--ahead 1,2,4] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -69,18 +73,29 @@ def profile_package(folder: Path, args) -> dict:
     graph = getattr(package, "_decode_graph", None)
     captured = sorted(graph.captured_modes) if graph is not None else None
     capture_warnings = [str(w.message)[:300] for w in caught]
+    from aotc_runtime import decode_engine
+
+    default_ahead = decode_engine.STEPS_AHEAD
+    walls: dict[int, list[float]] = {n: [] for n in args.ahead or [default_ahead]}
     with torch.inference_mode():
-        walls = []
-        for _ in range(3):
-            started = time.perf_counter()
-            package.generate(ids, max_new_tokens=1, eos_token_ids=[])
-            torch.cuda.synchronize()
-            prefill = time.perf_counter() - started
-            started = time.perf_counter()
-            package.generate(ids, max_new_tokens=steps + 1, eos_token_ids=[])
-            torch.cuda.synchronize()
-            walls.append((time.perf_counter() - started - prefill) / steps)
-        wall_ms = sorted(walls)[1] * 1e3
+        try:
+            for _ in range(args.rounds):  # each setting in turn, round after round
+                for ahead, times in walls.items():
+                    decode_engine.STEPS_AHEAD = ahead
+                    started = time.perf_counter()
+                    package.generate(ids, max_new_tokens=1, eos_token_ids=[])
+                    torch.cuda.synchronize()
+                    prefill = time.perf_counter() - started
+                    started = time.perf_counter()
+                    package.generate(ids, max_new_tokens=steps + 1, eos_token_ids=[])
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - started - prefill) / steps)
+        finally:
+            decode_engine.STEPS_AHEAD = default_ahead
+        wall_by_ahead = {n: statistics.median(times) * 1e3 for n, times in walls.items()}
+        wall_ms = (
+            wall_by_ahead[default_ahead] if default_ahead in walls else min(wall_by_ahead.values())
+        )
         short = kernels_of(package, ids, 1)
         long = kernels_of(package, ids, steps + 1)
     per_step: dict[str, tuple[float, float]] = {}  # name -> (µs per step, launches per step)
@@ -103,6 +118,10 @@ def profile_package(folder: Path, args) -> dict:
         "wall_ms_per_step": round(wall_ms, 4),
         "kernel_ms_per_step": round(kernel_ms, 4),
         "idle_ms_per_step": round(wall_ms - kernel_ms, 4),
+        "by_steps_ahead": {
+            str(n): {"wall_ms_per_step": round(w, 4), "idle_ms_per_step": round(w - kernel_ms, 4)}
+            for n, w in wall_by_ahead.items()
+        },
         "kernels_per_step": round(sum(n for _, n in per_step.values()), 1),
         "decode_graph_modes": captured,
         "warnings": capture_warnings,
@@ -118,6 +137,8 @@ def profile_package(folder: Path, args) -> dict:
     print(f"\n{folder}: {wall_ms:.3f} ms a step, {kernel_ms:.3f} ms of it in "
           f"{record['kernels_per_step']} kernels, idle {wall_ms - kernel_ms:.3f} ms")  # fmt: skip
     print(f"  decode graph modes captured: {captured}; warnings: {capture_warnings}")
+    for n, w in wall_by_ahead.items():
+        print(f"  {n} step(s) queued ahead: {w:.3f} ms a step, idle {w - kernel_ms:.3f} ms")
     for fam, (us, n) in record["families_us_per_step"].items():
         print(f"  {fam:18s} {us:9.1f} µs  ({n} launches)")
     for us, n, name in record["top_kernels"]:
@@ -132,6 +153,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--ahead",
+        type=lambda text: [int(n) for n in text.split(",")],
+        help="numbers of decode steps queued ahead of the host to time, e.g. 1,2,4",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="timed generations per setting")
     args = parser.parse_args()
     import torch
 

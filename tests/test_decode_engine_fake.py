@@ -30,7 +30,13 @@ LONG = [7, 8, 99, 4, 9, 11, 120, 31, 77, 2, 19, 60, 8, 101]  # 14 tokens
 MIDDLE = [3, 1, 4, 1, 5, 9, 2]
 REPEATS = [8, 9, 10, 11]  # its greedy second token is 8, a token of the prompt
 HOT = Sampling(temperature=0.9, top_k=50, top_p=0.95, seed=7)
-OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["", "step-ahead"])
+# how far the engine works ahead of the host: not at all, one decode step (CUDA's default), three
+OVERLAP = pytest.mark.parametrize("overlap", [0, 1, 3], ids=["", "step-ahead", "3-steps-ahead"])
+
+
+def ahead_of(overlap: int) -> dict:
+    """DecodeEngine's arguments for `overlap` steps queued ahead (0: none)."""
+    return {"overlap": bool(overlap), "ahead": max(overlap, 1)}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -114,7 +120,7 @@ def test_sequences_joining_a_running_batch_get_their_own_tokens(joins, overlap):
     package = FakeGeneration(batch_size=2)
     sequences = [("a", A, 14), ("b", B, 6), ("c", C, 5)]
     plan = [(at, key, request(prompt, new)) for at, (key, prompt, new) in zip(joins, sequences)]
-    made, joined, ended = run(DecodeEngine(package, overlap=overlap), plan)
+    made, joined, ended = run(DecodeEngine(package, **ahead_of(overlap)), plan)
     for key, prompt, new in sequences:
         assert tokens(made[key]) == greedy_alone(prompt, new), key
         assert finishes(made[key]) == [None] * (new - 1) + ["length"], key
@@ -132,7 +138,9 @@ def test_long_prompts_join_in_chunks_beside_running_rows(chunk, joins, overlap):
     package = FakeGeneration(batch_size=3)
     sequences = [("a", A, 12), ("b", LONG, 6), ("c", MIDDLE, 5)]
     plan = [(at, key, request(prompt, new)) for at, (key, prompt, new) in zip(joins, sequences)]
-    made, _joined, _ended = run(DecodeEngine(package, overlap=overlap, prefill_chunk=chunk), plan)
+    made, _joined, _ended = run(
+        DecodeEngine(package, **ahead_of(overlap), prefill_chunk=chunk), plan
+    )
     for key, prompt, new in sequences:
         assert tokens(made[key]) == greedy_alone(prompt, new), key
     assert max(map(max, package.fed)) == chunk  # no row is fed more than a chunk a step
@@ -169,7 +177,7 @@ def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row_for_the_nex
         (0, "b", request(B, 10)),
         (0, "c", request(C, 5)),
     ]
-    made, joined, ended = run(DecodeEngine(package, overlap=overlap), plan)
+    made, joined, ended = run(DecodeEngine(package, **ahead_of(overlap)), plan)
     assert tokens(made["a"]) == lone[:ends]
     assert finishes(made["a"]) == [None] * (ends - 1) + ["stop"]
     assert ended["a"] == ends - 1 and joined["c"] == ends  # the step after a's last token
@@ -204,7 +212,7 @@ def test_a_sequence_joins_whenever_a_row_is_free_and_its_cache_holds_it(overlap)
     sequence that fills its row to the last position runs to its end, no step (one queued ahead
     included) feeding it past its cache."""
     package = FakeGeneration(batch_size=2, max_seq_len=32)
-    engine = DecodeEngine(package, overlap=overlap)
+    engine = DecodeEngine(package, **ahead_of(overlap))
     engine.join("a", request([5, 6, 7], 29))
     made: list[Made] = []
     for _ in range(10):
@@ -221,6 +229,28 @@ def test_a_sequence_joins_whenever_a_row_is_free_and_its_cache_holds_it(overlap)
     assert tokens([m for m in made if m.key == "a"]) == greedy_alone([5, 6, 7], 29)
     assert tokens([m for m in made if m.key == "b"]) == greedy_alone(whole, 2)
     assert package.past_cache == 0  # a's row to its last position, and not past it
+    assert_given_back(package)
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_decode_steps_are_queued_ahead_of_the_host_and_never_past_a_rows_last_token(ahead):
+    """With overlap, each read of a step finds `ahead` more decode steps queued behind it (the
+    device never waits for the host), but a step is queued only while a row needs a token beyond
+    those already queued, and it feeds only such rows: a row's last token ends what it is fed."""
+    package = FakeGeneration(batch_size=2, max_seq_len=32)
+    engine = DecodeEngine(package, overlap=True, ahead=ahead)
+    engine.join("short", request([1, 2], 3))
+    engine.join("long", request([3, 4], 12))
+    made = engine.step()  # the join step, and `ahead` decode steps queued behind it
+    assert len(package.fed) == 1 + ahead and [m.key for m in made] == ["short", "long"]
+    while engine.active:
+        made += engine.step()
+    assert tokens([m for m in made if m.key == "short"]) == greedy_alone([1, 2], 3)
+    assert tokens([m for m in made if m.key == "long"]) == greedy_alone([3, 4], 12)
+    # "short" is fed its prompt and then its first two tokens (its third is its last), "long"
+    # its prompt and 11 tokens: no step beyond a row's last token, none after the last row's
+    assert [fed[0] for fed in package.fed] == [2, 1, 1] + [0] * 9
+    assert [fed[1] for fed in package.fed] == [2] + [1] * 11
     assert_given_back(package)
 
 
@@ -259,7 +289,9 @@ def test_greedy_and_sampled_sequences_share_a_running_batch(overlap):
         (2, "b", request(B, 6)),  # greedy beside the sampled a
         (9, "c", request(C, 5, Sampling(temperature=1.3, seed=3))),  # into b's row
     ]
-    made, _joined, _ended = run(DecodeEngine(FakeGeneration(batch_size=2), overlap=overlap), plan)
+    made, _joined, _ended = run(
+        DecodeEngine(FakeGeneration(batch_size=2), **ahead_of(overlap)), plan
+    )
     for _at, key, asked in plan:
         lone = engine_alone(list(asked.prompt), asked.max_new_tokens, asked.sampling)
         assert tokens(made[key]) == tokens(lone), key
@@ -283,7 +315,7 @@ def test_a_seeded_row_draws_the_same_tokens_whoever_its_neighbours_are(neighbour
     neighbours' draws or prompts (fed in chunks of 3 beside it), nor of when it joined."""
     plan = [*neighbours, (1, "s", request(A, 12, HOT))]
     package = FakeGeneration(batch_size=2)
-    made, _joined, _ended = run(DecodeEngine(package, overlap=overlap, prefill_chunk=3), plan)
+    made, _joined, _ended = run(DecodeEngine(package, **ahead_of(overlap), prefill_chunk=3), plan)
     assert tokens(made["s"]) == tokens(engine_alone(A, 12, HOT))
     other = tokens(engine_alone(A, 12, Sampling(temperature=0.9, top_k=50, top_p=0.95, seed=8)))
     assert tokens(made["s"]) != other, "the seed was not used"
@@ -344,7 +376,9 @@ def test_penalized_and_logprob_rows_share_a_running_batch(overlap):
         ),
         (15, "d", request([9, 9, 9], 4, Sampling(frequency_penalty=-2.0))),  # into a penalized row
     ]
-    made, _joined, _ended = run(DecodeEngine(FakeGeneration(batch_size=2), overlap=overlap), plan)
+    made, _joined, _ended = run(
+        DecodeEngine(FakeGeneration(batch_size=2), **ahead_of(overlap)), plan
+    )
     for _at, key, asked in plan:
         prompt = list(asked.prompt)
         lone = engine_alone(prompt, asked.max_new_tokens, asked.sampling, asked.logprobs)
@@ -385,7 +419,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     for prompt, new in ((A, 12), (C, 5)):
         assert poison not in prompt + greedy_alone(prompt, new), "pick another prompt"
     package = FakeGeneration(batch_size=2, poison=poison, poison_value=value)
-    engine = DecodeEngine(package, overlap=overlap)
+    engine = DecodeEngine(package, **ahead_of(overlap))
     engine.join("a", request(A, 12))
     engine.join("b", request(POISON_PROMPT, 10, sampling))
     made: dict = {"a": [], "b": [], "c": []}
@@ -411,7 +445,7 @@ def test_a_sequence_that_leaves_frees_its_row_and_gets_no_more_tokens(overlap):
     """leave() frees the row from the next step (a step already queued for it drops its token);
     the next sequence takes it, and the last one leaving gives the package back."""
     package = FakeGeneration(batch_size=2)
-    engine = DecodeEngine(package, overlap=overlap)
+    engine = DecodeEngine(package, **ahead_of(overlap))
     engine.join("a", request(A, 12))
     engine.join("b", request(B, 10))
     made: list[Made] = []

@@ -25,14 +25,19 @@ row is a slot a sequence owns from its join to its finish:
 
 A decode step is one replay of the package's DecodeGraph on CUDA with CUDA graphs (the program,
 the inputs' advance and the sampler captured together), one call of the package otherwise. On CUDA
-a step works ahead: the next decode step is queued (its input is the tokens just picked, still on
-the device) before the host reads this step's tokens, so the device is busy while the host
-delivers them. A sequence that joins meanwhile waits for that step, and a row's token from it is
-dropped if the row finished or left.
+the engine works ahead: up to `ahead` more decode steps are queued (each one's input is the tokens
+the one before picked, still on the device) before the host reads a step's tokens, so the device
+is busy while the host delivers them. A step feeds only the rows that need a token beyond those of
+the steps queued before it, so none writes past a row's cache; a row that ends sooner (an
+end-of-sequence id, a stop string) is seen when its step is read, and what later steps made for it
+is dropped. A sequence that joins meanwhile waits for the queued steps. At batch 1 on an H200 one
+step ahead already keeps the device busy: the idle left is between a graph's kernels
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +97,11 @@ class HostCopy:
         return [buffer.clone() for buffer in self._buffers[: self._copied]]
 
 
+# With overlap (CUDA), the decode steps queued beyond the one whose tokens the host reads: enough that
+# a slow turn of the host (delivering text, a client's turn, a garbage collection) finds work still
+# queued on the device
+STEPS_AHEAD = 1
+
 # A sequence's finish when the package's logits for it were not finite: it ends at once, its
 # token (0) is not a pick, and its neighbours go on (sampling.non_finite)
 ERROR = "error"
@@ -134,6 +144,7 @@ class DecodeEngine:
         overlap: bool | None = None,
         prefill_chunk: int = 256,
         tokenizer: Any = None,  # a tokenizers.Tokenizer: each token's text, and stop strings
+        ahead: int | None = None,  # steps queued ahead with overlap (STEPS_AHEAD)
     ):
         self.package, self.device, self.tokenizer = package, package.device, tokenizer
         self.generation = generation = package.generation
@@ -149,13 +160,19 @@ class DecodeEngine:
         self.sampler: Any = None
         self._fresh = True  # rows joined or left: the decode step's buffers are loaded anew
         self._fed = torch.zeros(self.size, dtype=torch.int64)  # each row's tokens a decode step
+        self._fed_rows: list[int] = [0] * self.size  # the same as a list, to compare
         self._held_gate = False
         # on the CPU a step queued ahead would run there and then, before its tokens are sent
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
-        self._host: Any = None
-        # a decode step queued by the previous call: (the key of each row it runs for, its
-        # tokens on the device once it has run, whether it made log-probabilities)
-        self._ahead: tuple[list, torch.Tensor, bool] | None = None
+        ahead = STEPS_AHEAD if ahead is None else ahead
+        if ahead < 1:
+            raise ValueError(f"ahead must be at least 1 step, not {ahead}")
+        self.ahead = ahead  # with overlap: the most decode steps queued beyond the one read
+        self._hosts: list[HostCopy] = []  # free host buffers, one per step in flight at most
+        # steps queued on the device whose tokens are not read yet, oldest first: (the key of
+        # each row it runs for, the host copy its tokens and log-probabilities arrive in)
+        self._queued: deque[tuple[list, HostCopy]] = deque()
+        self._latest: torch.Tensor | None = None  # the last queued step's tokens on the device
 
     @property
     def active(self) -> int:
@@ -199,36 +216,34 @@ class DecodeEngine:
     def release(self) -> None:
         """Give the package back (after the last row left, or when a step failed)."""
         self.rows = [None] * self.size
-        self._ahead = None  # its tokens are nobody's now
+        while self._queued:  # their tokens are nobody's now
+            self._hosts.append(self._queued.popleft()[1])
         if self._held_gate:
             self._held_gate = False
             self.package.generation_gate.release()
 
     def step(self) -> list[Made]:
-        """One step's tokens, one per row it ran for that is still there: the step queued by the
-        previous call, or else a step that feeds the joining sequences a chunk of their prompts,
-        or else a decode step. With overlap, the next decode step is queued before the tokens are
-        read. A row whose token finishes it is free when this returns."""
+        """One step's tokens, one per row it ran for that is still there: the oldest step queued
+        by an earlier call, or else a step that feeds the joining sequences a chunk of their
+        prompts, or else a decode step. With overlap, up to `ahead` more decode steps are queued
+        before the tokens are read, so the device never waits for the host between steps; a
+        row's end is seen when its step is read, and the tokens the steps queued after it made
+        for the row are dropped (what they wrote lies past the row's end, never read). A row
+        whose token finishes it is free when this returns."""
         if self.active == 0:
             return []
         with torch.inference_mode():
-            if self._ahead is not None:
-                keys, picked, with_logprobs = self._ahead
-                self._ahead = None
-            else:
-                with_logprobs = self._with_logprobs()
+            if not self._queued:
                 if any(row is not None and row.prompt for row in self.rows):
-                    keys, picked = self._join()
+                    self._queue(*self._join())
                 else:
-                    keys, picked = self._keys(), self._decode(self.last.to(self.device))
-            sampler = self.sampler
-            logprobs = [sampler.logprob, sampler.top_logprobs, sampler.top_ids]
-            failed = sampler.failed
-            self._host.start([picked, failed, *logprobs] if with_logprobs else [picked, failed])
-            if self.overlap and self._worth_a_step_ahead(keys):
-                ahead_logprobs = self._with_logprobs()
-                self._ahead = (self._keys(), self._decode(picked), ahead_logprobs)
-            tokens, failed, *host_logprobs = self._host.result()
+                    self._queue(self._keys(), self._decode(self.last.to(self.device)))
+            while self.overlap and len(self._queued) <= self.ahead and self._worth_a_step_ahead():
+                assert self._latest is not None
+                self._queue(self._keys(), self._decode(self._latest))
+            keys, host = self._queued.popleft()
+            tokens, failed, *host_logprobs = host.result()
+            self._hosts.append(host)
         listed = [t.tolist() for t in host_logprobs]
         failed_rows = failed.tolist()
         made = []
@@ -280,15 +295,15 @@ class DecodeEngine:
                 self.decode_step = DecodeStep(self.size, self.device)
                 self.sampler = RowSampler(self.size, self.generation.vocab_size, self.device)
             sampler = self.sampler
-            self._host = HostCopy(
-                [
-                    sampler.tokens,
-                    sampler.failed,
-                    sampler.logprob,
-                    sampler.top_logprobs,
-                    sampler.top_ids,
-                ]
-            )
+            outputs = [
+                sampler.tokens,
+                sampler.failed,
+                sampler.logprob,
+                sampler.top_logprobs,
+                sampler.top_ids,
+            ]
+            # one per step in flight: the step read, and those queued beyond it
+            self._hosts = [HostCopy(outputs) for _ in range(self.ahead + 1)]
         for row in range(self.size):
             self.sampler.set(row, GREEDY)
         self._fresh = True
@@ -299,16 +314,41 @@ class DecodeEngine:
         self._fresh = True  # the row is fed nothing from now on
 
     def _keys(self) -> list:
-        return [row.key if row is not None else None for row in self.rows]
+        """The key of each row the next step makes a token for (None: a free row, or one whose
+        last token comes from a step queued before)."""
+        return [row.key if fed else None for row, fed in zip(self.rows, self._feeding())]
 
-    def _worth_a_step_ahead(self, keys: list) -> bool:
-        """No sequence waits to join, and a row of this step has tokens to make after this one
-        (which also keeps the step inside the row's cache: `fits` counted those tokens)."""
+    def _feeding(self) -> list[int]:
+        """1 for each row the next decode step feeds: a running row that needs a token beyond
+        those of the steps already queued, so no step writes past a row's cache."""
+        queued = len(self._queued)
+        return [
+            int(row is not None and row.made + queued < row.request.max_new_tokens)
+            for row in self.rows
+        ]
+
+    def _queue(self, keys: list, picked: torch.Tensor) -> None:
+        """Queue the copy of a step just queued: its tokens `picked` (on the device) and, when its
+        rows asked for them, log-probabilities, into a host buffer of its own, before the next
+        step overwrites the sampler's."""
+        sampler = self.sampler
+        copied = [picked, sampler.failed]
+        if self._with_logprobs():
+            copied += [sampler.logprob, sampler.top_logprobs, sampler.top_ids]
+        host = self._hosts.pop()
+        host.start(copied)
+        self._queued.append((keys, host))
+        self._latest = picked
+
+    def _worth_a_step_ahead(self) -> bool:
+        """No sequence waits to join, and a running row needs a token beyond those of the steps
+        queued (which also keeps the steps inside the row's cache: `fits` counted those tokens;
+        a row that ends sooner is fed past its end, into the padding's slot)."""
         if any(row is not None and row.prompt for row in self.rows):
             return False
+        queued = len(self._queued)
         return any(
-            row is not None and row.key == key and row.made + 1 < row.request.max_new_tokens
-            for row, key in zip(self.rows, keys)
+            row is not None and row.made + queued < row.request.max_new_tokens for row in self.rows
         )
 
     def _join(self) -> tuple[list, torch.Tensor]:
@@ -346,10 +386,13 @@ class DecodeEngine:
     def _decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Queues the decode step that feeds each running row its token of `tokens` [B] (on the
         device); returns the buffer its tokens will be in. After a decode step the ids buffer
-        already holds them; after a join or a leave the step's buffers are loaded anew."""
+        already holds them; after a join or a leave, or when a row has had its last token from
+        the steps queued before, the step's buffers are loaded anew."""
         step = self.decode_step
-        if self._fresh:  # the rows fed (1 each) change only at a join or a leave
-            self._fed = torch.tensor([row is not None for row in self.rows], dtype=torch.int64)
+        fed = self._feeding()
+        if self._fresh or fed != self._fed_rows:  # the rows fed (1 each) changed
+            self._fed_rows = fed
+            self._fed = torch.tensor(fed, dtype=torch.int64)
             step.load([tokens[:, None], self.held, self._fed])
             self._fresh = False
         mode = self.sampler.mode
