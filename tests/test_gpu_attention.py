@@ -1,6 +1,7 @@
 """aotc's CUDA attention kernel (aotc/export/attention_kernel.py) against the reference it replaces
 (aotc/export/cached_attention.py): rows at different positions, prefill windows and decode steps,
-grouped heads, a sliding window, soft-capping, a head size that is not a power of two."""
+grouped heads, a sliding window, soft-capping, a head size that is not a power of two; the split
+count the op picks, one span (no second kernel), and two spans."""
 
 from __future__ import annotations
 
@@ -11,15 +12,23 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("splits", [None, 1, 2], ids=["op", "one-span", "two-spans"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "heads, kv_heads, dim, steps, window, softcap",
     [(4, 4, 64, 1, 0, 0.0), (32, 8, 64, 1, 0, 0.0), (16, 8, 128, 7, 0, 0.0), (8, 2, 80, 5, 6, 0.0),
      (4, 2, 16, 3, 0, 50.0), (4, 1, 64, 130, 0, 0.0)],
 )  # fmt: skip
-def test_the_kernel_attends_as_the_reference(heads, kv_heads, dim, steps, window, softcap, dtype):
-    import aotc.export.attention_kernel  # noqa: F401 (registers the kernel's op)
+def test_the_kernel_attends_as_the_reference(
+    heads, kv_heads, dim, steps, window, softcap, dtype, splits
+):
+    from aotc.export.attention_kernel import attend  # also registers the kernel's op
     from aotc.export.cached_attention import reference
+
+    def kernel(*args):  # the op (its own split count), or the kernel split `splits` ways
+        if splits is None:
+            return torch.ops.aotc.cached_attention_cuda(*args)
+        return attend(*args, *([None] * (8 - len(args))), splits)
 
     g = torch.Generator(device="cuda").manual_seed(0)
     batch, length = 3, 300
@@ -31,16 +40,14 @@ def test_the_kernel_attends_as_the_reference(heads, kv_heads, dim, steps, window
     query = query.transpose(1, 2)
     starts = torch.tensor([0, 40, length - steps], device="cuda")
     scale = dim**-0.5
-    got = torch.ops.aotc.cached_attention_cuda(query, keys, values, starts, scale, window, softcap)
+    got = kernel(query, keys, values, starts, scale, window, softcap)
     want = reference(query, keys, values, starts, scale, window, softcap)
     tolerance = 2e-3 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
     # with each row's padding marked (all of the window, part of it, none): 0 there, the same
     # elsewhere
     firsts = torch.tensor([steps, steps // 2, 0], device="cuda")
-    padded = torch.ops.aotc.cached_attention_cuda(
-        query, keys, values, starts, scale, window, softcap, firsts
-    )
+    padded = kernel(query, keys, values, starts, scale, window, softcap, firsts)
     torch.testing.assert_close(
         padded.float(),
         reference(query, keys, values, starts, scale, window, softcap, firsts).float(),

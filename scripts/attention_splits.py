@@ -1,0 +1,105 @@
+"""The CUDA decode attention (aotc/export/attention_kernel.py) split 1..16 ways over the context.
+
+For each model shape, batch and context length: one decode step's attention (a token per row, the
+rows `context` positions in), checked against the reference it replaces
+(aotc/export/cached_attention.reference), then timed as a decode step runs it: 32 layers' calls
+captured in one CUDA graph, replayed --replays times; the median per call. The row marked "*" is
+the split count the package picks (split_count). Prints a table; --json keeps the records.
+
+usage: python scripts/attention_splits.py [--replays 50] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+from pathlib import Path
+
+SHAPES = {  # name: (query heads, key/value heads, head dim)
+    "smollm2-135m": (9, 3, 64),
+    "llama-3.2-1b": (32, 8, 64),
+    "qwen3-0.6b": (16, 8, 128),
+}
+CACHE = 1024
+LAYERS = 32  # calls per graph: a decode step's worth
+SPLITS = (1, 2, 4, 8, 16)
+
+
+def inputs(batch: int, heads: int, kv_heads: int, dim: int, context: int):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    query = torch.randn(batch, heads, 1, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    keys = torch.randn(batch, CACHE + 1, kv_heads, dim, device="cuda", generator=g)
+    values = torch.randn(batch, CACHE + 1, kv_heads, dim, device="cuda", generator=g)
+    starts = torch.full((batch,), context - 1, dtype=torch.int64, device="cuda")
+    return query, keys.to(torch.bfloat16), values.to(torch.bfloat16), starts
+
+
+def graph_time_us(call, replays: int) -> float:
+    import torch
+
+    for _ in range(3):  # compile and warm up outside the graph
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAYERS):
+            call()
+    times = []
+    for _ in range(replays):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) / LAYERS * 1e6)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    import torch
+
+    from aotc.export.attention_kernel import attend, split_count
+    from aotc.export.cached_attention import reference
+
+    if not torch.cuda.is_available():
+        parser.error("this times a CUDA kernel: run it on a GPU machine")
+    records = []
+    for name, (heads, kv_heads, dim) in SHAPES.items():
+        for batch in (1, 8):
+            for context in (64, 256, 1024):
+                query, keys, values, starts = inputs(batch, heads, kv_heads, dim, context)
+                scale = dim**-0.5
+                want = reference(query, keys, values, starts, scale, 0, 0.0).float()
+                chosen = split_count(batch, heads)
+                for splits in SPLITS:
+                    call = functools.partial(
+                        attend, query, keys, values, starts, scale, 0, 0.0, None, splits
+                    )
+                    error = float((call().float() - want).abs().max())
+                    us = graph_time_us(call, args.replays)
+                    mark = "*" if splits == chosen else " "
+                    print(
+                        f"{name:13s} batch {batch} context {context:5d} splits {splits:2d}{mark} "
+                        f"{us:7.2f} us  max abs error {error:.2e}",
+                        flush=True,
+                    )
+                    records.append(
+                        {"shape": name, "batch": batch, "context": context, "splits": splits,
+                         "chosen": splits == chosen, "us_per_call": round(us, 3),
+                         "max_abs_error": error}
+                    )  # fmt: skip
+    if args.json:
+        meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name()}
+        args.json.write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
