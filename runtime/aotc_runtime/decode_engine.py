@@ -316,7 +316,10 @@ class DecodeEngine:
     def _keys(self) -> list:
         """The key of each row the next step makes a token for (None: a free row, or one whose
         last token comes from a step queued before)."""
-        return [row.key if fed else None for row, fed in zip(self.rows, self._feeding())]
+        return [
+            row.key if fed and row is not None else None
+            for row, fed in zip(self.rows, self._feeding())
+        ]
 
     def _feeding(self) -> list[int]:
         """1 for each row the next decode step feeds: a running row that needs a token beyond
