@@ -54,7 +54,7 @@ def finish(
         hash_files=not manifest.files,
     )
     commit(staging, output)
-    stages = progress.breakdown() if hasattr(progress, "breakdown") else ""
+    stages = progress.breakdown()  # the keyed stages (none for the ONNX backend's)
     progress.note(
         f"wrote {output} in {manifest.build_seconds:.1f}s" + (f" ({stages})" if stages else "")
     )
