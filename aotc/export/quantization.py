@@ -335,13 +335,22 @@ def _finish(x, out, bias):
 
 def _by_rows(x2, small, large, operands, limit: int = ql.DECODE_ROWS):
     """small(*operands) for at most `limit` rows, large(*operands) for more: decided at export when
-    the row count is fixed there, else a torch.cond AOTInductor compiles to both kernels."""
+    the row count is fixed there, else a cond node AOTInductor compiles to both kernels."""
     import torch
 
     rows = x2.shape[0]
     if isinstance(rows, int):
         return small(*operands) if rows <= limit else large(*operands)
-    return torch.cond(rows <= limit, small, large, operands)
+    # The cond operator itself, not torch.cond: outside torch.compile, torch.cond first traces its
+    # branches with Dynamo to vet them (about 1 s a call in a language model's export, 120 calls
+    # in SmolLM2's), while the operator traces them with the export's own tracer. The branches
+    # are ours, pure and fixed, so the vetting finds nothing.
+    return torch.ops.higher_order.cond(rows <= limit, _one(small), _one(large), operands)[0]
+
+
+def _one(product):
+    """`product` returning a one-tuple: a cond node's output is the tuple of its branch's."""
+    return lambda *operands: (product(*operands),)
 
 
 def cpu_int8_linear(x, q, scale, bias):
