@@ -313,6 +313,14 @@ class GenerationBuilds:
             self.built["tokenizer"] = self._build("gpt2", "gpt2_tok", "--tokenizer", folder)
         return self.built["tokenizer"]
 
+    def four_rows(self, family: str) -> tuple:
+        """The family exported for a batch of 4, whose step runs for any first R rows (a batch of
+        2 keeps a static step): (package, model)."""
+        name = f"{family}_b4"
+        if name not in self.built:
+            self.built[name] = self._build(family, name, "--batch-size", "4")
+        return self.built[name]
+
     def _files(self, family: str, name: str, *export_flags) -> tuple:
         """(model file, artifact, package) of a build; the model file written if not yet. Each
         name is one build (the export settings above are the same for all), so the files are
@@ -324,8 +332,9 @@ class GenerationBuilds:
 
     @staticmethod
     def _commands(source: Path, artifact: Path, package: Path, *export_flags) -> tuple:
+        batch = [] if "--batch-size" in export_flags else ["--batch-size", GENERATION_BATCH]
         export = ["export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
-                  "--batch-size", GENERATION_BATCH, *export_flags, "-o", artifact]  # fmt: skip
+                  *batch, *export_flags, "-o", artifact]  # fmt: skip
         return export, ["build", artifact, "--device", "cpu", "-o", package, "--quiet"]
 
     def _build(self, family: str, name: str, *export_flags) -> tuple:

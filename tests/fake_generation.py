@@ -98,19 +98,27 @@ def log_softmax(logits: Sequence[float]) -> list[float]:
     return [x - total for x in logits]
 
 
-def step_signature(batch_size: int, max_seq_len: int, vocab_size: int) -> Signature:
+def step_signature(
+    batch_size: int, max_seq_len: int, vocab_size: int, fewer_rows: bool = True
+) -> Signature:
     """The step's signature as aotc export records it (aotc/export/text_generation.py), its state
-    one layer's cache [B, max_len + 1, 1, 1] that holds each position's token."""
+    one layer's cache [B, max_len + 1, 1, 1] that holds each position's token. `fewer_rows`: the
+    step runs for the cache's first R rows (R a dim, as exported now); else for all B (as packages
+    exported before it)."""
+    rows = "R" if fewer_rows else batch_size
+    dims = {"S": {"min": 1, "max": max_seq_len, "example": 1}}
+    if fewer_rows:
+        dims["R"] = {"min": 1, "max": batch_size, "example": batch_size}
     return Signature.from_json(
         {
             "inputs": [
-                {"name": "input_ids", "dtype": "int64", "shape": [batch_size, "S"],
+                {"name": "input_ids", "dtype": "int64", "shape": [rows, "S"],
                  "value_range": [0, vocab_size - 1]},
-                {"name": "cache_lengths", "dtype": "int64", "shape": [batch_size]},
-                {"name": "input_lengths", "dtype": "int64", "shape": [batch_size]},
+                {"name": "cache_lengths", "dtype": "int64", "shape": [rows]},
+                {"name": "input_lengths", "dtype": "int64", "shape": [rows]},
             ],
-            "outputs": [{"name": "logits", "dtype": "float32", "shape": [batch_size, vocab_size]}],
-            "dims": {"S": {"min": 1, "max": max_seq_len, "example": 1}},
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": [rows, vocab_size]}],
+            "dims": dims,
             "output_structure": "tensor",
             "state": [{"name": "token_cache", "dtype": "int64",
                        "shape": [batch_size, max_seq_len + 1, 1, 1]}],
@@ -138,7 +146,8 @@ def generation_record(
 
 class FakeGeneration:
     """A GeneratingPackage (decode_engine.py) whose step is the fake's rule above, on the CPU.
-    `fed` lists each call's input_lengths; `past_cache` counts tokens fed past a row's cache."""
+    `fed` lists each call's input_lengths (as many as the rows it ran); `past_cache` counts tokens
+    fed past a row's cache."""
 
     def __init__(
         self,
@@ -148,11 +157,13 @@ class FakeGeneration:
         eos_token_ids: Sequence[int] = (),
         poison: int | None = None,
         poison_value: float = math.nan,
+        fewer_rows: bool = True,
     ):
         self.path = Path("fake-generation")
         self.device = torch.device("cpu")
         self.generation_gate = GenerationGate()
-        self.signature = step_signature(batch_size, max_seq_len, vocab_size)
+        self.signature = step_signature(batch_size, max_seq_len, vocab_size, fewer_rows)
+        self.runs_fewer_rows = fewer_rows
         self._generation = generation_record(batch_size, max_seq_len, vocab_size, eos_token_ids)
         # the record held to the step as load() holds a package's (PackageError if they disagree)
         check_generation_record(self.path, self._generation, self.signature, {})

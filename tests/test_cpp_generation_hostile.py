@@ -202,7 +202,7 @@ def test_a_doctored_state_file_is_refused_at_load(runner, lm, tmp_path, tensor, 
     "step_format, made",
     [
         (None, "an aotc from before the generation step had its own KV cache"),
-        (3, "generation step format 3, which this runtime does not know (it runs format 2)"),
+        (4, "generation step format 4, which this runtime does not know (it runs formats 2 and 3)"),
     ],
 )
 def test_a_generation_step_format_the_runtimes_do_not_know_is_refused_in_one_line(

@@ -434,11 +434,15 @@ def python_generate(package: Path, new_tokens: int, **sampling) -> list:
     return got[:, 4:].tolist()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "llama-four-rows"])
 def test_runner_generates_the_python_runtimes_tokens(runner, generation_packages, family):
-    """Issue 27: `aotc-runner --generate`, greedy and seeded sampling, token for token against the
-    Python runtime on a left-padded batch of two prompts."""
-    package = generation_packages[family][0]
+    """`aotc-runner --generate`, greedy and seeded sampling, token for token against the Python
+    runtime on a left-padded batch of two prompts; four-rows: a package of 4 rows whose step both
+    runtimes feed the prompts' 2 rows only."""
+    if family == "llama-four-rows":
+        package = generation_packages.four_rows("llama")[0]
+    else:
+        package = generation_packages[family][0]
     done = run_cpp(
         runner, package, "--generate", *GENERATE_PROMPTS[0], "--max-new-tokens", 12, "--json"
     )

@@ -157,10 +157,32 @@ def test_a_join_feeds_a_chunk_a_step_and_costs_the_running_row_no_step():
     engine.join("b", request(LONG, 6))
     keys = [[m.key for m in engine.step()] for _ in range(4)]
     assert keys == [["a"], ["a"], ["a"], ["a", "b"]]
-    assert package.fed == [[4, 0], [1, 0], [1, 4], [1, 4], [1, 4], [1, 2]]
+    # until b joins, a step runs a's row alone: the free row after it costs nothing
+    assert package.fed == [[4], [1], [1, 4], [1, 4], [1, 4], [1, 2]]
     engine.step()
     assert package.fed[-1] == [1, 1]  # a decode step: one token each
     engine.release()
+    assert_given_back(package)
+
+
+@pytest.mark.parametrize("fewer_rows", [True, False], ids=["rows-in-use", "whole-batch"])
+def test_a_step_runs_the_rows_up_to_the_last_one_a_sequence_holds(fewer_rows):
+    """Batch 4: a alone runs one row a step; b joins the next row, and the steps run both until
+    b's last token, then a's row alone again. A package whose step takes the whole batch (exported
+    before the rows were a dim) is fed all four rows, the free ones nothing: the same tokens."""
+    package = FakeGeneration(batch_size=4, fewer_rows=fewer_rows)
+    engine = DecodeEngine(package)
+    engine.join("a", request(A, 8))
+    made = engine.step() + engine.step()
+    engine.join("b", request(B, 3))
+    while engine.active:
+        made += engine.step()
+    assert tokens([m for m in made if m.key == "a"]) == greedy_alone(A, 8)
+    assert tokens([m for m in made if m.key == "b"]) == greedy_alone(B, 3)
+    fed = [[5], [1], [1, 3], [1, 1], [1, 1], [1], [1], [1]]
+    if not fewer_rows:
+        fed = [row + [0] * (4 - len(row)) for row in fed]
+    assert package.fed == fed
     assert_given_back(package)
 
 

@@ -40,26 +40,27 @@ class Builds:
     def __init__(self, work):
         self.work, self.done, self.artifacts = work, {}, {}
 
-    def artifact(self, family: str):
-        if family not in self.artifacts:
+    def artifact(self, family: str, batch: int = BATCH):
+        if (family, batch) not in self.artifacts:
             source = self.work / f"{family}_lm.py"
             source.write_text(
                 textwrap.dedent(GENERATION_MODEL_FILE.format(zoo_file=str(ZOO / f"{family}.py")))
             )
-            artifact = self.work / f"{family}.pt2"
+            artifact = self.work / f"{family}_b{batch}.pt2"
             done = invoke(
                 "export", source, "--task", "text-generation", "--max-seq-len", MAX_LEN,
-                "--batch-size", BATCH, "-o", artifact,
+                "--batch-size", batch, "-o", artifact,
             )  # fmt: skip
             assert done.exit_code == 0, done.stderr
-            self.artifacts[family] = (artifact, source)
-        return self.artifacts[family]
+            self.artifacts[family, batch] = (artifact, source)
+        return self.artifacts[family, batch]
 
     def __getitem__(self, key: tuple):
+        """(family, precision) or (family, precision, batch)."""
         if key not in self.done:
-            family, precision = key
-            artifact, source = self.artifact(family)
-            package = self.work / f"{family}_{precision}_pkg"
+            family, precision, batch = (*key, BATCH)[:3]
+            artifact, source = self.artifact(family, batch)
+            package = self.work / f"{family}_{precision}_b{batch}_pkg"
             loose = ["--atol", GPU_BF16_LOGITS_ATOL] if precision != "fp32" else []
             done = invoke(
                 "build", artifact, "--device", "cuda", "--mode", "reduce-overhead",
@@ -101,6 +102,24 @@ def test_fp32_greedy_tokens_equal_transformers_on_the_gpu_with_decode_as_a_graph
     again = loaded.generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert again.tolist() == expected.tolist()
     assert loaded.cuda_graphs_captured == 0, "prefill must not be captured, one graph per length"
+
+
+def test_a_package_of_four_rows_fed_fewer_gives_transformers_tokens(built, no_tf32):
+    """A package of 4 rows, whose step runs for the first R (a dim): one prompt, then two, are
+    prefilled on their own rows only (the decode graph replays all four) and get transformers'
+    tokens in fp32; the build's check ran the step at R = 1 on the GPU too."""
+    package, source = built["llama", "fp32", 4]
+    model = load_model_file(source).cuda()
+    loaded = aotc_runtime.load(package)
+    assert loaded.runs_fewer_rows
+    ids, mask = prompts()
+    for rows in (1, 2):
+        expected = reference(
+            model, ids[:rows].cuda(), mask[:rows].cuda(), NEW, min_new_tokens=NEW, pad_token_id=0
+        ).cpu()
+        got = loaded.generate(ids[:rows], mask[:rows], max_new_tokens=NEW, eos_token_ids=[])
+        assert got.tolist() == expected.tolist(), rows
+    assert loaded.decode_graph().captured_modes, "decode did not run as a CUDA graph"
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -33,6 +33,16 @@ MAX_SPLITS = 16
 BLOCK_N = 64
 
 
+def _traced_size(size) -> int:
+    """`size` as an int for a launch choice. A dynamic size (the rows a generation step runs for,
+    traced at the package's whole batch) gives its traced example, read without guarding on it, so
+    the choice stays one per package and fewer rows launch fewer programs."""
+    if isinstance(size, int):
+        return size
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else 1
+
+
 def split_count(batch: int, heads: int) -> int:
     """Spans each (row, head, token)'s context is split into: enough programs for the GPU at a
     decode step, one span when the batch's heads already fill it."""
@@ -192,7 +202,7 @@ def cached_attention_cuda(
     firsts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     batch, heads = query.shape[0], query.shape[1]
-    splits = split_count(batch, heads)
+    splits = split_count(_traced_size(batch), heads)
     return attend(
         query, keys, values, starts, scale, window, softcap, firsts, splits, launch=wrap_triton
     )

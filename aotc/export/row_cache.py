@@ -1,7 +1,7 @@
 """A transformers decoder LM as one step of generation over aotc's own KV cache, in which every
 row (sequence) has its own timeline:
 
-    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+    step(input_ids [R, S], cache_lengths [R], input_lengths [R]) -> logits [R, vocab]
 
 - Row b holds `cache_lengths[b]` tokens before the step and is fed the last `input_lengths[b]`
   tokens of its window `input_ids[b]` (the window is left-padded; 0 feeds the row nothing). They go
@@ -11,6 +11,8 @@ row (sequence) has its own timeline:
   decodes the others (aotc_runtime/decode_engine.py).
 - The cache is one pair of buffers per layer, [B, max_len + 1, kv heads, head dim], mutated in
   place (the package's state). Slot max_len takes the padding's keys and values and is never read.
+- A step may be fed fewer rows than the cache holds, R <= B (a dynamic dim): it runs for the
+  cache's first R rows only, so rows no sequence holds cost nothing when they are the last ones.
 
 transformers' hooks put aotc in charge of both halves of attention: `row_cache` is the `Cache`
 the model's layers call `update` on (the write), and "aotc" is the attention implementation they
@@ -124,14 +126,16 @@ class RowTimeline:
         self.positions = unclamped.clamp(min=0, max=self.length - 1)
 
     def write(self, keys, values, key_states, value_states) -> tuple:
-        """key/value_states [B, Hkv, S, D] into the layer's buffers; the buffers as the attention
-        takes them, [B, Hkv, L + 1, D] views."""
+        """key/value_states [R, Hkv, S, D] into the first R rows of the layer's buffers; those
+        rows as the attention takes them, [R, Hkv, L + 1, D] views."""
         assert self.slots is not None, "begin() before the layers write"
-        rows = torch.arange(keys.shape[0], device=keys.device)[:, None].expand_as(self.slots)
-        # [B, Hkv, S, D] -> [B, S, Hkv, D], the cache's layout
+        used = key_states.shape[0]
+        rows = torch.arange(used, device=keys.device)[:, None].expand_as(self.slots)
+        # [R, Hkv, S, D] -> [R, S, Hkv, D], the cache's layout; written through the whole buffer
+        # (a write through a slice of it would be traced as a copy of the buffer)
         keys.index_put_((rows, self.slots), key_states.transpose(1, 2).to(keys.dtype))
         values.index_put_((rows, self.slots), value_states.transpose(1, 2).to(values.dtype))
-        return keys.transpose(1, 2), values.transpose(1, 2)
+        return keys[:used].transpose(1, 2), values[:used].transpose(1, 2)
 
 
 def aotc_attention(

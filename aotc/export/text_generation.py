@@ -1,9 +1,11 @@
 """Decoder LMs as one step of a generation loop over aotc's own KV cache (row_cache.py):
 
-    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+    step(input_ids [R, S], cache_lengths [R], input_lengths [R]) -> logits [R, vocab]
 
 Each row of the batch is a sequence with its own timeline: it holds `cache_lengths[b]` tokens and
-is fed the last `input_lengths[b]` tokens of its window. Prefill is S = the prompt's length,
+is fed the last `input_lengths[b]` tokens of its window. A step runs for the cache's first R rows,
+R from 1 to the batch (a batch of 3 or more), so a runtime feeds only the rows up to the last one a
+sequence holds. Prefill is S = the prompt's length,
 decode S = 1: one exported program with S dynamic serves both, and a step may prefill some rows
 while it decodes others. The cache's buffers are mutated in place: an export records them as
 mutated buffers, aotc's state, which the runtime carries from one call to the next. Attention is
@@ -25,8 +27,11 @@ from aotc_runtime.generation import prefill_inputs  # one definition, the runtim
 TASK = "text-generation"
 # the step's input that grows with the tokens fed at once, and its axis
 _S_AXES = (("input_ids", 1),)
+# the rows a step runs for, R <= the batch (row_cache.py): every input's first axis
+ROWS_DIM = "R"
+_R_AXES = (("input_ids", 0), ("cache_lengths", 0), ("input_lengths", 0))
 # the generation step's contract, recorded in the package (aotc_runtime/generation_record.py)
-STEP_FORMAT = 2
+STEP_FORMAT = 3
 
 
 def one_call_command(target: str) -> str:
@@ -189,6 +194,10 @@ def generation_export(loaded: Any, cfg: Any, extras: Any = None) -> tuple:
 
     wrapped = dataclasses.replace(loaded, module=step, example_inputs=example_inputs)
     dims = (DimSpec("S", 1, max_len, prompt, _S_AXES),)
+    if batch >= 3:
+        # traced at the whole batch. torch.export traces a dynamic size as at least 2 (it
+        # specializes 0 and 1), so a batch of 2 would be a range of one size: its step stays static
+        dims += (DimSpec(ROWS_DIM, 1, batch, batch, _R_AXES),)
     return wrapped, dims, task_record(model, cfg, extras)
 
 
@@ -349,7 +358,8 @@ def check_cases(task: dict, device: Any) -> list:
     """The build's numeric check of a generation step: [(label, inputs)] in the order they run,
     the cache carried from one to the next as in generation: the cache's whole length (below),
     prompts of different lengths, decode steps after them, a step that prefills one row while it
-    decodes the other, and a one-token prefill (S at its min). A step writes the same cache
+    decodes the other, a decode of the first row alone (R at its min), and a one-token prefill (S
+    at its min). A step writes the same cache
     positions on each call, so a second call (a CUDA-graph package's replay) sees what the first
     did.
 
@@ -358,8 +368,7 @@ def check_cases(task: dict, device: Any) -> list:
     that one call cost three quarters of the check), the positions that show a wrong cache index
     or mask are reached without computing the rest: a window at the cache's start, a window that
     ends one short of its end, and a decode of its last position, whose attention reads every
-    position, the windows' and the zeros between them. The batch is static in the step, so a
-    window costs every row: one row at full length would cost all of them."""
+    position, the windows' and the zeros between them."""
     import torch
 
     batch, max_len, vocab = task["batch_size"], task["max_seq_len"], task["vocab_size"]
@@ -395,6 +404,11 @@ def check_cases(task: dict, device: Any) -> list:
     for step in range(min(3, max_len - length - 1)):
         cases.append(case(f"decode step {step + 1}", tokens(1), held, [1] * batch))
         held = [h + 1 for h in held]
+    if batch >= 3 and task.get("step_format") == STEP_FORMAT and max_len - held[0] >= 2:
+        # the step fed the cache's first row only (R at its min): what a runtime feeds when the
+        # other rows are free
+        cases.append(case("decode of the first row alone (R at its min)", tokens(1)[:1],
+                          held[:1], [1]))  # fmt: skip
     if max_len - max(held) >= 2:  # row 0 takes a new 2-token prompt while the others decode
         joining = [0] + held[1:]
         cases.append(case("a row's prefill beside the others' decode", tokens(2), joining,

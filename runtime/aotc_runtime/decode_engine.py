@@ -67,6 +67,9 @@ class GeneratingPackage(Protocol):
     @property
     def generation(self) -> Generation: ...
 
+    @property
+    def runs_fewer_rows(self) -> bool: ...
+
     def call_without_graphs(self, *tensors: torch.Tensor) -> Any: ...
 
     def decode_graph(self) -> Any: ...
@@ -381,7 +384,7 @@ class DecodeEngine:
                 keys[slot] = row.key
         drawing = torch.tensor([key is not None for key in keys]).to(self.device)
         inputs = [t.to(self.device) for t in (ids, self.held, fed)]
-        logits = self.package.call_without_graphs(*inputs)
+        logits = self._call_rows_in_use(inputs, [row is not None for row in self.rows])
         self.held += fed
         self._fresh = True
         return keys, self.sampler(logits, drawing)
@@ -400,8 +403,21 @@ class DecodeEngine:
             self._fresh = False
         mode = self.sampler.mode
         if self.graph is None or not self.graph.replay(mode):
-            logits = self.package.call_without_graphs(*step.inputs)
+            logits = self._call_rows_in_use(step.inputs, [bool(f) for f in fed])
             step.advance()
             step.ids.copy_(self.sampler(logits, step.input_lengths, mode)[:, None])
         self.held += self._fed  # what the step's own advance does to its buffers, mirrored here
         return self.sampler.tokens
+
+    def _call_rows_in_use(self, inputs: list, in_use: list[bool]) -> torch.Tensor:
+        """The package's step on `inputs` [B, ...], fed only up to the last row `in_use` when the
+        package can run fewer rows (a free row past it would cost a row's whole step; a CUDA
+        graph replays all of them, nearly free there); logits [B, vocab], the rows not run 0."""
+        used = self.size - in_use[::-1].index(True) if True in in_use else self.size
+        if used == self.size or not self.package.runs_fewer_rows:
+            return self.package.call_without_graphs(*inputs)
+        logits = self.package.call_without_graphs(*(t[:used] for t in inputs))
+        # the sampler keeps a row's state at its index: the rows not run draw from zeros
+        full = logits.new_zeros((self.size, logits.shape[1]))
+        full[:used] = logits
+        return full

@@ -10,12 +10,13 @@ refused when the manifest is read, before anything is allocated from its numbers
 The model's side is the signature, which load() compares with the description the compiled model
 carries (manifest.check_contract):
 
-    input_ids [B, S] (value_range [0, vocab - 1])   cache_lengths [B]   input_lengths [B]
-    logits [B, vocab]   state: per layer, keys and values [B, max_len + 1, kv heads, head dim]
+    input_ids [R, S] (value_range [0, vocab - 1])   cache_lengths [R]   input_lengths [R]
+    logits [R, vocab]   state: per layer, keys and values [B, max_len + 1, kv heads, head dim]
 
-`step_format` names that contract. A runtime knows one; a package recording another (or none:
-packages from before aotc owned the cache fed a mask over a shared timeline) is refused in one line
-that says to rebuild.
+`step_format` names that contract. Format 3: R is the batch B, or a dim from 1 to B (the step runs
+for the cache's first R rows). Format 2 (packages exported before that): R is B. A runtime knows
+those; a package recording another (or none: packages from before aotc owned the cache fed a mask
+over a shared timeline) is refused in one line that says to rebuild.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from .fields import Fields, inside_package
 from .signature import Signature
 
 STEP_INPUTS = ("input_ids", "cache_lengths", "input_lengths")
-STEP_FORMAT = 2  # the step contract above
+STEP_FORMAT = 3  # the step contract above, as aotc exports it now
+STEP_FORMATS = (2, 3)  # the contracts this runtime runs
 
 
 @dataclass(frozen=True)
@@ -130,13 +132,13 @@ def check_generation_record(
 
 def check_step_format(folder: Path, generation: Generation | None) -> None:
     """Refuse (PackageError) a generation package whose step this runtime does not know how to run."""
-    if generation is None or generation.step_format == STEP_FORMAT:
+    if generation is None or generation.step_format in STEP_FORMATS:
         return
     made = (
         "an aotc from before the generation step had its own KV cache"
         if generation.step_format is None
         else f"generation step format {generation.step_format}, which this runtime does not know "
-        f"(it runs format {STEP_FORMAT})"
+        f"(it runs formats {' and '.join(map(str, STEP_FORMATS))})"
     )
     raise PackageError(
         f"package {folder} was built with {made}; export and build it again with this aotc"
@@ -158,11 +160,22 @@ def _disagreement(generation: Generation, signature: Signature) -> str | None:
         return "input_ids and the logits are not 2-D, or the lengths not 1-D"
     if not signature.state or any(len(s.shape) != 4 for s in signature.state):
         return "its state is not a KV cache of [batch, positions, heads, head dim] per layer"
+    # a step runs for the whole batch, or for its first R rows: a dim from 1 to the batch
+    rows = ids.shape[0]
+    if isinstance(rows, str):
+        span = signature.dims.get(rows, {})
+        if (span.get("min"), span.get("max")) != (1, generation.batch_size):
+            return (
+                f"the step's rows {rows} run {span.get('min')}..{span.get('max')}, not 1.."
+                f"{generation.batch_size} (its batch_size)"
+            )
+    else:
+        rows = generation.batch_size
     checks = [
-        ("batch_size", ids.shape[0], generation.batch_size),
-        ("batch_size", held.shape[0], generation.batch_size),
-        ("batch_size", fed.shape[0], generation.batch_size),
-        ("batch_size", logits.shape[0], generation.batch_size),
+        ("batch_size", ids.shape[0], rows),
+        ("batch_size", held.shape[0], rows),
+        ("batch_size", fed.shape[0], rows),
+        ("batch_size", logits.shape[0], rows),
         ("vocab_size", logits.shape[1], generation.vocab_size),
     ]
     for cache in signature.state:

@@ -257,6 +257,13 @@ class Package:
             )
         return generation
 
+    @property
+    def runs_fewer_rows(self) -> bool:
+        """Whether a text-generation step may be fed the cache's first R rows rather than all of
+        them (packages exported since the rows became a dim): rows past the last one a sequence
+        holds then cost nothing."""
+        return not isinstance(self.signature.inputs[0].shape[0], int)
+
     def decode_graph(self) -> Any:  # cuda_graphs.DecodeGraph | None
         """A text-generation package's decode step as CUDA graphs (packages built with
         reduce-overhead or max-autotune, on CUDA), made at the first call and kept: its buffers

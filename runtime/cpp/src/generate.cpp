@@ -152,11 +152,16 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   const Generation& g = *manifest_.generation;
   check_request(g, input_ids, attention_mask, request);
   c10::InferenceMode inference;
-  const int64_t prompts = input_ids.size(0), length = input_ids.size(1), batch = g.batch_size;
+  const int64_t prompts = input_ids.size(0), length = input_ids.size(1);
+  const bool graphs = device_.is_cuda() && manifest_.cuda_graphs && manifest_.signature.state_in_place;
+  // A step that runs for the cache's first R rows (a dim) is fed the prompts' rows only, unless a
+  // CUDA graph replays it (captured once, for the whole batch): a free row would cost a row's step.
+  const bool fewer_rows = !manifest_.signature.inputs[0].shape[0].is_static() && !graphs;
+  const int64_t batch = fewer_rows ? prompts : g.batch_size;
   const auto on = at::TensorOptions().dtype(at::kLong).device(device_);
   at::Tensor ids = input_ids.to(on);
   at::Tensor mask = attention_mask.defined() ? attention_mask.to(on) : at::ones_like(ids);
-  if (prompts < batch) {  // the package's batch is fixed: the other rows are fed nothing
+  if (prompts < batch) {  // the step's rows are the whole batch: the other rows are fed nothing
     at::Tensor filler = at::zeros({batch - prompts, length}, on);
     ids = at::cat({ids, filler});
     mask = at::cat({mask, filler});
@@ -167,7 +172,7 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   // The Python runtime's decode engine, for prompts that all join at the first step: one sampler
   // row per prompt (each draws its own numbers: a prompt's tokens are the same alone or beside
   // others), the other rows greedy and fed nothing.
-  if (!sampler_.defined()) {
+  if (!sampler_.defined() || decode_inputs_[0].size(0) != batch) {  // rows in use change only without graphs
     sampler_ = RowSampler(batch, g.vocab_size, device_);
     decode_inputs_ = {at::zeros({batch, 1}, on), at::zeros({batch}, on), at::zeros({batch}, on)};
   }
@@ -194,7 +199,6 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   // program on state_ (in place), the inputs' advance, and the sampler's choice. A step's tokens are
   // copied to the host while the device runs the next step; elsewhere they are read, then the next
   // step runs.
-  const bool graphs = device_.is_cuda() && manifest_.cuda_graphs && manifest_.signature.state_in_place;
   const bool overlap = device_.is_cuda();
   std::unique_ptr<HostCopy> host;
   if (overlap) host = std::make_unique<HostCopy>(batch, device_);

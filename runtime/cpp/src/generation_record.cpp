@@ -2,11 +2,12 @@
 // before anything is allocated from the record (Package::generate sizes its mask and batch from it).
 // The checks, their order and messages are aotc_runtime/generation_record.py's; the signature is the
 // compiled model's own (check_contract ran first), so a record that disagrees with it was edited.
-// The step's shapes (aotc/export/row_cache.py), `step_format` 2:
+// The step's shapes (aotc/export/row_cache.py), `step_format` 3:
 //
-//   step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab];
+//   step(input_ids [R, S], cache_lengths [R], input_lengths [R]) -> logits [R, vocab];
 //   state key_cache_i / value_cache_i [B, max_len + 1, kv heads, head dim]
 //
+// R is B, or a dim from 1 to B (the step runs for the cache's first R rows); in format 2 it is B.
 // A package of another step format (or none: from before aotc owned the cache) is refused first.
 #include <algorithm>
 #include <array>
@@ -20,7 +21,7 @@ namespace {
 
 // The step's inputs, in the order Package::generate passes them.
 constexpr std::array<const char*, 3> kStepInputs = {"input_ids", "cache_lengths", "input_lengths"};
-constexpr int64_t kStepFormat = 2;
+constexpr std::array<int64_t, 2> kStepFormats = {2, 3};  // the step contracts this runtime runs
 
 std::string entry_text(const ShapeEntry& entry) { return entry.is_static() ? std::to_string(entry.size) : entry.name; }
 
@@ -57,14 +58,26 @@ std::string form_problem(const Signature& sig) {
 std::string size_problem(const Generation& g, const Signature& sig) {
   const TensorSpec &ids = *find(sig.inputs, "input_ids"), &logits = sig.outputs[0];
   const TensorSpec &held = *find(sig.inputs, "cache_lengths"), &fed = *find(sig.inputs, "input_lengths");
+  // a step runs for the whole batch, or for its first R rows: one dim from 1 to the batch on every input and the logits
+  const ShapeEntry& rows = ids.shape[0];
+  if (!rows.is_static()) {
+    auto span = sig.dims.find(rows.name);
+    if (span == sig.dims.end() || span->second.min != 1 || span->second.max != g.batch_size) {
+      return "the step's rows " + rows.name + " do not run 1.." + std::to_string(g.batch_size) + " (its batch_size)";
+    }
+    for (const ShapeEntry* other : {&held.shape[0], &fed.shape[0], &logits.shape[0]}) {
+      if (other->is_static() || other->name != rows.name) return "batch_size is " + rows.name + " but the model's is " + entry_text(*other);
+    }
+  }
   struct Size {
     const char* what;
     ShapeEntry size;
     int64_t expected;
   };
-  std::vector<Size> sizes = {{"batch_size", ids.shape[0], g.batch_size},  {"batch_size", held.shape[0], g.batch_size},
-                             {"batch_size", fed.shape[0], g.batch_size},  {"batch_size", logits.shape[0], g.batch_size},
-                             {"vocab_size", logits.shape[1], g.vocab_size}};
+  std::vector<Size> sizes = {{"vocab_size", logits.shape[1], g.vocab_size}};
+  if (rows.is_static()) {
+    for (const ShapeEntry* entry : {&ids.shape[0], &held.shape[0], &fed.shape[0], &logits.shape[0]}) sizes.push_back({"batch_size", *entry, g.batch_size});
+  }
   for (const auto& cache : sig.state) {  // per layer [B, max_len + 1, heads, head dim]: slot max_len is the padding's
     sizes.push_back({"batch_size", cache.shape[0], g.batch_size});
     ShapeEntry positions = cache.shape[1];
@@ -104,10 +117,10 @@ std::string id_problem(const Generation& g, const Manifest& manifest) {
 void check_generation(const std::string& folder, const Manifest& manifest) {
   if (!manifest.generation) return;
   const Generation& g = *manifest.generation;
-  if (g.step_format != kStepFormat) {
+  if (!g.step_format || std::find(kStepFormats.begin(), kStepFormats.end(), *g.step_format) == kStepFormats.end()) {
     std::string made = !g.step_format ? "an aotc from before the generation step had its own KV cache"
                                       : "generation step format " + std::to_string(*g.step_format) +
-                                            ", which this runtime does not know (it runs format " + std::to_string(kStepFormat) + ")";
+                                            ", which this runtime does not know (it runs formats 2 and 3)";
     throw package_error("package " + folder + " was built with " + made + "; export and build it again with this aotc");
   }
   std::string problem = form_problem(manifest.signature);
