@@ -13,7 +13,11 @@ where one thread took 2-4 ms). So:
   3. at most the cgroup's CPU quota, rounded up (v2 `cpu.max`, v1 `cpu.cfs_quota_us` over
      `cpu.cfs_period_us`, along the process's cgroup path up to the root), as Go's GOMAXPROCS,
      the JVM and vLLM's CFS-aware CPU count read it;
-  4. at least 1.
+  4. at most the machine's CPUs that other work leaves free: os.cpu_count() less the 1-minute
+     load average, rounded (/proc/loadavg). Two threads on a 2-core VM where two other processes
+     spin decoded SmolLM2 at a fraction of one thread's rate: each OpenMP barrier waits for a
+     thread the scheduler has put aside (docs/benchmarks.md, "Threads on a busy machine");
+  5. at least 1.
 
 An explicit OMP_NUM_THREADS (a whole number from 1) is the user's choice and is kept. The C++
 runner computes the same rule (runtime/cpp/src/threads.cpp); tests/test_threads.py checks that
@@ -38,7 +42,7 @@ def parse_threads(text: str, flag: str = "--threads") -> int:
         return int(text)
     raise ValueError(
         f"{flag} must be a whole number from 1 to {MAX_THREADS} (the CPU threads to use), got "
-        f"{text!r}; leave it out for one thread per physical core ({default_threads()} here)"
+        f"{text!r}; leave it out for one thread per free physical core ({default_threads()} here now)"
     )
 
 
@@ -50,7 +54,22 @@ def default_threads(root: Path = Path("/"), allowed: set[int] | None = None) -> 
     quota = cgroup_cpu_quota(root)
     if quota is not None:
         count = min(count, quota)
+    busy = busy_cpus(root)
+    if busy:
+        count = min(count, (os.cpu_count() or 1) - busy)
     return max(1, count)
+
+
+def busy_cpus(root: Path = Path("/")) -> int:
+    """The CPUs other work keeps busy: the 1-minute load average of /proc/loadavg (tasks running
+    or waiting to run, averaged), rounded; 0 when it cannot be read. A command counts itself in it
+    only after it has run a while, which a default chosen at its start has not."""
+    fields = (_read_small(root / "proc/loadavg") or "").split()
+    try:
+        load = float(fields[0])
+    except (IndexError, ValueError):
+        return 0
+    return int(load + 0.5) if 0 <= load < MAX_THREADS else 0
 
 
 def chosen_threads(requested: int | None = None) -> int:

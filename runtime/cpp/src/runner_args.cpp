@@ -93,8 +93,8 @@ int parse_threads(const std::string& text) {
   std::optional<uint64_t> value = whole_number(text, static_cast<uint64_t>(kMaxThreads));
   if (!value || *value < 1) {
     throw usage_error("--threads must be a whole number from 1 to " + std::to_string(kMaxThreads) +
-                      " (the CPU threads to use), got '" + text + "'; leave it out for one thread per physical core (" +
-                      std::to_string(default_threads()) + " here)");
+                      " (the CPU threads to use), got '" + text + "'; leave it out for one thread per free physical core (" +
+                      std::to_string(default_threads()) + " here now)");
   }
   return static_cast<int>(*value);
 }

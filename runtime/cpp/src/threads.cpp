@@ -138,12 +138,24 @@ std::optional<int> cgroup_cpu_quota() {
   return std::max(1, static_cast<int>(std::ceil(*smallest)));
 }
 
+// The CPUs other work keeps busy: /proc/loadavg's 1-minute load average, rounded; 0 when unreadable.
+int busy_cpus() {
+  std::optional<std::string> text = read_text("/proc/loadavg");
+  if (!text) return 0;
+  std::stringstream fields(*text);
+  double load = -1;
+  if (!(fields >> load) || !(load >= 0 && load < kMaxThreads)) return 0;
+  return static_cast<int>(load + 0.5);
+}
+
 }  // namespace
 
 int default_threads() {
   int count = physical_cores(allowed_cpus(), "/sys/devices/system/cpu");
   std::optional<int> quota = cgroup_cpu_quota();
   if (quota) count = std::min(count, *quota);
+  int busy = busy_cpus();
+  if (busy > 0) count = std::min(count, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)) - busy);
   return std::max(1, count);
 }
 
