@@ -206,3 +206,27 @@ def test_the_runner_and_the_python_runtime_pick_the_same_default(generation_pack
     one_cpu = {min(os.sched_getaffinity(0))}
     pinned = run_runner(*args, affinity=one_cpu)
     assert json.loads(pinned.stdout)["timings"]["threads"] == default_threads(allowed=one_cpu) == 1
+
+
+@pytest.mark.parametrize(
+    "gaps, threads, said",
+    [
+        ([10.0] * 95 + [100.0] * 5, 2, "rerun with --threads 1"),  # p99 10x the p50: stalls
+        ([10.0] * 95 + [100.0] * 5, 1, "other work on this machine competes for its CPU"),
+        ([10.0] * 95 + [30.0] * 5, 2, None),  # 3x: a long context's steps, not stalls
+        ([1.0] * 95 + [6.0] * 5, 2, None),  # 6x but 5 ms: a fast device's jitter
+        ([10.0] * 5 + [100.0] * 2, 2, None),  # too few tokens to tell
+    ],
+    ids=["stalls-2-threads", "stalls-1-thread", "3x", "small", "few"],
+)
+def test_a_run_whose_slowest_tokens_stall_says_so_with_the_flag_that_helps(gaps, threads, said):
+    from aotc_runtime.timing import stall_note
+
+    note = stall_note(gaps, threads)
+    if said is None:
+        assert note is None
+    else:
+        assert note == (
+            "note: the slowest tokens took 10x the median one (p99 100.0 ms, p50 10.0 ms): "
+            + ("rerun with --threads 1, or fewer threads than free cores" if threads > 1 else said)
+        )

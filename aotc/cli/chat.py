@@ -68,7 +68,7 @@ def chat(
     from aotc_runtime.threads import set_threads
 
     public_key = required_key(require_signature, public_key)
-    set_threads(threads)  # before the package loads: inter-op threads are set once
+    threads = set_threads(threads)  # before the package loads: inter-op threads are set once
     loaded = aotc_runtime.load(package, public_key=public_key)
     template = ChatTemplate.of_package(loaded)
     if template is None:
@@ -88,14 +88,19 @@ def chat(
         top_p=top_p,
         seed=seed,
     )
-    converse(session)
+    converse(session, threads)
 
 
-def converse(session) -> None:
-    """Read a line, stream its reply, until /exit or the end of input."""
+def converse(session, threads: int | None = None) -> None:
+    """Read a line, stream its reply, until /exit or the end of input. The first reply whose
+    pieces came with stalls (aotc_runtime.timing.stall_note) is followed by a note that says so."""
     import sys
+    import time
 
     from aotc_runtime import GenerationInputError
+    from aotc_runtime.timing import stall_note
+
+    noted = False
 
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -130,11 +135,21 @@ def converse(session) -> None:
                 f"{session.package.generation.max_seq_len}-token cache)",
                 err=True,
             )
+        stamps = []
         try:
             for piece in replying:
                 click.echo(piece, nl=False)  # echo flushes: the reply shows as it comes
+                stamps.append(time.perf_counter())
         except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
             replying.close()
             click.echo("\n(reply stopped; not kept in the history)", err=True)
             continue
         click.echo()
+        note = (
+            None
+            if noted
+            else stall_note([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])], threads)
+        )
+        if note:
+            click.echo(note, err=True)
+            noted = True

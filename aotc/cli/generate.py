@@ -215,6 +215,11 @@ def generate(
         f"{threads} CPU thread{'' if threads == 1 else 's'}",
         err=True,
     )
+    from aotc_runtime.timing import stall_note
+
+    note = stall_note([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])], threads)
+    if note:
+        click.echo(note, err=True)
 
 
 def show_step(ids: list, text: list | None, number: int, as_json: bool) -> None:

@@ -64,3 +64,29 @@ def summarize(samples: list[float]) -> dict:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# A run's slowest tokens this many times its median one, and this much slower: other work competes
+# for the CPU (a descheduled OpenMP thread stalls every barrier), not the model's cost
+STALL_FACTOR = 4.0
+STALL_MIN_MS = 20.0
+
+
+def stall_note(gaps_ms: list[float], threads: int | None) -> str | None:
+    """One line when the gaps between tokens have a p99 far above their p50, naming the flag that
+    helps (fewer CPU threads), else None. Fewer than 8 gaps say nothing."""
+    if len(gaps_ms) < 8:
+        return None
+    ordered = sorted(gaps_ms)
+    p50, p99 = statistics.median(ordered), percentile(ordered, 0.99)
+    if p99 < STALL_FACTOR * p50 or p99 - p50 < STALL_MIN_MS:
+        return None
+    fix = (
+        "rerun with --threads 1, or fewer threads than free cores"
+        if threads is not None and threads > 1
+        else "other work on this machine competes for its CPU"
+    )
+    return (
+        f"note: the slowest tokens took {p99 / p50:.0f}x the median one (p99 {p99:.1f} ms, "
+        f"p50 {p50:.1f} ms): {fix}"
+    )
