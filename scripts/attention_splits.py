@@ -1,4 +1,4 @@
-"""The CUDA decode attention (aotc/export/attention_kernel.py) split 1..16 ways over the context.
+"""The CUDA decode attention (aotc/kernels/attention.py) split 1..16 ways over the context.
 
 For each model shape, batch and context length: one decode step's attention (a token per row, the
 rows `context` positions in), checked against the reference it replaces
@@ -66,8 +66,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from aotc.export.attention_kernel import attend, split_count
     from aotc.export.cached_attention import reference
+    from aotc.kernels.attention import attend, split_count
 
     if not torch.cuda.is_available():
         parser.error("this times a CUDA kernel: run it on a GPU machine")

@@ -52,7 +52,7 @@ def make(form: str, w, dtype, group: int):
         if form == "int8-rows":
             return (lambda x: ql.int8_rows_gemv(x, q, s)), q.numel()
         if form == "int8-triton":
-            from aotc.export import gemv_kernel
+            from aotc.kernels import gemv as gemv_kernel
 
             return (lambda x: gemv_kernel.rows_gemv(x, q, s)), q.numel()
         if form == "int8-pack-mm":
@@ -71,7 +71,7 @@ def make(form: str, w, dtype, group: int):
     if form in ("fp8-scaled-mm", "fp8-triton"):
         q, s = ql.fp8_rows(w)
         if form == "fp8-triton":
-            from aotc.export import gemv_kernel
+            from aotc.kernels import gemv as gemv_kernel
 
             return (lambda x: gemv_kernel.rows_gemv(x, q, s)), q.numel()
         return (lambda x: ql.fp8_scaled_mm(x, q, s)), q.numel()

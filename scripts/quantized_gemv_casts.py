@@ -1,4 +1,4 @@
-"""Does converting int8 to bf16 bound the int8 GEMV? aotc/export/gemv_kernel.py's tile timed with
+"""Does converting int8 to bf16 bound the int8 GEMV? aotc/kernels/gemv.py's tile timed with
 three conversions of the weight: the plain cast (int8 -> fp32 -> bf16), an fp32 magic-number cast
 (the int8 added into the mantissa of 2^23, then 2^23 + 128 subtracted: integer and float adds in
 place of the quarter-rate int-to-float conversion) and an fp16 magic-number cast (the same in
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from quantized_gemv_sweep import cold_weights, time_rotated
 
-from aotc.export.gemv_kernel import split_count
+from aotc.kernels.gemv import split_count
 
 SHAPES = ((2048, 3072), (2048, 16384), (8192, 2048), (2048, 128256))  # K x N
 CASTS = {0: "plain cast", 1: "fp32 magic number", 2: "fp16 magic number, fp16 activations"}

@@ -1,6 +1,6 @@
 """The int8 GEMV's tile and split-K against bf16's product, one row, with the weights read from
 memory and not from L2 (each timed call reads the next of enough copies to pass 512 MB): the sweep
-that chose aotc/export/gemv_kernel.py's launch shape. Raw: docs/bench/quantized_gemv_sweep_h200.json.
+that chose aotc/kernels/gemv.py's launch shape. Raw: docs/bench/quantized_gemv_sweep_h200.json.
 
 usage: python scripts/quantized_gemv_sweep.py [--out OUT.json]   (on a CUDA machine)
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import triton
 
-from aotc.export import gemv_kernel
+from aotc.kernels import gemv as gemv_kernel
 
 SHAPES = ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256))  # K x N
 

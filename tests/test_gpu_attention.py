@@ -1,5 +1,6 @@
-"""aotc's CUDA attention kernel (aotc/export/attention_kernel.py) against the reference it replaces
-(aotc/export/cached_attention.py): rows at different positions, prefill windows and decode steps,
+"""aotc's CUDA attention kernel (aotc/kernels/attention.py) against the reference it replaces
+(aotc/export/cached_attention.py) and its CPU reference split the same ways
+(aotc/kernels/split_attention.py): rows at different positions, prefill windows and decode steps,
 grouped heads, a sliding window, soft-capping, a head size that is not a power of two; the split
 count the op picks, one span (no second kernel), and two spans."""
 
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.gpu
 def test_the_kernel_attends_as_the_reference(
     heads, kv_heads, dim, steps, window, softcap, dtype, splits
 ):
-    from aotc.export.attention_kernel import attend  # also registers the kernel's op
     from aotc.export.cached_attention import reference
+    from aotc.kernels.attention import attend  # also registers the kernel's op
+    from aotc.kernels.split_attention import split_attention, split_count
 
     def kernel(*args):  # the op (its own split count), or the kernel split `splits` ways
         if splits is None:
@@ -55,3 +57,13 @@ def test_the_kernel_attends_as_the_reference(
         rtol=tolerance,
     )
     assert not padded[0].any() and not padded[1, : steps // 2].any()
+    # and to its CPU reference, split the same ways (aotc/kernels/split_attention.py)
+    ways = splits if splits is not None else split_count(query.shape[0], query.shape[1])
+    on_cpu = [t.cpu() if isinstance(t, torch.Tensor) else t for t in
+              (query, keys, values, starts, scale, window, softcap, firsts)]  # fmt: skip
+    torch.testing.assert_close(
+        padded.float().cpu(),
+        split_attention(*on_cpu, ways).float(),
+        atol=tolerance,
+        rtol=tolerance,
+    )

@@ -1,7 +1,7 @@
 """Quantized packages on CUDA (marked gpu, skipped without CUDA): int8 and int4 weight-only and fp8,
 built from the zoo's Llama (weights scaled as in test_generate.py) for batch 1, so that the build's
 check and the decode run the products at one row (decode) and at a prompt's rows (prefill): int8
-and fp8 through the Triton GEMV (aotc/export/gemv_kernel.py, one kernel for every row count),
+and fp8 through the Triton GEMV (aotc/kernels/gemv.py, one kernel for every row count),
 int4 through tinygemm.
 
 Each build's own check compares the package, at every step of a prefill and of decode, with its

@@ -21,7 +21,7 @@ its implementation (`lower_cached_attention`):
   any row reaches in this step, read from the device as a number. A step with 64 tokens in context
   reads 64 positions whatever the cache's length. On a GPU that number would cost a device-to-host
   wait per step and change the graph's shapes, which CUDA-graph replay cannot.
-- `kernel` (CUDA): a Triton kernel of aotc's own (attention_kernel.py) whose loop over the keys
+- `kernel` (CUDA): a Triton kernel of aotc's own (aotc/kernels/attention.py) whose loop over the keys
   ends at each query's position: the same reads as `prefix` with shapes fixed for graph replay.
 """
 
@@ -137,8 +137,8 @@ def _(query, keys, values, starts, scale, window, softcap, firsts=None):
 
 
 def kernel(query, keys, values, starts, scale: float, window: int, softcap: float, firsts=None):
-    """CUDA: aotc's Triton kernel (attention_kernel.py), which reads only the attended positions."""
-    import aotc.export.attention_kernel  # noqa: F401 (registers aotc::cached_attention_cuda)
+    """CUDA: aotc's Triton kernel (aotc/kernels/attention.py), which reads only the attended positions."""
+    import aotc.kernels.attention  # noqa: F401 (registers aotc::cached_attention_cuda)
 
     return torch.ops.aotc.cached_attention_cuda(
         query, keys, values, starts, scale, window, softcap, firsts

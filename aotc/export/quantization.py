@@ -376,7 +376,7 @@ def _int4_mm(group, x, packed, scale_zero):
 def _gemv(x, q, scale):
     # one kernel for every row count, no branch on it (docs/quantization.md): decode reads the
     # weight once, a prefill of R rows R / 16 times
-    from aotc.export.gemv_kernel import rows_gemv
+    from aotc.kernels.gemv import rows_gemv
 
     return rows_gemv(x, q, scale)
 

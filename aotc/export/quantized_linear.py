@@ -15,7 +15,7 @@ Kernel choices, measured with scripts/quantized_gemv.py (docs/quantization.md):
 - CPU, prefill (many rows): the weight dequantized once per call, then a dense product. The two
   are one `torch.cond` on the row count, which AOTInductor compiles to both kernels and a branch;
   where the row count is fixed at export, the branch is chosen then.
-- CUDA int8 and fp8: a Triton GEMV over the stored bytes (gemv_kernel.py) for every row count.
+- CUDA int8 and fp8: a Triton GEMV over the stored bytes (aotc/kernels/gemv.py) for every row count.
   Inductor's own reduction reached 1.1-2.0 TB/s of int8 and `_weight_int8pack_mm` 0.1-0.2 TB/s;
   `torch._scaled_mm` with per-row fp8 activations took 9.5 us where bf16 took 5 at one row, so
   fp8 on CUDA stores fp8 weights and keeps the activations in the base precision.

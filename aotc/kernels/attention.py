@@ -14,7 +14,8 @@ a token on SmolLM2's shape at batch 1, so a prefill of 1,024 tokens holds about 
 A padding token (before its row's first fed token) reads nothing and writes 0. The loop ends where
 the row's context ends, so a step with 64 tokens in context reads 64 positions whatever the cache's
 length. Grouped query heads read their key/value head's rows, which the GPU's cache holds for the
-group.
+group. The launch rule and the same algorithm in plain PyTorch (the CPU reference CI tests) are in
+split_attention.py.
 """
 
 from __future__ import annotations
@@ -24,30 +25,10 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+# the launch-shape rule, and the algorithm without Triton that CI tests on the CPU
+from aotc.kernels.split_attention import BLOCK_N, split_count, traced_size
+
 OP = "aotc::cached_attention_cuda"
-
-
-# programs a layer's attention should have to fill an H100/H200 (132 SMs, a few programs each)
-TARGET_PROGRAMS = 256
-MAX_SPLITS = 16
-BLOCK_N = 64
-
-
-def _traced_size(size) -> int:
-    """`size` as an int for a launch choice. A dynamic size (the rows a generation step runs for,
-    traced at the package's whole batch) gives its traced example, read without guarding on it, so
-    the choice stays one per package and fewer rows launch fewer programs."""
-    if isinstance(size, int):
-        return size
-    hint = getattr(getattr(size, "node", None), "hint", None)
-    return hint if isinstance(hint, int) else 1
-
-
-def split_count(batch: int, heads: int) -> int:
-    """Spans each (row, head, token)'s context is split into: enough programs for the GPU at a
-    decode step, one span when the batch's heads already fill it."""
-    wanted = -(-TARGET_PROGRAMS // max(batch * heads, 1))
-    return max(1, min(MAX_SPLITS, triton.next_power_of_2(wanted)))
 
 
 @triton.jit
@@ -202,7 +183,7 @@ def cached_attention_cuda(
     firsts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     batch, heads = query.shape[0], query.shape[1]
-    splits = split_count(_traced_size(batch), heads)
+    splits = split_count(traced_size(batch), heads)
     return attend(
         query, keys, values, starts, scale, window, softcap, firsts, splits, launch=wrap_triton
     )

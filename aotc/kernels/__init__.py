@@ -1,0 +1,15 @@
+"""aotc's own GPU kernels, their launch-shape rules and their CPU references.
+
+Each kernel is a Triton kernel registered as a `torch.library.triton_op`, which AOTInductor
+compiles into the package, so the runtimes need nothing new. Each has a reference CI runs without
+a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that reference:
+
+- attention.py: split-K decode attention over aotc's KV cache (aotc::cached_attention on CUDA).
+  Its launch rule and its algorithm in plain PyTorch are split_attention.py, held to the unsplit
+  attention (aotc/export/cached_attention.py) by tests/test_split_attention.py.
+- gemv.py: the int8/fp8 weight product on CUDA (aotc::quantized_gemv_cuda). Its reference is the
+  stored weight dequantized and multiplied (aotc/export/quantized_linear.py), the CPU's own
+  product, tested by tests/test_quantize.py; tests/test_gpu_quantize.py holds the kernel to it.
+
+Importing attention.py or gemv.py needs Triton (CUDA builds); split_attention.py does not.
+"""

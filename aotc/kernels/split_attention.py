@@ -1,0 +1,95 @@
+"""The split-K decode attention of attention.py without Triton: its launch-shape rule and its
+algorithm in plain PyTorch, which CI runs on the CPU (the kernel needs CUDA).
+
+`split_attention` computes what the two kernels compute, in the same steps: the positions each
+(row, query head, window token) attends to, [first, stop), cut into `splits` spans of whole
+BLOCK_N blocks (the last one shorter, some empty); per span, the maximum score, the sum of
+exp(score - maximum) and the values weighted by it; then the spans combined, each weighted by
+exp(its maximum - the largest), an empty span (maximum -inf, sum 0) by nothing, and a token that
+attends to nothing (padding) written as 0. Held to the unsplit attention (cached_attention.reference)
+in tests/test_split_attention.py, and the Triton kernels to it in tests/test_gpu_attention.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# programs a layer's attention should have to fill an H100/H200 (132 SMs, a few programs each)
+TARGET_PROGRAMS = 256
+MAX_SPLITS = 16
+BLOCK_N = 64  # the keys a program reads per iteration; spans are whole blocks of it
+
+
+def traced_size(size) -> int:
+    """`size` as an int for a launch choice. A dynamic size (the rows a generation step runs for,
+    traced at the package's whole batch) gives its traced example, read without guarding on it, so
+    the choice stays one per package and fewer rows launch fewer programs."""
+    if isinstance(size, int):
+        return size
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else 1
+
+
+def split_count(batch: int, heads: int) -> int:
+    """Spans each (row, head, token)'s context is split into: enough programs for the GPU at a
+    decode step, one span when the batch's heads already fill it (a power of two, at most
+    MAX_SPLITS)."""
+    wanted = -(-TARGET_PROGRAMS // max(batch * heads, 1))
+    return max(1, min(MAX_SPLITS, 1 << (wanted - 1).bit_length()))
+
+
+def split_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    starts: torch.Tensor,
+    scale: float,
+    window: int,
+    softcap: float,
+    firsts: torch.Tensor | None,
+    splits: int,
+) -> torch.Tensor:
+    """query [B, Hq, S, D] over the cache keys/values [B, L + 1, Hkv, D] (slot L the padding's),
+    rows' windows starting at `starts` [B], the first `firsts` [B] window tokens padding; [B, S,
+    Hq, D] in the query's dtype, computed in fp32 as the kernels do."""
+    batch, heads, steps, dim = query.shape
+    length, kv_heads = keys.shape[1] - 1, keys.shape[2]
+    group = heads // kv_heads
+    # each query's own position, and the positions it attends to: [first, stop)
+    last = (starts[:, None] + torch.arange(steps, device=query.device)).clamp(0, length - 1)
+    first = (last - window + 1).clamp(min=0) if window > 0 else torch.zeros_like(last)
+    stop = last + 1
+    if firsts is not None:  # padding reads nothing
+        padding = torch.arange(steps, device=query.device)[None, :] < firsts[:, None]
+        stop = torch.where(padding, first, stop)
+    chunk = _ceil_div(_ceil_div(stop - first, splits), BLOCK_N) * BLOCK_N  # [B, S]
+    k = keys[:, :length].float().repeat_interleave(group, dim=2)  # [B, L, Hq, D]
+    v = values[:, :length].float().repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhsd,bnhd->bhsn", query.float() * scale, k)
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    positions = torch.arange(length, device=query.device)
+    maxima, sums, weighted = [], [], []
+    for split in range(splits):
+        lo = first + split * chunk
+        hi = torch.minimum(lo + chunk, stop)
+        inside = (positions >= lo[..., None]) & (positions < hi[..., None])  # [B, S, L]
+        span = scores.masked_fill(~inside[:, None], float("-inf"))
+        top = span.amax(dim=-1, keepdim=True)  # -inf for an empty span
+        p = torch.exp(span - top.where(top > float("-inf"), 0.0))
+        maxima.append(top[..., 0])
+        sums.append(p.sum(dim=-1))
+        weighted.append(torch.einsum("bhsn,bnhd->bhsd", p, v))
+    top = torch.stack(maxima).amax(dim=0)
+    out = torch.zeros_like(weighted[0])
+    total = torch.zeros_like(sums[0])
+    for m, s, acc in zip(maxima, sums, weighted):
+        weight = torch.where(s > 0, torch.exp(m - top), torch.zeros_like(s))
+        total = total + s * weight
+        out = out + acc * weight[..., None]
+    out = torch.where(total[..., None] > 0, out / total.clamp(min=1e-30)[..., None], 0.0)
+    return out.transpose(1, 2).to(query.dtype)
+
+
+def _ceil_div(a: torch.Tensor, b: int | torch.Tensor) -> torch.Tensor:
+    return torch.div(a + b - 1, b, rounding_mode="floor")
