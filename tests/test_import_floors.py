@@ -31,6 +31,8 @@ FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
     # explain beside the compiler: both read what export makes; explain writes nothing
     "compiler": (("aotc.compiler",), ("aotc.explain",)),
     "export": (("aotc.export",),),
+    # the GPU kernels and their CPU references: export lowers its ops to them
+    "kernels": (("aotc.kernels",),),
     # small shared leaves: one wing, so they may use each other (the circle test still applies)
     "base": (
         (
