@@ -14,7 +14,8 @@
 #                   build on the machine (aotc's CPU-ISA cache empty), then with it warm
 #   precision       the GPU tests of bf16 and fp16 builds (tests/test_gpu_precision.py)
 #   probes          every package under WORKDIR: how many CPU vector-ISA probes its build ran
-#   generate_tests  the GPU generation tests (tests/test_gpu_generate.py: fp32 and bf16, decode as a CUDA graph)
+#   generate_tests  the GPU generation tests (tests/test_gpu_generate.py: fp32 and bf16, decode as a CUDA graph;
+#                   tests/test_gpu_sampling.py: the greedy pick)
 #   generate_bench  scripts/generate_bench.py: GPT-2 124M bf16 and fp32 (32-token prompt, 128 new), and the
 #                   Llama-3.2-1B shape in bf16 (512-token prompt); JSON records in RESULTS_DIR
 #   zoo_bf16[=M,..] scripts/zoo.py --precision bf16 on issue 25's five models (or those given), with the
@@ -124,7 +125,7 @@ for manifest in sorted(Path(sys.argv[1]).rglob("manifest.json")):
     print(manifest.parent, probe.get("calls", "-"), probe.get("seconds", "-"))
 PY
       ;;
-    generate_tests) python3 -m pytest -q -s tests/test_gpu_generate.py -p no:cacheprovider > "$RESULTS/generate_tests.log" 2>&1 || rc=$? ;;
+    generate_tests) python3 -m pytest -q -s tests/test_gpu_generate.py tests/test_gpu_sampling.py -p no:cacheprovider > "$RESULTS/generate_tests.log" 2>&1 || rc=$? ;;
     decode_contender)
       python3 scripts/generate_bench.py --llama-1b --qwen3-0.6b --device cuda --precision bf16 --contenders aotc,gpt-fast \
         --prompt-tokens 32 --new 288 --max-seq-len 1024 --rounds 3 --bandwidth \

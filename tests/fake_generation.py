@@ -170,6 +170,7 @@ class FakeGeneration:
         self.cache = torch.zeros(batch_size, max_seq_len + 1, 1, 1, dtype=torch.int64)
         self.poison, self.poison_value = poison, poison_value
         self.fed: list[list[int]] = []
+        self.copies: list[tuple] = []  # (source, target, positions) of each copy_cache_rows
         self.past_cache = 0
 
     @property
@@ -179,6 +180,10 @@ class FakeGeneration:
     def decode_graph(self) -> None:
         """No CUDA graphs (as a package on the CPU): the engine calls the step itself."""
         return None
+
+    def copy_cache_rows(self, source: int, target: int, positions: int) -> None:
+        self.copies.append((source, target, positions))
+        self.cache[target, :positions] = self.cache[source, :positions]
 
     def call_without_graphs(self, *tensors: torch.Tensor) -> torch.Tensor:
         self.signature.check_inputs(list(tensors))  # as Package.call_without_graphs does

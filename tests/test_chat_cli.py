@@ -151,6 +151,27 @@ def test_aotc_chat_in_a_terminal_streams_the_packages_greedy_reply(chat_package)
     assert "EXITED 0" in screen and "Traceback" not in screen
 
 
+def test_a_chats_next_turn_is_fed_only_what_follows_the_last_one(chat_package):
+    """The session keeps a prefix cache: the second turn's prompt starts with the first's and its
+    reply, which the cache's row still holds, and its reply is the one a whole prefill gives."""
+    from aotc_runtime.chat_session import ChatSession
+    from aotc_runtime.chat_template import ChatTemplate
+
+    package, hf = chat_package
+    loaded = aotc_runtime.load(package)
+    session = ChatSession(loaded, ChatTemplate.of_package(loaded), max_new_tokens=NEW)
+    opening = " ".join(f"w{i}" for i in range(40, 56))  # 16 words: a start worth reusing
+    first = "".join(session.reply(opening))
+    assert session.prefix_cache.reused_tokens == 0
+    second = "".join(session.reply("w9 w300"))
+    assert session.prefix_cache.reused_tokens >= 16
+    assert first == expected_reply(package, hf, [{"role": "user", "content": opening}])
+    assert second == expected_reply(package, hf, [
+        {"role": "user", "content": opening}, {"role": "assistant", "content": first},
+        {"role": "user", "content": "w9 w300"},
+    ])  # fmt: skip
+
+
 def test_the_oldest_turns_are_dropped_when_the_history_no_longer_fits(chat_package):
     package, hf = chat_package
     message = " ".join(f"w{i}" for i in range(1, 31))  # 30 words: two turns do not fit 64

@@ -108,7 +108,8 @@ def test_answers_and_events_have_openais_shape():
     body, chunks = asyncio.run(collect())
     assert body["object"] == "text_completion" and body["choices"][0]["token_ids"] == [4, 5]
     assert body["choices"][0]["text"] == "a\nbc" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     event = chunks[0].split(b"\n\n")[0] + b"\n\n"
     assert event.startswith(b"data: ") and event.count(b"\n") == 2
     assert json.loads(event[6:])["choices"][0]["text"] == "a\nb"

@@ -83,6 +83,28 @@ def test_a_generation_record_that_lies_is_refused_at_load(
 
 
 @pytest.mark.parametrize(
+    "batch, said",
+    [(3, "the step's rows R run 1..4, not 1..3 (its batch_size)"),
+     (8, "the step's rows R run 1..4, not 1..8 (its batch_size)")],
+    ids=["fewer", "more"],
+)  # fmt: skip
+def test_a_step_whose_rows_do_not_run_1_to_the_batch_is_refused_at_load(
+    runner, generation_packages, tmp_path, batch, said
+):
+    """A step that runs for the cache's first R rows, R from 1 to 4: the engine feeds it any R
+    from 1 to the record's batch, so a record whose batch_size is another is refused before a
+    step is fed rows the program cannot take."""
+    four_rows = generation_packages.four_rows("llama")[0]
+    package = tampered_copy(
+        four_rows, tmp_path / "rows", lambda m: m["generation"].update(batch_size=batch)
+    )
+    done = run_cpp(runner, package, *GREEDY)
+    message = f"package {package}: its generation record does not match its compiled model: "
+    assert_refused(done, 7, message + said + FIX)
+    assert done.stderr.strip() == f"error: {python_refusal(package)}"  # the same line in Python
+
+
+@pytest.mark.parametrize(
     "flag, value, accepted",
     [
         # today: NaN probabilities (exit 1) or a nucleus of nothing

@@ -57,7 +57,7 @@ def request(
     return GenerationRequest(tuple(prompt), new_tokens, sampling, **options)
 
 
-def run(engine: DecodeEngine, plan: list) -> tuple[dict, dict, dict]:
+def run(engine: DecodeEngine, plan: list, vocab: int = VOCAB) -> tuple[dict, dict, dict]:
     """plan: (step, key, request) of each sequence. Each joins at the first step from its own at
     which the batch fits it, none overtaking one that came before it (a server's queue); steps
     until all have finished. (key -> its Made tokens, key -> the step it joined at, key -> the step
@@ -77,7 +77,7 @@ def run(engine: DecodeEngine, plan: list) -> tuple[dict, dict, dict]:
             joined[key] = step
             waiting.pop(0)
         for new in engine.step():
-            assert 0 <= new.token < VOCAB, new
+            assert 0 <= new.token < vocab, new
             assert not made[new.key] or made[new.key][-1].finish is None, new
             made[new.key].append(new)
             if new.finish is not None:

@@ -322,3 +322,12 @@ def test_refused_bad_indices_leave_the_process_generating(built, tmp_path):
         aotc_runtime.load(lying)
     torch.cuda.synchronize()  # a device-side assert would surface here
     assert loaded.generate(ids, mask, max_new_tokens=8).tolist() == before.tolist()
+
+
+def test_a_reused_prompt_start_answers_as_without_one_on_the_gpu(built, no_tf32):
+    """The prefix cache with the decode graph replaying (a turn taking its row back, a start
+    copied from a running row while steps are queued ahead): tokens equal to the engine's without
+    a cache, fp32."""
+    from test_prefix_cache import assert_reuse_answers_as_without
+
+    assert_reuse_answers_as_without(built["llama", "fp32"][0])

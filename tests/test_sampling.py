@@ -15,6 +15,9 @@ from aotc_runtime.sampling import (
     SAMPLED,
     RowSampler,
     Sampling,
+    greedy_pick,
+    largest,
+    parts_of,
     uniforms,
 )
 
@@ -128,6 +131,48 @@ def test_greedy_rows_take_the_argmax_and_a_greedy_batch_does_no_sampling_work():
     assert sampler(logits).tolist() == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize(
+    "vocab, parts",
+    [(49152, 48), (128256, 96), (151936, 128), (50257, 29), (32000, 25), (1031, 1), (2000, 1)],
+    ids=["smollm2", "llama3", "qwen3", "gpt2", "llama2", "prime", "no-divisor"],
+)
+def test_the_largest_logit_in_parts_is_torch_max_over_the_row(vocab, parts):
+    """Equal parts of the row that divide it (a view), each at least MIN_PART logits: the known
+    vocabularies' counts, and the same values and first ids as one reduction, ties between parts
+    going to the first (GPT-2's 50,257 is 29 x 1,733)."""
+    assert parts_of(vocab) == parts
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(4, vocab, generator=g)
+    logits[1, :] = 0.0  # every logit equal: id 0
+    span = vocab // parts
+    top = logits[2].max() + 1
+    logits[2, vocab - 1] = top  # the last part's last id, then an equal one in an earlier part
+    logits[2, span + 3 if parts > 1 else 3] = top
+    logits[3, 5] = float("-inf")
+    for dtype in (torch.float32, torch.bfloat16):
+        got_values, got_ids = largest(logits.to(dtype), parts)  # as on CUDA
+        want_values, want_ids = logits.to(dtype).max(dim=-1)
+        assert got_ids.tolist() == want_ids.tolist()
+        assert torch.equal(got_values, want_values)
+    assert largest(logits, parts)[1].tolist()[1:3] == [0, span + 3 if parts > 1 else 3]
+
+
+@pytest.mark.parametrize("vocab", [49152, 50257, 1031])
+def test_the_greedy_pick_marks_non_finite_rows_and_gives_them_token_0(vocab):
+    """One search for the token and the check: a NaN anywhere (in any part), a +inf, or nothing
+    but -inf fails the row; a -inf among finite logits does not."""
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(1))
+    logits[0, vocab - 2] = float("nan")
+    logits[1, 7] = float("inf")
+    logits[2, :] = float("-inf")
+    logits[3, 11] = float("-inf")
+    tokens, failed = greedy_pick(logits, parts_of(vocab))  # in parts, as on CUDA
+    assert failed.tolist() == [True, True, True, False, False]
+    assert greedy_pick(logits, 1)[0].tolist() == tokens.tolist()
+    assert tokens.tolist()[:3] == [0, 0, 0]
+    assert tokens.tolist()[3:] == logits[3:].argmax(-1).tolist()
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize(
     "settings",
@@ -149,7 +194,7 @@ def test_a_row_with_non_finite_logits_gets_an_id_inside_the_vocabulary_and_is_ma
     for row in (0, 1):
         sampler.set(row, settings, prompt=[1, 2], logprobs=3)
     logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
-    clean = sampler.choose(logits, sampler.mode)[1].item()
+    clean = sampler.choose(logits, sampler.mode)[0][1].item()
     logits[0, 7] = bad
     tokens = sampler(logits).tolist()
     assert tokens[0] == 0 and 0 <= tokens[1] < vocab and tokens[1] == clean

@@ -95,7 +95,8 @@ def test_completions_equal_aotc_generate_whole_and_streamed(server, lm, model_na
     assert choice["token_ids"] == report["generated_ids"][0]
     assert choice["text"] == report["generated_text"][0]
     assert answer["object"] == "text_completion" and answer["model"] == model_name
-    assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+    assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11,
+                               "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     assert choice["finish_reason"] == "length"
     # the same request by ids, and streamed: the chunks add up to the same answer
     status, by_ids = post(server.url, {**request, "prompt": [5, 17, 42]})
@@ -106,6 +107,24 @@ def test_completions_equal_aotc_generate_whole_and_streamed(server, lm, model_na
     assert [t for c in chunks for t in c["token_ids"]] == choice["token_ids"]
     assert "".join(c["text"] for c in chunks) == choice["text"]
     assert [c["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+
+
+def test_a_prompt_that_starts_as_an_earlier_one_is_fed_only_the_rest(server, lm, model_name):
+    """The prefix cache, on by default: a request whose first 18 tokens are an earlier request's
+    is fed the rest only, says so in its usage, and answers as the runtime does alone; streamed,
+    the usage chunk says the same."""
+    start = list(range(100, 118))  # 18 tokens no other test sends
+    first = {"model": model_name, "prompt": start + [5], "max_tokens": 4, "temperature": 0}
+    status, answer = post(server.url, first)
+    assert status == 200, answer
+    assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    for prompt in (start + [7, 9], start + [11]):
+        status, again = post(server.url, {**first, "prompt": prompt})
+        assert status == 200, again
+        assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 18}
+        assert again["choices"][0]["token_ids"] == expected_ids(lm, prompt, 4)
+    events = stream(server.url, {**first, "stream_options": {"include_usage": True}})
+    assert json.loads(events[-2])["usage"]["prompt_tokens_details"] == {"cached_tokens": 18}
 
 
 def test_a_stop_string_ends_the_text_before_it(server, model_name):
@@ -223,6 +242,9 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
         def fits(self, _prompt, _new):
             return True
 
+        def waits_for_prefix(self, _prompt):
+            return False
+
         def join(self, _key, _request):
             raise RuntimeError("CUDA error: out of memory")
 
@@ -236,6 +258,7 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     second = Job(choice, Reply(loop, asyncio.Queue()))
     engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
     engine.tokenizer, engine.package, engine.counts = None, None, collections.Counter()
+    engine.prefix_cache = None
     engine._queued = engine._active = Gauge()
     engine._pending = collections.deque([first, second])
     engine._run_batch()
@@ -316,9 +339,13 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
             used = sum(p + n for p, n in self.joined)
             return len(self.joined) < 3 and used + prompt + new <= 32
 
+        def waits_for_prefix(self, _prompt):
+            return False
+
         def join(self, _key, request):
             self.joined.append((len(request.prompt), request.max_new_tokens))
             self.sampling.append(request.sampling)
+            return 0  # prompt tokens reused
 
     engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
     engine.tokenizer = None
@@ -359,8 +386,12 @@ def test_a_request_with_many_answers_takes_turns_with_the_requests_behind_it():
         def fits(self, _prompt, _new):
             return len(self.joined) < 2
 
+        def waits_for_prefix(self, _prompt):
+            return False
+
         def join(self, key, _request):
             self.joined.append(key)
+            return 0  # prompt tokens reused
 
     request = GenerationRequest((5, 6), 4)
     large = Reply(None, asyncio.Queue())  # type: ignore[arg-type]

@@ -230,3 +230,10 @@ def test_a_run_whose_slowest_tokens_stall_says_so_with_the_flag_that_helps(gaps,
             "note: the slowest tokens took 10x the median one (p99 100.0 ms, p50 10.0 ms): "
             + ("rerun with --threads 1, or fewer threads than free cores" if threads > 1 else said)
         )
+
+
+def test_the_gaps_between_token_stamps_are_in_milliseconds():
+    from aotc_runtime.timing import gaps_ms
+
+    assert gaps_ms([]) == [] and gaps_ms([3.0]) == []
+    assert gaps_ms([1.0, 1.5, 1.502]) == pytest.approx([500.0, 2.0])

@@ -311,11 +311,12 @@ def summarize(timed: list, new: int) -> dict:
     decode rate from their median, and the mean rate over all of them. (`new`, the tokens a round
     asked for, is not needed: the stamps count the tokens that came.)"""
     from aotc_runtime import summarize as summarize_samples
+    from aotc_runtime.timing import gaps_ms
 
     firsts, gaps = [], []
     for run in timed:
         firsts.append(run.stamps[0] - run.began)
-        gaps += [(b - a) * 1e3 for a, b in zip(run.stamps, run.stamps[1:])]
+        gaps += gaps_ms(run.stamps)
     spread = summarize_samples(gaps)
     return {
         "first_token_ms": round(statistics.median(firsts) * 1e3, 3),

@@ -98,7 +98,7 @@ def converse(session, threads: int | None = None) -> None:
     import time
 
     from aotc_runtime import GenerationInputError
-    from aotc_runtime.timing import stall_note
+    from aotc_runtime.timing import gaps_ms, stall_note
 
     noted = False
 
@@ -145,11 +145,7 @@ def converse(session, threads: int | None = None) -> None:
             click.echo("\n(reply stopped; not kept in the history)", err=True)
             continue
         click.echo()
-        note = (
-            None
-            if noted
-            else stall_note([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])], threads)
-        )
+        note = None if noted else stall_note(gaps_ms(stamps), threads)
         if note:
             click.echo(note, err=True)
             noted = True

@@ -215,9 +215,9 @@ def generate(
         f"{threads} CPU thread{'' if threads == 1 else 's'}",
         err=True,
     )
-    from aotc_runtime.timing import stall_note
+    from aotc_runtime.timing import gaps_ms, stall_note
 
-    note = stall_note([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])], threads)
+    note = stall_note(gaps_ms(stamps), threads)
     if note:
         click.echo(note, err=True)
 
@@ -240,8 +240,9 @@ def timings(started: float, stamps: list, threads: int | None = None) -> dict:
     """Time to the first token (the prefill), the decode steps after it, and the CPU threads
     they ran with."""
     from aotc_runtime import summarize
+    from aotc_runtime.timing import gaps_ms
 
-    steps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+    steps = gaps_ms(stamps)
     decode = summarize(steps) if steps else {}
     return {
         "first_token_ms": (stamps[0] - started) * 1e3 if stamps else None,

@@ -94,6 +94,14 @@ from aotc.cli.types import ThreadsType, exit_codes_epilog
     "at /metrics. On a cluster, Ray's own metrics port applies.",
 )
 @click.option(
+    "--prefix-cache/--no-prefix-cache",
+    default=True,
+    show_default=True,
+    help="Text generation: a request whose prompt starts as a row of the KV cache already holds "
+    "(a chat's earlier turns, a shared system prompt) is fed only the rest; usage reports them as "
+    "prompt_tokens_details.cached_tokens.",
+)
+@click.option(
     "--check",
     is_flag=True,
     help="Start, send one request of random inputs, print the answer, stop (for CI).",
@@ -114,6 +122,7 @@ def serve(
     body_timeout_s,
     ship,
     metrics_port,
+    prefix_cache,
     check,
     require_signature,
     public_key,
@@ -164,6 +173,7 @@ def serve(
         ship=ship,
         metrics_port=metrics_port,
         public_key=public_key,
+        prefix_cache=prefix_cache,
     )
     click.echo(f"starting Ray Serve for {package} ...", err=True)
     server = start(options)

@@ -46,14 +46,19 @@ def envelope(shape: Any, model: str, chunks: bool) -> Envelope:
     return Envelope(kind, model, f"{shape.id_prefix}{uuid.uuid4().hex}")
 
 
-def usage(request: Any, completion_tokens: int) -> dict:
-    prompt_tokens = sum(
-        len(choice.request.prompt) for choice in request.choices if choice.index % request.n == 0
-    )
+def usage(request: Any, completion_tokens: int, cached: dict) -> dict:
+    """OpenAI's usage: each prompt counted once (the first of its `n` answers), and of its tokens
+    those a row of the KV cache already held (`cached`: choice index -> the count its first event
+    gave), as `prompt_tokens_details.cached_tokens`."""
+    firsts = [choice for choice in request.choices if choice.index % request.n == 0]
+    prompt_tokens = sum(len(choice.request.prompt) for choice in firsts)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {
+            "cached_tokens": sum(cached.get(choice.index, 0) for choice in firsts)
+        },
     }
 
 
@@ -65,6 +70,7 @@ class Made:
     ids: list = field(default_factory=list)
     events: list = field(default_factory=list)
     finish: str = "length"
+    cached: int = 0  # its prompt's tokens the KV cache held (the first event says)
 
 
 async def whole_answer(
@@ -85,6 +91,7 @@ async def whole_answer(
             if size > max_bytes:
                 raise answer_too_large(max_bytes)
             mine = made[event["index"]]
+            mine.cached = event.get("cached_tokens", mine.cached)
             mine.texts.append(event["text"])
             mine.ids.extend(event["token_ids"])
             mine.events.append(event)
@@ -94,7 +101,8 @@ async def whole_answer(
         for choice, m in ((choice, made[choice.index]) for choice in request.choices)
     ]
     total = sum(len(m.ids) for m in made.values())
-    return envelope(shape, model, chunks=False).body(choices, usage=usage(request, total))
+    cached = {index: m.cached for index, m in made.items()}
+    return envelope(shape, model, chunks=False).body(choices, usage=usage(request, total, cached))
 
 
 def event_size(event: dict) -> int:
@@ -116,6 +124,7 @@ async def server_sent(
     started: set = set()
     extra = {"usage": None} if request.include_usage else {}
     total, failed, size = 0, False, 0
+    cached: dict = {}
     async for item in events:
         sent = []
         for event in item["events"]:
@@ -124,6 +133,8 @@ async def server_sent(
                 failed = True
                 break
             index = event["index"]
+            if "cached_tokens" in event:
+                cached[index] = event["cached_tokens"]
             choices = shape.chunk_choices(by_index[index], event, index not in started)
             started.add(index)
             total += len(event["token_ids"])
@@ -137,5 +148,5 @@ async def server_sent(
         if failed:
             break  # the caller closes the engine's events: the request's rows are freed
     if request.include_usage and not failed:
-        yield sse_event(answer.body([], usage=usage(request, total)))
+        yield sse_event(answer.body([], usage=usage(request, total, cached)))
     yield DONE_EVENT

@@ -67,6 +67,7 @@ class ServeOptions:
     ship: bool | None = None  # None: ship through Ray exactly when --address is given
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
     public_key: Path | None = None  # `--require-signature`: the package must be signed by its key
+    prefix_cache: bool = True  # text generation: reuse the prompt starts the KV cache holds
 
 
 @dataclass
@@ -281,7 +282,9 @@ def start(options: ServeOptions) -> Server:
             server.store = ship(options.package, store_name, detached=not local)
             source = PackageSource(store_name=store_name)
         key = options.public_key.read_bytes() if options.public_key is not None else None
-        settings = ReplicaSettings(max_batch, options.batch_wait_ms / 1000, threads, key)
+        settings = ReplicaSettings(
+            max_batch, options.batch_wait_ms / 1000, threads, key, options.prefix_cache
+        )
         cpus = 0 if gpus else threads
         if "generation" in server.metadata:
             # completions stream a token at a time: the replica answers HTTP itself

@@ -7,8 +7,9 @@ way).
 (`{"refused": RequestError}`: answered as JSON) or its acceptance (`{"accepted": True, "request":
 the parsed request}`); then items `{"events": [...]}` holding one event per new token of any of its
 answers, `{"index": choice, "token_ids": [id], "text": delta, "finish_reason": None | "length" |
-"stop", "logprob", "top_logprobs"}` (an answer's last event with its finish_reason): as many as
-were made since the previous item was taken, until every answer has finished. A request the package
+"stop", "logprob", "top_logprobs"}` (an answer's last event with its finish_reason; its first with
+"cached_tokens", its prompt's tokens a row of the cache already held): as many as were made since
+the previous item was taken, until every answer has finished. A request the package
 failed on ends with `{"error": 500, "message": ...}` instead.
 
 Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Every answer a
@@ -18,7 +19,9 @@ if a row is free and the row's cache holds its prompt and max_tokens, and leaves
 max_tokens, end-of-sequence or stop string (the engine decides, and gives each token's text); each
 row is answered as if alone, greedy or sampled (a seed gives the same tokens whatever the
 neighbours). A client that disconnects marks its sequences gone; their rows are freed at the next
-step.
+step. With the prefix cache on (the default), a joining sequence whose prompt starts as a row
+holds (a chat's earlier turns, a shared system prompt) is fed only the rest
+(aotc_runtime/prefix_cache.py); one cache lives as long as the replica.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
 from aotc.serve.request_fields import Choice
 from aotc.serve.shipping import PackageSource, load_package
 from aotc_runtime.decode_engine import ERROR
+from aotc_runtime.prefix_cache import PrefixCache
 
 logger = logging.getLogger("ray.serve")
 
@@ -91,10 +95,11 @@ class Job:
 
 
 class Answer:
-    """What an answer has been given so far: its count of tokens."""
+    """What an answer has been given so far: its count of tokens, and how many of its prompt's
+    tokens a row of the cache already held."""
 
     def __init__(self, job: Job):
-        self.job, self.made = job, 0
+        self.job, self.made, self.cached = job, 0, 0
 
 
 class CompletionEngine:
@@ -135,6 +140,7 @@ class CompletionEngine:
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.counts = {"requests": 0, "generations": 0, "tokens": 0}
+        self.prefix_cache = PrefixCache() if settings.prefix_cache else None
         self._ttft = metrics.Histogram(
             "aotc_time_to_first_token_ms",
             description="From a completion request's arrival at its replica to its first token.",
@@ -240,9 +246,11 @@ class CompletionEngine:
                 if batch.active == 0:  # cannot happen (requests are checked against the cache)
                     raise RuntimeError("a request that fits the cache does not fit an empty batch")
                 return  # the chosen answer waits for room; none overtakes it
+            if batch.waits_for_prefix(request.prompt):
+                return  # a row is being fed its prompt's start: it joins once it can copy it
             self._pending.remove(job)
-            rows[id(job)] = Answer(job)  # first: a failing join is told to it
-            batch.join(id(job), request)
+            rows[id(job)] = answer = Answer(job)  # first: a failing join is told to it
+            answer.cached = batch.join(id(job), request)
             held[id(job.reply)] += 1
 
     def _deliver(self, answer: Answer, made: Any) -> None:
@@ -259,16 +267,17 @@ class CompletionEngine:
                 job.send({"error": 500, "message": NON_FINITE_MESSAGE})
             return
         if not job.gone:
-            job.send(
-                {
-                    "index": job.choice.index,
-                    "token_ids": [made.token],
-                    "text": made.text,
-                    "finish_reason": made.finish,
-                    "logprob": made.logprob,
-                    "top_logprobs": made.top_logprobs,
-                }
-            )
+            event = {
+                "index": job.choice.index,
+                "token_ids": [made.token],
+                "text": made.text,
+                "finish_reason": made.finish,
+                "logprob": made.logprob,
+                "top_logprobs": made.top_logprobs,
+            }
+            if answer.made == 1:
+                event["cached_tokens"] = answer.cached
+            job.send(event)
 
     def _count_step(self, answers) -> None:
         live = sum(1 for answer in answers if not answer.job.gone)
@@ -293,7 +302,9 @@ class CompletionEngine:
         try:
             from aotc_runtime.decode_engine import DecodeEngine
 
-            batch = DecodeEngine(self.package, tokenizer=self.tokenizer)
+            batch = DecodeEngine(
+                self.package, tokenizer=self.tokenizer, prefix_cache=self.prefix_cache
+            )
             while True:
                 self._admit(batch, rows)
                 self._queued.set(len(self._pending))
@@ -326,6 +337,10 @@ class CompletionEngine:
             "replica": self._id,
             "waiting": len(self._pending),
             **self.counts,
+            # prompt tokens not fed again, over the replica's life (None: the cache is off)
+            "prefix_reused_tokens": (
+                self.prefix_cache.reused_tokens if self.prefix_cache is not None else None
+            ),
         }
 
     def __del__(self) -> None:

@@ -54,6 +54,9 @@ class ReplicaSettings:
     public_key_pem: bytes | None = (
         None  # `--require-signature`: the key the package must be signed by
     )
+    # text generation: a joining prompt starts from what a row of the KV cache holds
+    # (aotc_runtime/prefix_cache.py); `--no-prefix-cache` turns it off
+    prefix_cache: bool = True
 
 
 def _request_rows(items: list) -> int:

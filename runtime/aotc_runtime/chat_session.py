@@ -1,7 +1,9 @@
 """A conversation with a text-generation package that carries a chat template: the history of
 turns, rendered whole for each reply (chat_template.py), the reply streamed as text
 (`Package.stream(text=True)`), and the oldest turns dropped when the history no longer fits the
-package's KV cache. `aotc chat` is this in a terminal; Python users can drive it the same way.
+package's KV cache. Each reply's prompt starts with the last one and its reply, so it is fed only
+what is new (prefix_cache.py). `aotc chat` is this in a terminal; Python users can drive it the
+same way.
 
     session = ChatSession(package, system="Be brief.", max_new_tokens=128)
     for text in session.reply("Hello"):
@@ -15,6 +17,7 @@ from typing import Any
 
 from .chat_template import ChatTemplate
 from .errors import GenerationInputError
+from .prefix_cache import PrefixCache
 
 
 class ChatSession:
@@ -32,6 +35,8 @@ class ChatSession:
         self.system, self.max_new_tokens, self.sampling = system, max_new_tokens, sampling
         self.turns: list[tuple[str, str]] = []  # (the user's message, the reply)
         self.dropped = 0  # turns the last reply() dropped to fit the cache
+        # each turn's prompt starts with the one before and its reply: fed only what is new
+        self.prefix_cache = PrefixCache()
 
     def reset(self) -> None:
         """Forget the turns (the system message stays)."""
@@ -78,7 +83,11 @@ class ChatSession:
     def _streamed(self, user: str, ids: list[int]) -> Iterator[str]:
         answer = []
         steps = self.package.stream(
-            [ids], max_new_tokens=self.max_new_tokens, text=True, **self.sampling
+            [ids],
+            max_new_tokens=self.max_new_tokens,
+            text=True,
+            prefix_cache=self.prefix_cache,
+            **self.sampling,
         )
         try:
             for step in steps:

@@ -14,7 +14,9 @@ row is a slot a sequence owns from its join to its finish:
 - A join feeds the joining rows their prompts in chunks of at most `prefill_chunk` tokens, one
   chunk a step, while the same step feeds every running row its next token: a long prompt joins
   without stalling the batch, and a join costs the running rows no step.
-- A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache.
+- A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache. Given
+  a PrefixCache (prefix_cache.py), it starts from the longest start of its prompt that a row
+  already holds (that row if it is free, else a copy into the row it takes) and is fed the rest.
 - Each row picks its tokens by its own settings (sampling.RowSampler), on the device, so greedy
   and sampled sequences share the batch and a seeded one's tokens do not depend on its neighbours.
   Penalties and log-probabilities cost a step work only while a row asks for them (the sampler's
@@ -48,6 +50,7 @@ import torch
 from .decode_step import DecodeStep
 from .errors import GenerationInputError
 from .generation_request import GenerationRequest
+from .prefix_cache import PrefixCache, common_start
 from .sampling import GREEDY, LOGPROBS, RowSampler
 from .text_delta import TextDelta
 
@@ -73,6 +76,8 @@ class GeneratingPackage(Protocol):
     def call_without_graphs(self, *tensors: torch.Tensor) -> Any: ...
 
     def decode_graph(self) -> Any: ...
+
+    def copy_cache_rows(self, source: int, target: int, positions: int) -> None: ...
 
 
 class HostCopy:
@@ -133,6 +138,13 @@ class _Row:
     prompt: list = field(default_factory=list)  # tokens still to feed before the first token
     made: int = 0
     text: TextDelta | None = None
+    tokens: list = field(default_factory=list)  # the tokens made, with a prefix cache
+
+    def fed(self) -> list:
+        """The tokens at the row's positions 0..n-1: its prompt's fed so far, and those it made
+        but the last (the next step feeds it)."""
+        prompt = self.request.prompt
+        return list(prompt[: len(prompt) - len(self.prompt)]) + self.tokens[:-1]
 
 
 class DecodeEngine:
@@ -148,11 +160,15 @@ class DecodeEngine:
         prefill_chunk: int = 256,
         tokenizer: Any = None,  # a tokenizers.Tokenizer: each token's text, and stop strings
         ahead: int | None = None,  # steps queued ahead with overlap (STEPS_AHEAD)
+        prefix_cache: PrefixCache | None = None,  # prompt prefixes the rows hold, reused at join
     ):
         self.package, self.device, self.tokenizer = package, package.device, tokenizer
         self.generation = generation = package.generation
         self.size, self.max_len = generation.batch_size, generation.max_seq_len
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1 token, not {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
+        self.prefix_cache = prefix_cache
         self.rows: list[_Row | None] = [None] * self.size
         self.held = torch.zeros(self.size, dtype=torch.int64)  # tokens each row's cache holds
         self.last = torch.zeros(self.size, dtype=torch.int64)  # each row's token to feed next
@@ -185,9 +201,10 @@ class DecodeEngine:
         """Whether a sequence can join at the next step: a free row, and a row's cache holds it."""
         return None in self.rows and prompt_length + max_new_tokens <= self.max_len
 
-    def join(self, key: Hashable, request: GenerationRequest) -> None:
-        """Queue a sequence for the next step (check `fits` first). The request is checked
-        against the package (GenerationInputError names what it cannot run)."""
+    def join(self, key: Hashable, request: GenerationRequest) -> int:
+        """Queue a sequence for the next step (check `fits` first); the number of its prompt's
+        tokens a row already held (with a prefix cache; 0 without), which are not fed again. The
+        request is checked against the package (GenerationInputError names what it cannot run)."""
         request.check(self.generation)
         if request.stop and self.tokenizer is None:
             raise GenerationInputError(
@@ -199,13 +216,54 @@ class DecodeEngine:
         if not self._held_gate:
             self.package.generation_gate.acquire()
             self._held_gate = True
+            if self.prefix_cache is not None:
+                self.prefix_cache.claim(self.package.generation_gate.turns)
             self._take_package()
-        slot = self.rows.index(None)
+        slot, reused = self._row_for(request.prompt)
         text = TextDelta(self.tokenizer, request.stop) if self.tokenizer is not None else None
-        self.rows[slot] = _Row(key, request, list(request.prompt), text=text)
-        self.held[slot] = 0
+        self.rows[slot] = _Row(key, request, list(request.prompt[reused:]), text=text)
+        self.held[slot] = reused
         self._fresh = True
         self.sampler.set(slot, request.sampling, request.prompt, request.logprobs)
+        return reused
+
+    def waits_for_prefix(self, prompt: Sequence[int]) -> bool:
+        """Whether a sequence with `prompt` would reuse more by joining after the prompts being
+        fed now: a row still being fed its prompt shares a longer start with it than any row
+        holds yet (with a prefix cache; False without). A server's queue holds such a sequence
+        back for the steps that feed that start once, instead of feeding it twice (requests that
+        arrive together with one system prompt, a request's `n` answers); it never waits long:
+        the row is fed a chunk every step."""
+        cache = self.prefix_cache
+        if cache is None:
+            return False
+        running = {slot: row.fed() for slot, row in enumerate(self.rows) if row is not None}
+        _source, now = cache.find(prompt, running)
+        for row in self.rows:
+            if row is not None and row.prompt:
+                later = min(common_start(prompt, row.request.prompt), len(prompt) - 1)
+                if later >= cache.min_reused and later > now:
+                    return True
+        return False
+
+    def _row_for(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """(the free row a joining prompt takes, the tokens of it that row holds already): the
+        lowest free row without a prefix cache; with one, the row holding the longest start of
+        the prompt if it is free, else a free row it is copied into (prefix_cache.py)."""
+        free = [slot for slot, row in enumerate(self.rows) if row is None]
+        cache = self.prefix_cache
+        if cache is None:
+            return free[0], 0
+        running = {slot: row.fed() for slot, row in enumerate(self.rows) if row is not None}
+        source, reused = cache.find(prompt, running)
+        if source is not None and source in free:
+            slot = source
+        else:
+            slot = cache.row_for(free, lowest_first=self.package.runs_fewer_rows)
+            if source is not None:
+                self.package.copy_cache_rows(source, slot, reused)
+        cache.taken(slot, reused, copied=slot != source)
+        return slot, reused
 
     def leave(self, key: Hashable) -> None:
         """The sequence's row is free from the next step (its client left, or a stop string
@@ -218,6 +276,10 @@ class DecodeEngine:
 
     def release(self) -> None:
         """Give the package back (after the last row left, or when a step failed)."""
+        if self.prefix_cache is not None:
+            for slot, row in enumerate(self.rows):
+                if row is not None:  # a step failed: what its rows hold is not known
+                    self.prefix_cache.forget(slot)
         self.rows = [None] * self.size
         while self._queued:  # their tokens are nobody's now
             self._hosts.append(self._queued.popleft()[1])
@@ -258,9 +320,11 @@ class DecodeEngine:
                 continue
             self.last[slot] = token
             row.made += 1
+            if self.prefix_cache is not None:
+                row.tokens.append(token)
             if failed_rows[slot]:  # its logits were not finite: it ends here, alone
                 made.append(Made(key, token, ERROR))
-                self._free(slot)
+                self._free(slot, keep=False)  # what it holds may be what made them so
                 continue
             finish = row.request.finish_reason(self.generation, token, row.made)
             delta = ""
@@ -311,7 +375,13 @@ class DecodeEngine:
             self.sampler.set(row, GREEDY)
         self._fresh = True
 
-    def _free(self, slot: int) -> None:
+    def _free(self, slot: int, keep: bool = True) -> None:
+        row = self.rows[slot]
+        if self.prefix_cache is not None and row is not None:
+            if keep:
+                self.prefix_cache.kept(slot, row.fed())
+            else:
+                self.prefix_cache.forget(slot)
         self.rows[slot] = None
         self.sampler.set(slot, GREEDY)  # a free row draws nothing
         self._fresh = True  # the row is fed nothing from now on

@@ -32,6 +32,7 @@ from .generation_request import (
     eos_tuple,
     pad_id,
 )
+from .prefix_cache import PrefixCache
 from .sampling import GREEDY, Sampling, is_whole_number
 
 if TYPE_CHECKING:
@@ -178,13 +179,15 @@ def stream(
     eos_token_ids: Sequence[int] | None = None,
     ignore_eos: bool = False,
     logprobs: int | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[Any]:  # torch.Tensor, or StepLogprobs with logprobs
     """Yields each step's new tokens [prompts] (on the CPU) as they come: each prompt a
     GenerationRequest joining the decode engine at its first step (the prompts' prefill is one
     step), then one token a step for every prompt still going, the pad id for one that ended. At
     most the package's batch of prompts; fewer are answered as if the others were not there.
     `ignore_eos` goes on past end-of-sequence ids to `max_new_tokens`; with `logprobs` (0 to
-    sampling.MAX_LOGPROBS) each step is a StepLogprobs."""
+    sampling.MAX_LOGPROBS) each step is a StepLogprobs. With a `prefix_cache` (kept across calls,
+    as a chat keeps one), a prompt that starts as a row of the cache holds is fed the rest."""
     generation = package.generation
     check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
     eos = eos_tuple(eos_token_ids)
@@ -198,7 +201,7 @@ def stream(
     # a row's prompt is its tokens the mask marks 1, in order (prefill_inputs's reading)
     prompts = [ids[keep.bool()].tolist() for ids, keep in zip(input_ids.cpu(), mask.cpu())]
     pad = pad_id(generation, generation.eos_token_ids if eos is None else eos)
-    engine = DecodeEngine(package, prefill_chunk=generation.max_seq_len)
+    engine = DecodeEngine(package, prefill_chunk=generation.max_seq_len, prefix_cache=prefix_cache)
     try:
         for row, prompt in enumerate(prompts):
             request = GenerationRequest(

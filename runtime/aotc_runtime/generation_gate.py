@@ -28,6 +28,9 @@ class GenerationGate:
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread of the open generation
         self._paused_since: float | None = None  # set while its stream waits for its reader
+        # how many times anyone took the gate (a generation, a call, a reset): whoever remembers
+        # what the cache held can tell whether anyone else moved it since (prefix_cache.py)
+        self.turns = 0
 
     @contextmanager
     def generation(self) -> Iterator[None]:
@@ -86,3 +89,4 @@ class GenerationGate:
             if self._lock.acquire(timeout=_POLL_S):
                 break
         self._owner = me
+        self.turns += 1

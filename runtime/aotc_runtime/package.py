@@ -321,6 +321,7 @@ class Package:
         ignore_eos: bool = False,
         logprobs: int | None = None,
         text: bool = False,
+        prefix_cache: Any = None,  # prefix_cache.PrefixCache
     ) -> Iterator[Any]:
         """`generate`'s new tokens, one step [prompts] at a time as they come. min-p as
         transformers' MinPLogitsWarper, the repetition penalty as its
@@ -330,7 +331,8 @@ class Package:
         the new tokens with their log-probabilities and the k most likely tokens'. `text=True`
         (with the package's tokenizer) makes each step a text_stream.TextStep: the new tokens and
         the text each prompt gains, never half a character. `input_ids` may be lists of token ids,
-        as in `generate`."""
+        as in `generate`. A `prefix_cache` kept across calls (prefix_cache.PrefixCache) feeds a
+        prompt only what follows the start a row of the cache already holds (a chat's turns)."""
         from .generation import stream
         from .prompts import prompt_tensors
         from .sampling import Sampling
@@ -355,6 +357,7 @@ class Package:
             eos_token_ids=eos_token_ids,
             ignore_eos=ignore_eos,
             logprobs=logprobs,
+            prefix_cache=prefix_cache,
         )
         if not text:
             return steps
@@ -364,6 +367,17 @@ class Package:
         eos = eos_tuple(eos_token_ids)
         eos = self.generation.eos_token_ids if eos is None else eos
         return with_text(steps, tokenizer, eos, ignore_eos, max_new_tokens)
+
+    def copy_cache_rows(self, source: int, target: int, positions: int) -> None:
+        """A text-generation package: row `source`'s first `positions` cache positions copied into
+        row `target`, in every layer's keys and values (the state is [batch, positions, heads,
+        head dim] per layer). A decode engine's reused prompt prefix (prefix_cache.py), under the
+        generation gate the engine holds."""
+        if self.manifest.generation is None:  # its state is not a KV cache
+            raise PackageError(f"package {self.path} is not a text-generation package")
+        with self._state_lock:
+            for tensor in self._state:
+                tensor[target, :positions].copy_(tensor[source, :positions])
 
     def reset_state(self) -> None:
         """Put the state forward mutates back to its value at export (a fresh model)."""

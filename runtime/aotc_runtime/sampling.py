@@ -166,10 +166,52 @@ def sampler_mode(base: str, penalties: bool = False, logprobs: bool = False) -> 
     return "+".join([base] + [PENALTIES] * penalties + [LOGPROBS] * logprobs)
 
 
+# The least logits a part of a row holds in `largest`'s first stage: enough that each of its
+# programs streams a few KB, few enough parts that the second stage is one small reduction
+MIN_PART = 1024
+
+
+def parts_of(vocab: int) -> int:
+    """How many equal parts `largest` splits a row of `vocab` logits into: the most that divide it
+    evenly (a view, no copy) and leave each at least MIN_PART; 1 when none does."""
+    return next((n for n in range(vocab // MIN_PART, 1, -1) if vocab % n == 0), 1)
+
+
+def largest(logits: torch.Tensor, parts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] values, [B] ids) of each row's largest logit of [B, vocab], the first id among equals,
+    a NaN counting as largest (as `torch.max` over a dim). On CUDA in two stages, as
+    flash-decoding splits its softmax: the largest of each of `parts` parts of the row
+    (`parts_of`), then of the parts; the first part holding the largest value wins, and holds its
+    first id. One reduction over a long row keeps few programs busy: on an H200 at batch 1 the
+    Llama-3 vocabulary took 37 µs that way and 23 µs in parts (scripts/greedy_pick.py,
+    docs/benchmarks.md). On the CPU one reduction is faster (`parts` 1)."""
+    rows, vocab = logits.shape
+    if parts is None:
+        parts = parts_of(vocab) if logits.device.type == "cuda" else 1
+    if parts == 1:
+        values, ids = logits.max(dim=-1)
+        return values, ids
+    span = vocab // parts
+    part_values, part_ids = logits.reshape(rows, parts, span).max(dim=-1)
+    values, part = part_values.max(dim=-1)
+    return values, part * span + part_ids.gather(1, part[:, None]).squeeze(1)
+
+
+def greedy_pick(
+    logits: torch.Tensor, parts: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] tokens, [B] failed) of [B, vocab] logits in one search (`largest`): each row's first
+    largest id, and whether its largest logit is not finite (a NaN or +inf in the row, or nothing
+    but -inf: `largest` counts a NaN as largest); a failed row's token is 0."""
+    values, ids = largest(logits, parts)
+    failed = ~values.isfinite()
+    return ids.masked_fill(failed, 0), failed
+
+
 def non_finite(logits: torch.Tensor) -> torch.Tensor:
     """[B] bool: the rows of [B, vocab] logits with a NaN or +inf, or with every logit -inf (the
-    row's largest logit is not finite: max propagates NaN). One reduction, on the device."""
-    return ~logits.amax(dim=-1).isfinite()
+    row's largest logit is not finite: max propagates NaN)."""
+    return greedy_pick(logits)[1]
 
 
 def _extras(mode: str) -> tuple[str, bool, bool]:
@@ -286,8 +328,8 @@ class RowSampler:
         every row when None. `mode` is fixed by a graph's capture; `self.mode` otherwise."""
         mode = self.mode if mode is None else mode
         _base, penalties, logprobs = _extras(mode)
-        tokens = self.choose(logits, mode)
-        self.failed.copy_(non_finite(logits))
+        tokens, failed = self.choose(logits, mode)
+        self.failed.copy_(failed)
         if penalties and self.counts is not None:
             made = self._ones if drawing is None else drawing.to(torch.float32)[:, None]
             self.counts.scatter_add_(1, tokens[:, None], made)
@@ -302,19 +344,21 @@ class RowSampler:
 
     def warm_up(self, logits: torch.Tensor, mode: str) -> None:
         """A call's work in `mode`, changing nothing (before a graph captures it)."""
-        tokens = self.choose(logits, mode)
+        tokens, _failed = self.choose(logits, mode)
         if _extras(mode)[2]:
             self.logprobs_of(logits, tokens)
 
-    def choose(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
-        """The tokens, changing nothing; 0 for a row whose logits are not finite."""
+    def choose(self, logits: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B] tokens, [B] failed), changing nothing: failed marks the rows whose logits are not
+        finite, whose token is 0. Without penalties the greedy pick and the check are one search
+        over the vocabulary (`greedy_pick`)."""
         base, penalties, _logprobs = _extras(mode)
-        failed = non_finite(logits)
-        if penalties and self.counts is not None:
+        tokens, failed = greedy_pick(logits)
+        if penalties and self.counts is not None:  # the argmax of the penalized logits
             logits = self._penalized(logits)
-        tokens = logits.argmax(dim=-1).masked_fill(failed, 0)
+            tokens = largest(logits)[1].masked_fill(failed, 0)
         if base == GREEDY_ONLY:
-            return tokens
+            return tokens, failed
         scores = logits.float() / self.temperature[:, None]
         if base == FILTERED:
             scores = self._filtered(scores)
@@ -327,7 +371,7 @@ class RowSampler:
         picked = torch.searchsorted(running, target, right=True).squeeze(1)
         # inside the vocabulary whatever the sums hold (NaN sums search to the end)
         picked = picked.clamp(max=self.vocab - 1).masked_fill(failed, 0)
-        return torch.where(self.greedy, tokens, picked)
+        return torch.where(self.greedy, tokens, picked), failed
 
     def logprobs_of(
         self, logits: torch.Tensor, tokens: torch.Tensor

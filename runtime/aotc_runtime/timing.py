@@ -61,6 +61,12 @@ def summarize(samples: list[float]) -> dict:
     }
 
 
+def gaps_ms(stamps: list[float]) -> list[float]:
+    """The milliseconds between consecutive `time.perf_counter()` stamps (a token's each): the
+    decode steps after the first token, as generate, chat and bench report them."""
+    return [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

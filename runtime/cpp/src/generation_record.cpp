@@ -62,8 +62,10 @@ std::string size_problem(const Generation& g, const Signature& sig) {
   const ShapeEntry& rows = ids.shape[0];
   if (!rows.is_static()) {
     auto span = sig.dims.find(rows.name);
+    // (every dim a shape names has a range: the signature's reading refuses one without)
     if (span == sig.dims.end() || span->second.min != 1 || span->second.max != g.batch_size) {
-      return "the step's rows " + rows.name + " do not run 1.." + std::to_string(g.batch_size) + " (its batch_size)";
+      const std::string ran = span == sig.dims.end() ? "?..?" : std::to_string(span->second.min) + ".." + std::to_string(span->second.max);
+      return "the step's rows " + rows.name + " run " + ran + ", not 1.." + std::to_string(g.batch_size) + " (its batch_size)";
     }
     for (const ShapeEntry* other : {&held.shape[0], &fed.shape[0], &logits.shape[0]}) {
       if (other->is_static() || other->name != rows.name) return "batch_size is " + rows.name + " but the model's is " + entry_text(*other);

@@ -91,13 +91,35 @@ SamplerMode RowSampler::mode() const {
   return mode;
 }
 
-// The rows whose largest logit is not finite: a NaN or +inf among them, or nothing but -inf (max
-// propagates NaN). One reduction, on the device.
-static at::Tensor non_finite(const at::Tensor& logits) { return logits.amax(-1).isfinite().logical_not(); }
+// The least logits a part of a row holds in largest()'s first stage (sampling.py's MIN_PART)
+constexpr int64_t kMinPart = 1024;
+
+// How many equal parts largest() splits a row of `vocab` logits into: the most that divide it
+// evenly and leave each at least kMinPart; 1 when none does (sampling.py's parts_of).
+static int64_t parts_of(int64_t vocab) {
+  for (int64_t n = vocab / kMinPart; n > 1; --n) {
+    if (vocab % n == 0) return n;
+  }
+  return 1;
+}
+
+// Each row's largest logit and its first id, a NaN counting as largest (as max over a dim); on CUDA
+// in two stages, the largest of each part of the row, then of the parts, so one row's search
+// spreads over the device at batch 1; on the CPU one reduction is faster (sampling.py's largest).
+static std::tuple<at::Tensor, at::Tensor> largest(const at::Tensor& logits) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const int64_t parts = logits.is_cuda() ? parts_of(vocab) : 1;
+  if (parts == 1) return logits.max(-1);
+  const int64_t span = vocab / parts;
+  auto [part_values, part_ids] = logits.reshape({rows, parts, span}).max(-1);
+  auto [values, part] = part_values.max(-1);
+  at::Tensor ids = part * span + part_ids.gather(1, part.unsqueeze(1)).squeeze(1);
+  return {values, ids};
+}
 
 at::Tensor RowSampler::operator()(const at::Tensor& logits, const at::Tensor& drawing, SamplerMode mode) {
-  at::Tensor chosen = choose(logits, mode);
-  failed.copy_(non_finite(logits));
+  auto [chosen, bad] = choose(logits, mode);
+  failed.copy_(bad);
   if (drawing.defined()) {
     drawn_.add_(drawing.to(at::kLong));
   } else {
@@ -107,10 +129,13 @@ at::Tensor RowSampler::operator()(const at::Tensor& logits, const at::Tensor& dr
   return tokens;
 }
 
-at::Tensor RowSampler::choose(const at::Tensor& logits, SamplerMode mode) const {
-  const at::Tensor bad = non_finite(logits);
-  at::Tensor argmax = logits.argmax(-1).masked_fill(bad, 0);
-  if (mode == SamplerMode::kGreedyOnly) return argmax;
+std::tuple<at::Tensor, at::Tensor> RowSampler::choose(const at::Tensor& logits, SamplerMode mode) const {
+  // one search for the greedy pick and the rows whose largest logit is not finite (a NaN or +inf
+  // among them, or nothing but -inf); such a row's token is 0
+  auto [values, ids] = largest(logits);
+  const at::Tensor bad = values.isfinite().logical_not();
+  at::Tensor argmax = ids.masked_fill(bad, 0);
+  if (mode == SamplerMode::kGreedyOnly) return {argmax, bad};
   at::Tensor scores = logits.to(at::kFloat) / temperature_.unsqueeze(1);
   if (mode == SamplerMode::kFiltered) scores = filtered(scores);
   at::Tensor running = scores.softmax(-1).cumsum(-1);
@@ -122,7 +147,7 @@ at::Tensor RowSampler::choose(const at::Tensor& logits, SamplerMode mode) const 
   at::Tensor picked = at::searchsorted(running, target, /*out_int32=*/false, /*right=*/true).squeeze(1);
   // inside the vocabulary whatever the sums hold (NaN sums search to the end)
   picked = picked.clamp_max(vocab_ - 1).masked_fill(bad, 0);
-  return at::where(greedy_, argmax, picked);
+  return {at::where(greedy_, argmax, picked), bad};
 }
 
 at::Tensor RowSampler::filtered(const at::Tensor& scores) const {

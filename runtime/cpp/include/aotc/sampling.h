@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace aotc {
@@ -57,7 +58,8 @@ class RowSampler {
   // The tokens into `tokens` (returned); `drawing` [B] marks the rows whose token counts
   // (undefined: every row).
   at::Tensor operator()(const at::Tensor& logits, const at::Tensor& drawing, SamplerMode mode);
-  at::Tensor choose(const at::Tensor& logits, SamplerMode mode) const;  // changes nothing
+  // (tokens, failed) without changing anything: failed marks the rows whose logits are not finite
+  std::tuple<at::Tensor, at::Tensor> choose(const at::Tensor& logits, SamplerMode mode) const;
 
   at::Tensor tokens;  // [B] int64, the last call's choice
   // [B] bool: the last call's rows whose logits were not finite (NaN, +inf, or all -inf); their
