@@ -172,6 +172,44 @@ def test_a_chats_next_turn_is_fed_only_what_follows_the_last_one(chat_package):
     ])  # fmt: skip
 
 
+def test_help_lists_the_commands_and_a_cut_reply_says_so(chat_package):
+    """/help goes to no model; a reply that used all of --max-new-tokens says it stopped there
+    (this package's reply to "w5 w17" has no end-of-sequence id in its first NEW tokens)."""
+    package, hf = chat_package
+    done = chat(package, "--max-new-tokens", NEW, input="/help\nw5 w17\n/exit\n")
+    assert done.exit_code == 0, done.stderr
+    assert "(/reset clears the history, /exit (or Ctrl-D) leaves, /help lists these)" in done.stderr
+    reply = expected_reply(package, hf, [{"role": "user", "content": "w5 w17"}])
+    assert done.stdout.splitlines() == [reply]  # /help made no reply
+    assert f"(the reply stopped at --max-new-tokens {NEW}; raise it for longer replies)" in (
+        done.stderr
+    )
+
+
+def test_a_reply_is_cut_only_when_it_used_all_its_new_tokens(chat_package, tmp_path):
+    """The same message on a copy whose end-of-sequence id is the reply's first token: the reply
+    ends there, and is not cut."""
+    from aotc_runtime.chat_session import ChatSession
+    from aotc_runtime.chat_template import ChatTemplate
+
+    package, _hf = chat_package
+
+    def session_of(folder):
+        loaded = aotc_runtime.load(folder)
+        return loaded, ChatSession(loaded, ChatTemplate.of_package(loaded), max_new_tokens=NEW)
+
+    loaded, session = session_of(package)
+    "".join(session.reply("w5 w17"))
+    assert session.cut
+    prompt = session_of(package)[1].prompt_ids("w9")
+    first = int(loaded.generate([prompt], max_new_tokens=1)[0, len(prompt)])
+    ends = tampered_copy(package, tmp_path / "ends",
+                         lambda m: m["generation"].update(eos_token_ids=[first]))  # fmt: skip
+    _loaded, session = session_of(ends)
+    "".join(session.reply("w9"))
+    assert not session.cut
+
+
 def test_the_oldest_turns_are_dropped_when_the_history_no_longer_fits(chat_package):
     package, hf = chat_package
     message = " ".join(f"w{i}" for i in range(1, 31))  # 30 words: two turns do not fit 64

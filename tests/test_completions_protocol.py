@@ -49,6 +49,13 @@ def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
         ({"max_tokens": 4}, 400, "'prompt' is missing"),
         ({"prompt": [1], "bogus": 1}, 400, "unknown field 'bogus'"),
         ({"prompt": [1], "best_of": 2}, 400, "'best_of' is 2; this server supports only 1"),
+        # a value or name too long to quote is described, never cut mid-value
+        (
+            {"prompt": [1], "logit_bias": {str(token): -100 for token in range(50, 70)}},
+            400,
+            "'logit_bias' is an object of 20 keys; this server supports only {} (leave it out)",
+        ),
+        ({"prompt": [1], "x" * 61: 1}, 400, "unknown field a name of 61 characters; a completion"),
         ({"prompt": [1], "n": 0}, 400, "'n' must be a whole number from 1 to 128"),
         ({"prompt": [1], "max_tokens": "8"}, 400, "'max_tokens' must be a whole number >= 1"),
         ({"prompt": [1], "max_tokens": 0}, 400, "'max_tokens' must be a whole number >= 1"),

@@ -189,8 +189,12 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
         def fits(self, _prompt, _new):
             return True
 
+        def waits_for_prefix(self, _prompt):
+            return False
+
         def join(self, key, _request):
             self.keys.append(key)
+            return 0  # prompt tokens reused
 
         def step(self):
             if not hasattr(self, "stepped"):
@@ -244,8 +248,12 @@ def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_sha
         def fits(self, _prompt, _new):
             return True
 
+        def waits_for_prefix(self, _prompt):
+            return False
+
         def join(self, key, _request):
             self.keys.append(key)
+            return 0  # prompt tokens reused
 
         def step(self):
             self.steps += 1

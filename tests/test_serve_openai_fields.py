@@ -326,6 +326,7 @@ def test_completion_field_refusals_name_the_field(tokenizer, data, param, words)
     [
         ([], "'messages' must be a non-empty list"),
         ([{"role": "user", "content": "w1", "tool_calls": []}], "message 0 has 'tool_calls'"),
+        ([{"role": "user", "content": "w1", "k" * 70: 1}], "message 0 has a name of 70 characters"),
         (
             [{"role": "user", "content": [{"type": "image_url"}]}],
             'content part of type "image_url"',
@@ -339,6 +340,17 @@ def test_chat_message_refusals_name_the_message(tokenizer, template, messages, w
         parse_chat(json.dumps({"messages": messages}).encode(), GENERATION, tokenizer, template)
     assert caught.value.status == 400 and caught.value.param == "messages"
     assert words in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_a_long_value_is_described_whole_in_its_refusal(tokenizer, template):
+    """A tools list too long to quote is named by what it is, never cut mid-value."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    body = {"messages": [{"role": "user", "content": "w1"}], "tools": tools}
+    with pytest.raises(RequestError) as caught:
+        parse_chat(json.dumps(body).encode(), GENERATION, tokenizer, template)
+    assert str(caught.value) == (
+        "'tools' is a list of 1 item; this server supports only [] (leave it out)"
+    ), str(caught.value)
 
 
 def test_chat_reads_text_parts_and_both_max_token_names(tokenizer, template):

@@ -13,7 +13,7 @@ from aotc.cli.types import exit_codes_epilog, threads_option
 from aotc.errors import UserInputError
 
 PROMPT = "> "
-COMMANDS = "/reset clears the history, /exit (or Ctrl-D) leaves"
+COMMANDS = "/reset clears the history, /exit (or Ctrl-D) leaves, /help lists these"
 
 
 @click.command(epilog=exit_codes_epilog())
@@ -56,8 +56,10 @@ def chat(
     \b
     The package needs a tokenizer and a chat template: export it from a saved model folder
     that has them (aotc export MODEL_DIR --task text-generation). /reset clears the history,
-    /exit or Ctrl-D leaves. When the history no longer fits the package's --max-seq-len, the
-    oldest turns are dropped, and a line on stderr says so.
+    /exit or Ctrl-D leaves, /help lists these. When the history no longer fits the package's
+    --max-seq-len, the oldest turns are dropped, and a line on stderr says so; so does a reply
+    that stopped at --max-new-tokens. A turn is fed only what follows the conversation so far,
+    which the package's KV cache still holds.
 
     \b
       aotc chat lm_pkg/ --system "You are concise." --max-new-tokens 128
@@ -121,6 +123,9 @@ def converse(session, threads: int | None = None) -> None:
             session.reset()
             click.echo("(history cleared)", err=True)
             continue
+        if text == "/help":
+            click.echo(f"({COMMANDS})", err=True)
+            continue
         if not text:
             continue
         try:
@@ -145,6 +150,12 @@ def converse(session, threads: int | None = None) -> None:
             click.echo("\n(reply stopped; not kept in the history)", err=True)
             continue
         click.echo()
+        if session.cut:
+            click.echo(
+                f"(the reply stopped at --max-new-tokens {session.max_new_tokens}; raise it for "
+                "longer replies)",
+                err=True,
+            )
         note = None if noted else stall_note(gaps_ms(stamps), threads)
         if note:
             click.echo(note, err=True)

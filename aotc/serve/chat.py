@@ -29,7 +29,7 @@ from aotc.serve import request_fields as fields
 from aotc.serve.completions import check_body_size
 from aotc.serve.logprobs import chat_logprobs
 from aotc.serve.protocol import RequestError
-from aotc.serve.request_fields import Choice, Decoding
+from aotc.serve.request_fields import Choice, Decoding, shown_name
 
 FIELDS = ("messages", "model", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
           "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -118,7 +118,7 @@ def _message(number: int, message: Any) -> dict:
     extra = [key for key in message if key not in MESSAGE_KEYS]
     if extra:
         raise RequestError(
-            400, f"message {number} has '{extra[0][:40]}', which this server does not take "
+            400, f"message {number} has {shown_name(extra[0])}, which this server does not take "
             f"(tools and function calls are not served); a message takes "
             f"{', '.join(MESSAGE_KEYS)}", param="messages",
         )  # fmt: skip

@@ -37,10 +37,35 @@ TUNING = {
 }
 
 
+# The longest value or field name a refusal quotes; a longer one is described instead, never cut
+# mid-value (a refusal that quoted the first 40 characters of a tools list read as garbage)
+SHOWN_MAX = 60
+
+
 def shown(value: Any) -> str:
-    """A value as JSON, short and on one line, whatever a client sent (ASCII: a lone surrogate
-    becomes its escape instead of failing to encode)."""
-    return json.dumps(value)[:40]
+    """A value as JSON on one line, whatever a client sent (ASCII: a lone surrogate becomes its
+    escape instead of failing to encode), whole when it is short; else what it is (a list of 3
+    items, an object of 2 keys, a string of 900 characters)."""
+    text = json.dumps(value)
+    if len(text) <= SHOWN_MAX:
+        return text
+    if isinstance(value, (list, dict, str)):
+        count = len(value)
+        kind = {
+            list: ("a list", "item"),
+            dict: ("an object", "key"),
+            str: ("a string", "character"),
+        }
+        what, unit = kind[type(value)]
+        return f"{what} of {count:,} {unit}{'' if count == 1 else 's'}"
+    return f"a number of {len(text):,} digits"
+
+
+def shown_name(name: str) -> str:
+    """A field name a client sent, quoted whole when it is short; else its length."""
+    if len(name) <= SHOWN_MAX and name.isprintable():
+        return f"'{name}'"
+    return f"a name of {len(name):,} characters"
 
 
 def json_object(body: bytes, example: str) -> dict:
@@ -73,7 +98,7 @@ def check_fields(data: dict, fields: tuple, neutral: dict, what: str) -> None:
                 )
         elif key not in fields:
             raise RequestError(
-                400, f"unknown field '{key[:40]}'; {what} takes {', '.join(fields)}", param=key
+                400, f"unknown field {shown_name(key)}; {what} takes {', '.join(fields)}", param=key
             )
 
 

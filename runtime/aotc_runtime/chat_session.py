@@ -35,6 +35,7 @@ class ChatSession:
         self.system, self.max_new_tokens, self.sampling = system, max_new_tokens, sampling
         self.turns: list[tuple[str, str]] = []  # (the user's message, the reply)
         self.dropped = 0  # turns the last reply() dropped to fit the cache
+        self.cut = False  # the last reply ended at max_new_tokens, not at an end-of-sequence id
         # each turn's prompt starts with the one before and its reply: fed only what is new
         self.prefix_cache = PrefixCache()
 
@@ -89,11 +90,17 @@ class ChatSession:
             prefix_cache=self.prefix_cache,
             **self.sampling,
         )
+        eos = set(self.package.generation.eos_token_ids)
+        made, ended = 0, False
+        self.cut = False
         try:
             for step in steps:
+                made += 1
+                ended = ended or int(step.ids[0]) in eos
                 if step.text[0]:
                     answer.append(step.text[0])
                     yield step.text[0]
         finally:
             steps.close()
+        self.cut = made == self.max_new_tokens and not ended
         self.turns.append((user, "".join(answer)))
