@@ -21,9 +21,12 @@ row is a slot a sequence owns from its join to its finish:
   and sampled sequences share the batch and a seeded one's tokens do not depend on its neighbours.
   Penalties and log-probabilities cost a step work only while a row asks for them (the sampler's
   mode); a row's log-probabilities come to the host with its token, in the same copy.
-- A row finishes at an end-of-sequence id or its last token (GenerationRequest.finish_reason), or,
-  given the package's tokenizer, at a stop string in its text (text_delta.py); its slot is free
-  from the next step.
+- A row held to a grammar (GenerationRequest.grammar) has its mask of allowed tokens written
+  before each step from its matcher (token_grammar.py), which takes each token it picks; it
+  finishes as soon as its grammar is complete.
+- A row finishes at an end-of-sequence id or its last token (GenerationRequest.finish_reason),
+  when its grammar is complete, or, given the package's tokenizer, at a stop string in its text
+  (text_delta.py); its slot is free from the next step.
 
 A decode step is one replay of the package's DecodeGraph on CUDA with CUDA graphs (the program,
 the inputs' advance and the sampler captured together), one call of the package otherwise. On CUDA
@@ -34,7 +37,8 @@ the steps queued before it, so none writes past a row's cache; a row that ends s
 end-of-sequence id, a stop string) is seen when its step is read, and what later steps made for it
 is dropped. A sequence that joins meanwhile waits for the queued steps. At batch 1 on an H200 one
 step ahead already keeps the device busy: the idle left is between a graph's kernels
-(docs/benchmarks.md).
+(docs/benchmarks.md). While a row is held to a grammar no step is queued ahead: its next mask
+depends on the token the last step picked.
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ class HostCopy:
 STEPS_AHEAD = 1
 
 # A sequence's finish when the package's logits for it were not finite: it ends at once, its
-# token (0) is not a pick, and its neighbours go on (sampling.non_finite)
+# token (0) is not a pick, and its neighbours go on (sampling.greedy_pick's `failed`)
 ERROR = "error"
 
 
@@ -139,6 +143,8 @@ class _Row:
     made: int = 0
     text: TextDelta | None = None
     tokens: list = field(default_factory=list)  # the tokens made, with a prefix cache
+    matcher: Any = None  # token_grammar.TokenMatcher: where the row stands in its grammar
+    mask_stale: bool = True  # the matcher moved since its mask was written
 
     def fed(self) -> list:
         """The tokens at the row's positions 0..n-1: its prompt's fed so far, and those it made
@@ -192,6 +198,7 @@ class DecodeEngine:
         # each row it runs for, the host copy its tokens and log-probabilities arrive in)
         self._queued: deque[tuple[list, HostCopy]] = deque()
         self._latest: torch.Tensor | None = None  # the last queued step's tokens on the device
+        self._masks: torch.Tensor | None = None  # the rows' masks on the host (grammars)
 
     @property
     def active(self) -> int:
@@ -221,10 +228,15 @@ class DecodeEngine:
             self._take_package()
         slot, reused = self._row_for(request.prompt)
         text = TextDelta(self.tokenizer, request.stop) if self.tokenizer is not None else None
-        self.rows[slot] = _Row(key, request, list(request.prompt[reused:]), text=text)
+        matcher = request.grammar.matcher() if request.grammar is not None else None
+        self.rows[slot] = _Row(
+            key, request, list(request.prompt[reused:]), text=text, matcher=matcher
+        )
         self.held[slot] = reused
         self._fresh = True
-        self.sampler.set(slot, request.sampling, request.prompt, request.logprobs)
+        self.sampler.set(
+            slot, request.sampling, request.prompt, request.logprobs, masked=matcher is not None
+        )
         return reused
 
     def waits_for_prefix(self, prompt: Sequence[int]) -> bool:
@@ -299,6 +311,7 @@ class DecodeEngine:
             return []
         with torch.inference_mode():
             if not self._queued:
+                self._write_masks()
                 if any(row is not None and row.prompt for row in self.rows):
                     self._queue(*self._join())
                 else:
@@ -327,6 +340,10 @@ class DecodeEngine:
                 self._free(slot, keep=False)  # what it holds may be what made them so
                 continue
             finish = row.request.finish_reason(self.generation, token, row.made)
+            if row.matcher is not None:
+                row.mask_stale = True
+                if not row.matcher.take(token) or row.matcher.done:
+                    finish = finish or "stop"  # complete (or, past a bug, out of its grammar)
             delta = ""
             if row.text is not None:
                 delta, stopped = row.text.add(token, last=finish is not None)
@@ -337,6 +354,25 @@ class DecodeEngine:
         if self.active == 0:
             self.release()
         return made
+
+    def _write_masks(self) -> None:
+        """Each row held to a grammar gets the mask of the tokens its grammar allows next, before
+        the step that picks one (rows without a grammar allow every token: RowSampler.set)."""
+        stale = [
+            (slot, row.matcher)
+            for slot, row in enumerate(self.rows)
+            if row is not None and row.matcher is not None and row.mask_stale
+        ]
+        if not stale:
+            return
+        allowed = self.sampler.allowed_buffer()
+        if self._masks is None:
+            cuda = allowed.device.type == "cuda"
+            self._masks = torch.empty(allowed.shape, dtype=torch.int32, pin_memory=cuda)
+        for slot, matcher in stale:
+            matcher.fill(self._masks[slot])
+            allowed[slot].copy_(self._masks[slot], non_blocking=True)
+            self.rows[slot].mask_stale = False  # type: ignore[union-attr]
 
     def _with_logprobs(self) -> bool:
         return LOGPROBS in self.sampler.mode.split("+")
@@ -420,7 +456,7 @@ class DecodeEngine:
         """No sequence waits to join, and a running row needs a token beyond those of the steps
         queued (which also keeps the steps inside the row's cache: `fits` counted those tokens;
         a row that ends sooner is fed past its end, into the padding's slot)."""
-        if any(row is not None and row.prompt for row in self.rows):
+        if any(row is not None and (row.prompt or row.matcher) for row in self.rows):
             return False
         queued = len(self._queued)
         return any(

@@ -11,12 +11,17 @@ third by the row's text (text_delta.py).
 `logprobs` asks for each new token's log-probability and those of the `logprobs` most likely
 tokens at its step (0: the chosen token's only; at most sampling.MAX_LOGPROBS), from the
 package's raw logits (decode_engine.Made carries them).
+
+`grammar` (token_grammar.TokenGrammar, Python front ends only: the C++ runner has none) holds the
+sequence's text to a JSON schema or a grammar: each step picks among the tokens it allows, and the
+sequence finishes ("stop") as soon as the grammar is complete.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import GenerationInputError
 from .generation_record import Generation
@@ -32,6 +37,7 @@ class GenerationRequest:
     stop: tuple = ()  # stop strings: with the package's tokenizer, the engine reads the text
     ignore_eos: bool = False  # go on past end-of-sequence ids, to max_new_tokens
     logprobs: int | None = None  # None: none; k: the chosen token's and the k most likely
+    grammar: Any = None  # a token_grammar.TokenGrammar the text is held to, or None
 
     def eos(self, generation: Generation) -> tuple:
         return generation.eos_token_ids if self.eos_token_ids is None else self.eos_token_ids
@@ -65,6 +71,11 @@ class GenerationRequest:
         problem = check_logprobs(self.logprobs)
         if problem:
             raise GenerationInputError(problem)
+        if self.grammar is not None and self.grammar.vocab_size != vocab:
+            raise GenerationInputError(
+                f"the grammar was made for a vocabulary of {self.grammar.vocab_size} tokens, not "
+                f"this package's {vocab}; make it from this package's tokenizer"
+            )
 
 
 def check_logprobs(logprobs: object) -> str | None:

@@ -21,6 +21,10 @@ is below min_p times the most likely one's). Greedy rows take the argmax of the 
 as `generate` does. Log-probabilities, for the rows that ask, are the log-softmax of the raw
 logits (before penalties and temperature, as vLLM returns them by default).
 
+A row held to a grammar (token_grammar.py) has its logits outside its mask set to -inf before
+everything else, so its penalties, temperature and filters work on the allowed tokens only, and
+greedy, sampled and constrained rows share one batch.
+
 A row whose logits are not finite (a NaN, a +inf, or nothing but -inf: a NaN weight, an fp16
 overflow) has no distribution to pick from; inverse-CDF over NaN would return the vocabulary's
 size, an id the model's embedding cannot take on the next step. Such a row picks token 0 and is
@@ -157,13 +161,16 @@ def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
 GREEDY_ONLY, SAMPLED, FILTERED = "greedy", "sampled", "filtered"
 MODES = (GREEDY_ONLY, SAMPLED, FILTERED)
 # The work a mode adds to its base when a row asks for it, each named after "+" in the mode
-# ("filtered+penalties+logprobs"): a batch that asks for neither does none of it.
-PENALTIES, LOGPROBS = "penalties", "logprobs"
+# ("filtered+penalties+logprobs"): a batch that asks for none of it does none of it. MASKED: a row
+# held to a grammar picks only among the tokens its mask allows (token_grammar.py).
+PENALTIES, LOGPROBS, MASKED = "penalties", "logprobs", "masked"
 
 
-def sampler_mode(base: str, penalties: bool = False, logprobs: bool = False) -> str:
+def sampler_mode(
+    base: str, penalties: bool = False, logprobs: bool = False, masked: bool = False
+) -> str:
     """The name of a sampler's mode: its base (GREEDY_ONLY, SAMPLED, FILTERED) and its extras."""
-    return "+".join([base] + [PENALTIES] * penalties + [LOGPROBS] * logprobs)
+    return "+".join([base] + [PENALTIES] * penalties + [LOGPROBS] * logprobs + [MASKED] * masked)
 
 
 # The least logits a part of a row holds in `largest`'s first stage: enough that each of its
@@ -208,15 +215,18 @@ def greedy_pick(
     return ids.masked_fill(failed, 0), failed
 
 
-def non_finite(logits: torch.Tensor) -> torch.Tensor:
-    """[B] bool: the rows of [B, vocab] logits with a NaN or +inf, or with every logit -inf (the
-    row's largest logit is not finite: max propagates NaN)."""
-    return greedy_pick(logits)[1]
-
-
-def _extras(mode: str) -> tuple[str, bool, bool]:
+def _extras(mode: str) -> tuple[str, bool, bool, bool]:
+    """(base, penalties, logprobs, masked) of a mode's name."""
     base, *extras = mode.split("+")
-    return base, PENALTIES in extras, LOGPROBS in extras
+    return base, PENALTIES in extras, LOGPROBS in extras, MASKED in extras
+
+
+def allowed_tokens(mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, vocab] bool of [B, words] int32 bit masks (bit t % 32 of word t // 32: token t is
+    allowed; token_grammar.py's format)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=mask.device)
+    bits = (mask[:, :, None] >> shifts) & 1
+    return bits.reshape(mask.shape[0], -1)[:, :vocab].bool()
 
 
 class RowSampler:
@@ -231,6 +241,7 @@ class RowSampler:
         self.rows, self.vocab, self.device = rows, vocab, device
         self.settings: list[Sampling] = [GREEDY] * rows
         self.logprobs_wanted: list[int | None] = [None] * rows  # each row's top count, or None
+        self.masked_rows: list[bool] = [False] * rows  # the rows held to a grammar
         self.greedy = torch.ones(rows, dtype=torch.bool, device=device)
         # 1 where greedy: no division by 0
         self.temperature = torch.ones(rows, dtype=torch.float32, device=device)
@@ -246,6 +257,10 @@ class RowSampler:
         # the first penalized row and kept (a graph captured after holds them)
         self.counts: torch.Tensor | None = None
         self.in_prompt: torch.Tensor | None = None
+        # [rows, words] int32: the tokens each row may pick (token_grammar.py's bits), written by
+        # the engine before each step; made at the first masked row and kept, every bit set for
+        # the rows without a grammar
+        self.allowed: torch.Tensor | None = None
         self.drawn = torch.zeros(rows, dtype=torch.int64, device=device)  # tokens each row made
         self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)  # the last choice
         # the last choice's rows whose logits were not finite (their token is 0, not a pick)
@@ -265,13 +280,18 @@ class RowSampler:
         sampling: Sampling,
         prompt: Sequence[int] = (),
         logprobs: int | None = None,
+        masked: bool = False,
     ) -> None:
         """Row `row` picks by `sampling` from its next token on, its count of draws from 0 (the
         seed is 0 when none is given, as `generate`'s). `prompt` is what the repetition penalty
         counts besides the tokens made; `logprobs` (a count, 0 for the chosen token's only) asks
-        for the log-probabilities of its tokens."""
+        for the log-probabilities of its tokens; `masked`: only the tokens its row of `allowed`
+        allows (every token until the caller writes the row)."""
         self.settings[row] = sampling
         self.logprobs_wanted[row] = logprobs
+        self.masked_rows[row] = masked
+        if masked or self.allowed is not None:
+            self.allowed_buffer()[row].fill_(-1)
         greedy = sampling.greedy
         self.greedy[row] = greedy
         self.temperature[row] = 1.0 if greedy else float(sampling.temperature)
@@ -307,7 +327,15 @@ class RowSampler:
             base,
             penalties=any(s.penalized for s in self.settings),
             logprobs=any(k is not None for k in self.logprobs_wanted),
+            masked=any(self.masked_rows),
         )
+
+    def allowed_buffer(self) -> torch.Tensor:
+        """`allowed`, made (every token allowed) at its first use."""
+        if self.allowed is None:
+            words = (self.vocab + 31) // 32
+            self.allowed = torch.full((self.rows, words), -1, dtype=torch.int32, device=self.device)
+        return self.allowed
 
     def _penalty_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.counts is None or self.in_prompt is None:
@@ -327,7 +355,7 @@ class RowSampler:
         bool) marks the rows whose token counts (a row still being fed its prompt makes none);
         every row when None. `mode` is fixed by a graph's capture; `self.mode` otherwise."""
         mode = self.mode if mode is None else mode
-        _base, penalties, logprobs = _extras(mode)
+        _base, penalties, logprobs, _masked = _extras(mode)
         tokens, failed = self.choose(logits, mode)
         self.failed.copy_(failed)
         if penalties and self.counts is not None:
@@ -345,14 +373,18 @@ class RowSampler:
     def warm_up(self, logits: torch.Tensor, mode: str) -> None:
         """A call's work in `mode`, changing nothing (before a graph captures it)."""
         tokens, _failed = self.choose(logits, mode)
-        if _extras(mode)[2]:
+        if LOGPROBS in mode.split("+"):
             self.logprobs_of(logits, tokens)
 
     def choose(self, logits: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
         """([B] tokens, [B] failed), changing nothing: failed marks the rows whose logits are not
-        finite, whose token is 0. Without penalties the greedy pick and the check are one search
-        over the vocabulary (`greedy_pick`)."""
-        base, penalties, _logprobs = _extras(mode)
+        finite (for a masked row: whose allowed logits are not, or that its grammar allows nothing),
+        whose token is 0. Without penalties the greedy pick and the check are one search over the
+        vocabulary (`greedy_pick`)."""
+        base, penalties, _logprobs, masked = _extras(mode)
+        if masked and self.allowed is not None:  # every other token out of each row's reach
+            allowed = allowed_tokens(self.allowed, logits.shape[1])
+            logits = logits.masked_fill(~allowed, float("-inf"))
         tokens, failed = greedy_pick(logits)
         if penalties and self.counts is not None:  # the argmax of the penalized logits
             logits = self._penalized(logits)
