@@ -313,6 +313,25 @@ class GenerationBuilds:
             self.built["tokenizer"] = self._build("gpt2", "gpt2_tok", "--tokenizer", folder)
         return self.built["tokenizer"]
 
+    def with_json_tokenizer(self) -> tuple:
+        """A tiny Llama's package (tests/long_context_lm.py) with json_tokenizer's byte-level BPE
+        (tests/json_tokenizer.py) and a cache of 1,024 positions (room for a tools prompt and a
+        JSON answer): (package, model)."""
+        if "json" not in self.built:
+            folder = self.root.parent / "json_tokenizer"
+
+            def save() -> None:
+                from json_tokenizer import json_tokenizer
+
+                folder.mkdir(parents=True, exist_ok=True)
+                json_tokenizer().save(str(folder / "tokenizer.json"))
+
+            shared_store.once(folder, save)
+            flags = ("--tokenizer", folder, "--max-seq-len", "1024")
+            source = Path(__file__).parent / "long_context_lm.py"
+            self.built["json"] = self._build("llama", "llama_json", *flags, source=source)
+        return self.built["json"]
+
     def four_rows(self, family: str) -> tuple:
         """The family exported for a batch of 4, whose step runs for any first R rows (a batch of
         2 keeps a static step): (package, model)."""
@@ -333,12 +352,15 @@ class GenerationBuilds:
     @staticmethod
     def _commands(source: Path, artifact: Path, package: Path, *export_flags) -> tuple:
         batch = [] if "--batch-size" in export_flags else ["--batch-size", GENERATION_BATCH]
-        export = ["export", source, "--task", "text-generation", "--max-seq-len", GENERATION_MAX_LEN,
-                  *batch, *export_flags, "-o", artifact]  # fmt: skip
+        length = [] if "--max-seq-len" in export_flags else ["--max-seq-len", GENERATION_MAX_LEN]
+        export = ["export", source, "--task", "text-generation", *length, *batch, *export_flags,
+                  "-o", artifact]  # fmt: skip
         return export, ["build", artifact, "--device", "cpu", "-o", package, "--quiet"]
 
-    def _build(self, family: str, name: str, *export_flags) -> tuple:
-        source, artifact, package = self._files(family, name, *export_flags)
+    def _build(self, family: str, name: str, *export_flags, source: Path | None = None) -> tuple:
+        """`source`: a model file of its own instead of the zoo family's."""
+        zoo_source, artifact, package = self._files(family, name, *export_flags)
+        source = source or zoo_source
         if self.ahead.submitted(name):
             self.ahead.wait(name, package)
         else:

@@ -325,7 +325,7 @@ def test_completion_field_refusals_name_the_field(tokenizer, data, param, words)
     "messages, words",
     [
         ([], "'messages' must be a non-empty list"),
-        ([{"role": "user", "content": "w1", "tool_calls": []}], "message 0 has 'tool_calls'"),
+        ([{"role": "user", "content": "w1", "function_call": {}}], "message 0 has 'function_call'"),
         ([{"role": "user", "content": "w1", "k" * 70: 1}], "message 0 has a name of 70 characters"),
         (
             [{"role": "user", "content": [{"type": "image_url"}]}],
@@ -343,13 +343,13 @@ def test_chat_message_refusals_name_the_message(tokenizer, template, messages, w
 
 
 def test_a_long_value_is_described_whole_in_its_refusal(tokenizer, template):
-    """A tools list too long to quote is named by what it is, never cut mid-value."""
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
-    body = {"messages": [{"role": "user", "content": "w1"}], "tools": tools}
+    """A value too long to quote is named by what it is, never cut mid-value."""
+    functions = [{"name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
+    body = {"messages": [{"role": "user", "content": "w1"}], "functions": functions}
     with pytest.raises(RequestError) as caught:
         parse_chat(json.dumps(body).encode(), GENERATION, tokenizer, template)
     assert str(caught.value) == (
-        "'tools' is a list of 1 item; this server supports only [] (leave it out)"
+        "'functions' is a list of 1 item; this server supports only [] (leave it out)"
     ), str(caught.value)
 
 

@@ -12,12 +12,16 @@ tokens -> a `chat.completion` or its `chat.completion.chunk` events. No server a
 - `logprobs` (true: each new token's logprob) and `top_logprobs` (0 to 20 alternatives).
 - The fields completions share (aotc/serve/request_fields.py): `temperature`, `top_p`, `top_k`,
   `min_p`, the penalties, `seed`, `n`, `stop`, `ignore_eos`, `stream`, `stream_options`, `model`,
-  `user`. Tools, response formats and logit biases are accepted only at their neutral values.
+  `user`. Logit biases and the older `functions` are accepted only at their neutral values.
+- `response_format`, `tools`, `tool_choice`, `parallel_tool_calls` (aotc/serve/structured.py): the
+  answers held to a JSON schema, or to calls of the tools. Messages may carry an assistant's
+  `tool_calls` and a tool's answer (role "tool", `tool_call_id`).
 - The answer: {"id": "chatcmpl-...", "object": "chat.completion", "created", "model", "choices":
-  [{"index", "message": {"role": "assistant", "content"}, "logprobs", "finish_reason"}],
-  "usage"}. Streamed: `chat.completion.chunk` events whose choices carry a `delta` (the first of
-  each choice with its role), the last of a choice with its finish_reason; with `include_usage`
-  a last chunk with no choices and the usage; then `data: [DONE]`.
+  [{"index", "message": {"role": "assistant", "content", "tool_calls" when it called tools},
+  "logprobs", "finish_reason": "stop" | "length" | "tool_calls"}], "usage"}. Streamed:
+  `chat.completion.chunk` events whose choices carry a `delta` (the first of each choice with its
+  role; a tool call whole in one delta), the last of a choice with its finish_reason; with
+  `include_usage` a last chunk with no choices and the usage; then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -30,22 +34,26 @@ from aotc.serve.completions import check_body_size
 from aotc.serve.logprobs import chat_logprobs
 from aotc.serve.protocol import RequestError
 from aotc.serve.request_fields import Choice, Decoding, shown_name
+from aotc.serve.structured import (
+    CallStream,
+    Structure,
+    read_calls,
+    read_structure,
+    tool_call_text,
+    tools_system_text,
+)
 
 FIELDS = ("messages", "model", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
           "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed", "n", "stop", "ignore_eos", "stream", "stream_options",
-          "user")  # fmt: skip
+          "user", "response_format", "tools", "tool_choice", "parallel_tool_calls")  # fmt: skip
 # OpenAI's fields this server leaves out, and the values each may still carry (or null)
 NEUTRAL = {
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True, False),  # says nothing without tools
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
 }
-MESSAGE_KEYS = ("role", "content", "name")
+MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 NO_TEMPLATE = (
     "this package carries no chat template, so it cannot turn messages into a prompt; send a "
     "prompt to /v1/completions, or export the model from its folder with its chat template "
@@ -57,18 +65,23 @@ NO_TEMPLATE = (
 class ChatRequest(Decoding):
     prompt_ids: tuple = ()
     choices: tuple = ()  # request_fields.Choice, in OpenAI's order
+    structure: Structure = Structure()
 
 
-def parse_chat(body: bytes, generation: Any, tokenizer: Any, template: Any) -> ChatRequest:
+def parse_chat(
+    body: bytes, generation: Any, tokenizer: Any, template: Any, vocabulary: Any = None
+) -> ChatRequest:
     """The request in `body`, checked against the package: `template` is its
     aotc_runtime.chat_template.ChatTemplate (None: it carries none), `tokenizer` its
-    tokenizers.Tokenizer."""
+    tokenizers.Tokenizer, `vocabulary` a callable giving its token_grammar.Vocabulary (made when a
+    request first asks for a JSON schema or tools)."""
     check_body_size(body, generation)
     data = fields.json_object(body, '{"messages": [{"role": "user", "content": "..."}]}')
     fields.check_fields(data, FIELDS, NEUTRAL, "a chat completion")
     if template is None or tokenizer is None:
         raise RequestError(400, NO_TEMPLATE, code="chat_template_missing")
-    prompt = _prompt_ids(data.get("messages"), template, tokenizer)
+    structure = read_structure(data)
+    prompt = _prompt_ids(data.get("messages"), template, tokenizer, structure)
     room = generation.max_seq_len - len(prompt)
     asked = fields.integer(data, "max_completion_tokens", None, low=1)
     if asked is None:
@@ -85,13 +98,28 @@ def parse_chat(body: bytes, generation: Any, tokenizer: Any, template: Any) -> C
     known = fields.decoding_fields(decoding)
     known["logprobs"] = (top or 0) if wants else None
     decoding = Decoding(**known)
-    choices = fields.make_choices([prompt], decoding, [max_tokens], generation, "messages")
-    return ChatRequest(**known, prompt_ids=tuple(prompt), choices=choices)
+    grammar = structure.grammar(_vocabulary(vocabulary)) if structure.constrained else None
+    choices = fields.make_choices(
+        [prompt], decoding, [max_tokens], generation, "messages", grammar=grammar
+    )
+    return ChatRequest(**known, prompt_ids=tuple(prompt), choices=choices, structure=structure)
 
 
-def _prompt_ids(messages: Any, template: Any, tokenizer: Any) -> list:
-    """The template's prompt for the messages; the template's refusal as a 400 on `messages`, a
-    template stopped by its bounds (the package's fault, not the request's) as a 500."""
+def _vocabulary(vocabulary: Any) -> Any:
+    from aotc_runtime.errors import MissingDependencyError
+
+    if vocabulary is None:
+        raise RequestError(400, "this server takes no response_format or tools", code="unsupported")
+    try:
+        return vocabulary()
+    except MissingDependencyError as exc:
+        raise RequestError(501, str(exc), code="structured_output_unavailable") from None
+
+
+def _prompt_ids(messages: Any, template: Any, tokenizer: Any, structure: Structure) -> list:
+    """The template's prompt for the messages (and the tools, when the request may call them);
+    the template's refusal as a 400 on `messages`, a template stopped by its bounds (the
+    package's fault, not the request's) as a 500."""
     from aotc_runtime.errors import GenerationInputError, PackageError
 
     if not isinstance(messages, list) or not messages:
@@ -101,15 +129,33 @@ def _prompt_ids(messages: Any, template: Any, tokenizer: Any) -> list:
         )  # fmt: skip
     plain = [_message(number, message) for number, message in enumerate(messages)]
     try:
-        return template.prompt_ids(tokenizer, plain, add_generation_prompt=True)
+        if not structure.calls_tools:
+            return template.prompt_ids(tokenizer, plain, add_generation_prompt=True)
+        tools = [tool.as_openai() for tool in structure.tools]
+        shown_tools = template.render(plain, True, tools)
+        if shown_tools != template.render(plain, True):  # the template renders them itself
+            return list(tokenizer.encode(shown_tools, add_special_tokens=False).ids)
+        return template.prompt_ids(tokenizer, _with_tools_text(plain, structure.tools))
     except GenerationInputError as exc:
         raise RequestError(400, str(exc), param="messages") from None
     except PackageError as exc:
         raise RequestError(500, str(exc), code="chat_template_stopped") from None
 
 
+def _with_tools_text(messages: list, tools: tuple) -> list:
+    """The messages with the tools described in the system message (the first message's, if it is
+    one; else a new first message), for a template that does not render `tools`."""
+    text = tools_system_text(tools)
+    if messages[0]["role"] == "system":
+        first = {**messages[0], "content": messages[0]["content"] + "\n\n" + text}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
 def _message(number: int, message: Any) -> dict:
-    """One message as the template reads it: role, content as text, and name if given."""
+    """One message as the template reads it: role, content as text, and name if given; an
+    assistant's tool calls written into its content as the model writes them, a tool's answer
+    with its role "tool"."""
     shape = 'send {"role": ..., "content": "text"}'
     if not isinstance(message, dict):
         raise RequestError(
@@ -118,13 +164,20 @@ def _message(number: int, message: Any) -> dict:
     extra = [key for key in message if key not in MESSAGE_KEYS]
     if extra:
         raise RequestError(
-            400, f"message {number} has {shown_name(extra[0])}, which this server does not take "
-            f"(tools and function calls are not served); a message takes "
-            f"{', '.join(MESSAGE_KEYS)}", param="messages",
+            400, f"message {number} has {shown_name(extra[0])}, which this server does not take; "
+            f"a message takes {', '.join(MESSAGE_KEYS)}", param="messages",
         )  # fmt: skip
     content = message.get("content")
     if isinstance(content, list):
         content = "".join(_text_part(number, part) for part in content)
+    calls = message.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise RequestError(
+                400, f"message {number}'s 'tool_calls' is {fields.shown(calls)}; send a list",
+                param="messages",
+            )  # fmt: skip
+        content = "\n".join(part for part in (content or "", tool_call_text(calls)) if part)
     plain = {"role": message.get("role"), "content": content}
     if message.get("name") is not None:
         plain["name"] = message["name"]
@@ -150,31 +203,50 @@ def _text_part(number: int, part: Any) -> str:
 
 
 class ChatShape:
-    """How the chat endpoint writes what the engine made (answers.py collects it)."""
+    """How the chat endpoint writes what the engine made (answers.py collects it). An answer of a
+    request that may call tools is read for its calls (structured.py): a whole answer's calls go
+    in `tool_calls`, a streamed answer's each in one delta once it is complete, and either ends
+    with finish_reason "tool_calls"."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
     def __init__(self, request: ChatRequest, tokenizer: Any):
         self.request, self.tokenizer = request, tokenizer
+        self._streams: dict = {}  # choice index -> its CallStream, with tools
 
     def whole_choice(self, choice: Choice, text: str, ids: list, tokens: list, finish: str) -> dict:
+        message: dict = {"role": "assistant", "content": text}
+        calls = read_calls(text) if self.request.structure.calls_tools else None
+        if calls:  # those complete, when the answer was cut at its last token
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            finish = "tool_calls" if finish == "stop" else finish
         return {
             "index": choice.index,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": self._logprobs(tokens),
             "finish_reason": finish,
         }
 
     def chunk_choices(self, choice: Choice, event: dict, first: bool) -> list:
-        delta = (
-            {"role": "assistant", "content": event["text"]} if first else {"content": event["text"]}
-        )
+        content, calls, finish = event["text"], [], event["finish_reason"]
+        if self.request.structure.calls_tools:
+            stream = self._streams.setdefault(choice.index, CallStream())
+            content, calls = stream.add(event["text"])
+            if finish is not None:
+                content += stream.rest()
+                if stream.calls and finish == "stop":
+                    finish = "tool_calls"
+        delta: dict = {"role": "assistant"} if first else {}
+        if calls:
+            delta["tool_calls"] = calls
+        if content or not calls:
+            delta["content"] = content
         return [
             {
                 "index": choice.index,
                 "delta": delta,
                 "logprobs": self._logprobs([event]),
-                "finish_reason": event["finish_reason"],
+                "finish_reason": finish,
             }
         ]
 

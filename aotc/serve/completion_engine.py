@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -141,6 +142,8 @@ class CompletionEngine:
         self._worker: asyncio.Task | None = None
         self.counts = {"requests": 0, "generations": 0, "tokens": 0}
         self.prefix_cache = PrefixCache() if settings.prefix_cache else None
+        self._vocabulary: Any = None  # the tokenizer as grammars read it, made at first use
+        self._vocabulary_lock = threading.Lock()
         self._ttft = metrics.Histogram(
             "aotc_time_to_first_token_ms",
             description="From a completion request's arrival at its replica to its first token.",
@@ -168,7 +171,12 @@ class CompletionEngine:
             # checks go on meanwhile
             if chat:
                 request = await asyncio.to_thread(
-                    parse_chat, body, self.generation, self.tokenizer, self.chat_template
+                    parse_chat,
+                    body,
+                    self.generation,
+                    self.tokenizer,
+                    self.chat_template,
+                    self.vocabulary,
                 )
             else:
                 request = await asyncio.to_thread(
@@ -208,6 +216,18 @@ class CompletionEngine:
                     return
         finally:  # answered, or the client left (the stream was cancelled)
             reply.gone = True
+
+    def vocabulary(self) -> Any:
+        """The package's aotc_runtime.token_grammar.Vocabulary, made when a request first asks
+        for a JSON schema or tools (about half a second; requests parse in threads: made once)."""
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                from aotc_runtime.token_grammar import Vocabulary
+
+                self._vocabulary = Vocabulary(
+                    self.tokenizer, self.generation.vocab_size, self.generation.eos_token_ids
+                )
+            return self._vocabulary
 
     def _start_worker(self) -> None:
         if self._worker is None or self._worker.done():

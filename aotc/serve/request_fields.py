@@ -286,10 +286,16 @@ class Choice:
 
 
 def make_choices(
-    prompts: list, decoding: Decoding, max_tokens: list, generation: Any, prompt_param: str
+    prompts: list,
+    decoding: Decoding,
+    max_tokens: list,
+    generation: Any,
+    prompt_param: str,
+    grammar: Any = None,
 ) -> tuple:
     """Every answer of the request, prompt by prompt, n each, each checked against the package
-    (the runtime's words: its vocabulary, its KV cache). `max_tokens[i]`: prompt i's."""
+    (the runtime's words: its vocabulary, its KV cache). `max_tokens[i]`: prompt i's; `grammar`
+    (token_grammar.TokenGrammar) holds every answer's text to it."""
     from aotc_runtime.errors import GenerationInputError
     from aotc_runtime.generation_request import GenerationRequest
 
@@ -305,6 +311,8 @@ def make_choices(
         extra["ignore_eos"] = True
     if decoding.logprobs is not None:
         extra["logprobs"] = decoding.logprobs
+    if grammar is not None:
+        extra["grammar"] = grammar
     choices = []
     for i, (prompt, most) in enumerate(zip(prompts, max_tokens)):
         for j, seed in enumerate(decoding.seeds()):

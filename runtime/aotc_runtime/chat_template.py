@@ -64,16 +64,20 @@ class ChatTemplate:
         return cls(text, getattr(generation, "special_tokens", None) or {}, origin)
 
     def render(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The conversation as the prompt's text (apply_chat_template(tokenize=False))."""
+        """The conversation as the prompt's text (apply_chat_template(tokenize=False)); `tools`
+        as transformers passes them: OpenAI's {"type": "function", "function": {...}} objects."""
         check_messages(messages)
         from .template_process import TemplateFailure
 
         variables = {
             **self.special_tokens,
             "messages": [dict(m) for m in messages],
-            "tools": None,
+            "tools": [dict(tool) for tool in tools] if tools else None,
             "documents": None,
             "add_generation_prompt": bool(add_generation_prompt),
         }
@@ -104,10 +108,11 @@ class ChatTemplate:
         tokenizer: Any,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """The prompt's token ids, as apply_chat_template(tokenize=True) makes them: the rendered
         text encoded without the tokenizer's own special tokens (the template wrote them)."""
-        text = self.render(messages, add_generation_prompt)
+        text = self.render(messages, add_generation_prompt, tools)
         return list(tokenizer.encode(text, add_special_tokens=False).ids)
 
 

@@ -74,8 +74,12 @@ class Vocabulary:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self._limits = llguidance.LLParserLimits(**LIMITS)
+        # an end-of-sequence id the tokenizer does not hold cannot end a grammar (llguidance
+        # refuses it); the tokenizer's own end then does, and a complete grammar ends its row
+        words = tokenizer.get_vocab_size(with_added_tokens=True)
+        eos = [token for token in eos_token_ids if token < words]
         self._tokenizer = llguidance.LLTokenizer(
-            tokenizer.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids)
+            tokenizer.to_str(), n_vocab=vocab_size, eos_token=eos or None
         )
 
     def json_schema(self, schema: Any) -> TokenGrammar:
