@@ -58,7 +58,8 @@ test-gpu:
 GPU_PYTHON_VERSION ?= 3.12
 gpu-wheels: install
 	$(PY) -m pip download -q --disable-pip-version-check --only-binary=:all: --platform manylinux2014_x86_64 \
-	  --python-version $(GPU_PYTHON_VERSION) -d .gpu/wheels jsonschema==4.26.0 nlohmann-json==3.12.0 importlib-resources==7.1.0
+	  --platform manylinux_2_31_x86_64 --python-version $(GPU_PYTHON_VERSION) -d .gpu/wheels \
+	  jsonschema==4.26.0 nlohmann-json==3.12.0 importlib-resources==7.1.0 llguidance==1.9.1
 
 # The C++ runner (runtime/cpp) against the installed torch: runtime/cpp/build/aotc-runner, linked into
 # .venv/bin. Needs cmake, g++ and the OpenSSL and zlib headers (installed with apt when missing and root).

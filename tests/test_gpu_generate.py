@@ -331,3 +331,41 @@ def test_a_reused_prompt_start_answers_as_without_one_on_the_gpu(built, no_tf32)
     from test_prefix_cache import assert_reuse_answers_as_without
 
     assert_reuse_answers_as_without(built["llama", "fp32"][0])
+
+
+def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
+    """A constrained row on a CUDA package whose decode replays as a graph (the sampler's masked
+    mode captured, the mask written before each step, no step queued ahead while it runs): its
+    text is JSON valid against its schema, and the free row beside it gets its lone tokens."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    import json
+
+    from json_tokenizer import EOS, json_tokenizer
+    from test_decode_engine import alone
+    from test_token_grammar import run_all
+
+    from aotc_runtime.decode_engine import DecodeEngine
+    from aotc_runtime.generation_request import GenerationRequest
+    from aotc_runtime.sampling import GREEDY, Sampling
+    from aotc_runtime.token_grammar import Vocabulary
+
+    package = aotc_runtime.load(built["gpt2", "fp32"][0])
+    tokenizer = json_tokenizer()  # 300 words of the model's 512: the ids past them never allowed
+    vocabulary = Vocabulary(tokenizer, package.generation.vocab_size, (EOS,))
+    # short enough for the zoo's 32 positions: {"ok": true}
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    grammar = vocabulary.json_schema({**schema, "additionalProperties": False})
+    for sampling in (GREEDY, Sampling(temperature=1.0, seed=4)):
+        done = run_all(
+            DecodeEngine(package),
+            {
+                "held": GenerationRequest((5, 17, 42), 28, sampling, grammar=grammar),
+                "free": GenerationRequest((7, 8, 300), 10, GREEDY, eos_token_ids=()),
+            },
+        )
+        tokens, finish = done["held"]
+        assert finish == "stop", tokenizer.decode(tokens)
+        jsonschema.validate(json.loads(tokenizer.decode(tokens)), schema)
+        assert done["free"][0] == alone(package, [7, 8, 300], 10)
+    assert "greedy+masked" in package.decode_graph().captured_modes

@@ -205,8 +205,8 @@ def _text_part(number: int, part: Any) -> str:
 class ChatShape:
     """How the chat endpoint writes what the engine made (answers.py collects it). An answer of a
     request that may call tools is read for its calls (structured.py): a whole answer's calls go
-    in `tool_calls`, a streamed answer's each in one delta once it is complete, and either ends
-    with finish_reason "tool_calls"."""
+    in `tool_calls`, a streamed answer's each in one delta once it is complete (with its `index`,
+    as OpenAI streams them), and either ends with finish_reason "tool_calls"."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
@@ -218,7 +218,8 @@ class ChatShape:
         message: dict = {"role": "assistant", "content": text}
         calls = read_calls(text) if self.request.structure.calls_tools else None
         if calls:  # those complete, when the answer was cut at its last token
-            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            whole = [{k: v for k, v in call.items() if k != "index"} for call in calls]
+            message = {"role": "assistant", "content": None, "tool_calls": whole}
             finish = "tool_calls" if finish == "stop" else finish
         return {
             "index": choice.index,

@@ -77,10 +77,8 @@ class Vocabulary:
         # an end-of-sequence id the tokenizer does not hold cannot end a grammar (llguidance
         # refuses it); the tokenizer's own end then does, and a complete grammar ends its row
         words = tokenizer.get_vocab_size(with_added_tokens=True)
-        eos = [token for token in eos_token_ids if token < words]
-        self._tokenizer = llguidance.LLTokenizer(
-            tokenizer.to_str(), n_vocab=vocab_size, eos_token=eos or None
-        )
+        eos = [token for token in eos_token_ids if token < words] or None
+        self._tokenizer = _readable(llguidance, tokenizer, vocab_size, eos)
 
     def json_schema(self, schema: Any) -> TokenGrammar:
         """The grammar of JSON text valid against `schema` (a JSON schema as a dict): an object
@@ -117,6 +115,54 @@ class Vocabulary:
         return TokenMatcher(
             llguidance.LLMatcher(self._tokenizer, grammar, limits=self._limits, log_level=0)
         )
+
+
+def _readable(llguidance: Any, tokenizer: Any, vocab_size: int, eos: list | None) -> Any:
+    """llguidance's tokenizer, its bytes of each token checked against the tokenizer's own text.
+    llguidance reads a token's bytes by the decoder's type: a byte-level tokenizer whose decoder
+    is a Sequence (transformers writes ByteFallback, Fuse, Replace and ByteLevel for some GGUF
+    models, SmolLM2's among them) is read as text, so "Ġ" stays two bytes, and a mask allows a
+    token the matcher then refuses. Such a tokenizer is read with its ByteLevel decoder alone,
+    which is what its other steps amount to for byte-level tokens."""
+    text = tokenizer.to_str()
+    made = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=eos)
+    if _reads_as_its_tokenizer(made, tokenizer):
+        return made
+    spec = json.loads(text)
+    byte_level = [
+        step
+        for step in [spec.get("decoder") or {}, *(spec.get("decoder") or {}).get("decoders", [])]
+        if step.get("type") == "ByteLevel"
+    ]
+    if byte_level:
+        spec["decoder"] = byte_level[0]
+        made = llguidance.LLTokenizer(json.dumps(spec), n_vocab=vocab_size, eos_token=eos)
+        if _reads_as_its_tokenizer(made, tokenizer):
+            return made
+    raise GrammarError(
+        "this package's tokenizer cannot be read token by token as bytes (its decoder is "
+        f"{(spec.get('decoder') or {}).get('type')!r}), so no grammar can hold its output; "
+        "structured output needs a byte-level or SentencePiece tokenizer"
+    )
+
+
+# tokens compared in `_reads_as_its_tokenizer`: spread over the vocabulary, a few milliseconds
+SAMPLED_TOKENS = 4096
+
+
+def _reads_as_its_tokenizer(made: Any, tokenizer: Any) -> bool:
+    """Whether llguidance's bytes of a spread of tokens are the tokenizer's own decoding, but for
+    a leading space (tokens that are not whole UTF-8 alone, and special tokens, are left out)."""
+    words = tokenizer.get_vocab_size(with_added_tokens=False)
+    special = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+    for token in range(0, words, max(1, words // SAMPLED_TOKENS)):
+        text = tokenizer.decode([token], skip_special_tokens=False)
+        if not text or "\ufffd" in text or text in special:
+            continue
+        # a SentencePiece token alone decodes without its leading space ("▁The" -> "The")
+        if made.decode_bytes([token]).lstrip(b" ") != text.encode().lstrip(b" "):
+            return False
+    return True
 
 
 class TokenGrammar:
