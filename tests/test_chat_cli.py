@@ -264,3 +264,30 @@ def test_a_template_that_cannot_compile_within_its_bounds_ends_the_chat_in_one_l
     assert done.exit_code == 7, done.stderr
     assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert time.perf_counter() - started < 10
+
+
+def test_generate_with_chat_renders_the_prompt_as_a_users_first_turn(chat_package, tmp_path):
+    """`aotc generate --chat`: the prompt transformers' apply_chat_template makes of one user
+    message, greedy, and the same reply `aotc chat` gives; without a template, one line."""
+    import json
+
+    package, hf = chat_package
+    done = invoke("generate", package, "--prompt", "w5 w17", "--chat", "--max-new-tokens", NEW,
+                  "--json")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    ids = hf.apply_chat_template(
+        [{"role": "user", "content": "w5 w17"}], chat_template=CHATML, tokenize=True,
+        add_generation_prompt=True, return_dict=False,
+    )  # fmt: skip
+    expected = aotc_runtime.load(package).generate([ids], max_new_tokens=NEW)[0, len(ids) :]
+    assert json.loads(done.stdout)["generated_ids"] == [expected.tolist()]
+    plain = tmp_path / "plain"
+    shutil.copytree(package, plain)
+    manifest = json.loads((plain / "manifest.json").read_text())
+    manifest["generation"]["chat_template"] = None
+    (plain / "manifest.json").write_text(aotc_runtime.hashed_manifest_text(manifest))
+    refused = invoke("generate", plain, "--prompt", "w5", "--chat")
+    assert refused.exit_code == 2 and "--chat needs a chat template" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    ids_only = invoke("generate", package, "--prompt-ids", "5,17", "--chat")
+    assert ids_only.exit_code == 2 and "--chat renders --prompt text" in ids_only.stderr

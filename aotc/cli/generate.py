@@ -40,6 +40,23 @@ def utf8_text(text: str) -> str:
     return text
 
 
+def chat_prompts(loaded, tokenizer, texts: list) -> list:
+    """Each text as one user's message rendered by the package's chat template, as ids."""
+    from aotc_runtime.chat_template import ChatTemplate
+
+    template = ChatTemplate.of_package(loaded)
+    if template is None:
+        raise UserInputError(
+            f"--chat needs a chat template, and {loaded.path} carries none; leave --chat out, or "
+            "export the model from its folder with its chat template (aotc export MODEL_DIR "
+            "--task text-generation)"
+        )
+    try:
+        return [template.prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
+    finally:
+        template.close()
+
+
 @click.command(epilog=exit_codes_epilog())
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option(
@@ -114,6 +131,13 @@ def utf8_text(text: str) -> str:
     help="Print the text as it comes (--prompt: one prompt), or each step's ids (--prompt-ids); "
     "with --json, a JSON line per step, then the report.",
 )
+@click.option(
+    "--chat",
+    "as_chat",
+    is_flag=True,
+    help="Render each --prompt as a user's message with the package's chat template (the prompt "
+    "`aotc chat` and /v1/chat/completions make of a first turn).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @threads_option(
     "CPU threads of each step (1 to 1024) [default: one per physical core this process may use, "
@@ -136,6 +160,7 @@ def generate(
     ignore_eos,
     logprobs,
     stream,
+    as_chat,
     as_json,
     threads,
     require_signature,
@@ -154,6 +179,8 @@ def generate(
         )
     if logprobs is not None and not as_json:
         raise UserInputError("--logprobs is printed in the JSON result; add --json")
+    if as_chat and not texts:
+        raise UserInputError("--chat renders --prompt text as a user's message; give --prompt TEXT")
     public_key = required_key(require_signature, public_key)
     texts = [utf8_text(t) for t in texts]
     from aotc_runtime.threads import set_threads
@@ -161,7 +188,12 @@ def generate(
     threads = set_threads(threads)  # before the package loads: inter-op threads are set once
     loaded = aotc_runtime.load(package, public_key=public_key)
     tokenizer = loaded.tokenizer if texts else None
-    ids = [tokenizer.encode(t).ids for t in texts] if tokenizer else [token_ids(p) for p in prompts]
+    if as_chat:
+        ids = chat_prompts(loaded, tokenizer, texts)
+    elif tokenizer is not None:
+        ids = [tokenizer.encode(t).ids for t in texts]
+    else:
+        ids = [token_ids(p) for p in prompts]
     if any(not prompt for prompt in ids):
         raise UserInputError("a prompt is empty (no tokens); give at least one token")
     if stream and tokenizer is not None and len(ids) > 1 and not as_json:
