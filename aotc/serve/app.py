@@ -400,6 +400,10 @@ def ray_on_loopback(local: bool) -> Iterator[None]:
         return
     from ray._private import ray_constants
 
+    # Ray 2.60 warns at every local start that it enabled token authentication (its default when
+    # RAY_AUTH_MODE is unset), though such a Ray listens on loopback only; aotc serve says nothing
+    # of it (auth stays on)
+    logging.getLogger(RAY_AUTH_LOGGER).addFilter(_without_auth_notice)
     saved = os.environ.get(RAY_CLUSTER_FLAG), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[RAY_CLUSTER_FLAG] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
@@ -411,6 +415,13 @@ def ray_on_loopback(local: bool) -> Iterator[None]:
         else:
             os.environ[RAY_CLUSTER_FLAG] = saved[0]
         ray_constants.ENABLE_RAY_CLUSTER = saved[1]
+
+
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _without_auth_notice(record: logging.LogRecord) -> bool:
+    return "Token authentication is enabled for this Ray cluster" not in record.getMessage()
 
 
 def reachable_host(options: ServeOptions) -> str:

@@ -145,12 +145,19 @@ class _Row:
     tokens: list = field(default_factory=list)  # the tokens made, with a prefix cache
     matcher: Any = None  # token_grammar.TokenMatcher: where the row stands in its grammar
     mask_stale: bool = True  # the matcher moved since its mask was written
+    # with a prefix cache: the tokens at the row's positions 0..n-1, kept as they are fed (its
+    # prompt's so far, and those it made but the last, which the next step feeds), so a server's
+    # queue checks read them without rebuilding them
+    fed_tokens: list = field(default_factory=list)
 
     def fed(self) -> list:
-        """The tokens at the row's positions 0..n-1: its prompt's fed so far, and those it made
-        but the last (the next step feeds it)."""
-        prompt = self.request.prompt
-        return list(prompt[: len(prompt) - len(self.prompt)]) + self.tokens[:-1]
+        return self.fed_tokens
+
+    def made_token(self, token: int) -> None:
+        """With a prefix cache: the row made `token`; the one before it is fed by now."""
+        if self.tokens:
+            self.fed_tokens.append(self.tokens[-1])
+        self.tokens.append(token)
 
 
 class DecodeEngine:
@@ -230,8 +237,9 @@ class DecodeEngine:
         text = TextDelta(self.tokenizer, request.stop) if self.tokenizer is not None else None
         matcher = request.grammar.matcher() if request.grammar is not None else None
         self.rows[slot] = _Row(
-            key, request, list(request.prompt[reused:]), text=text, matcher=matcher
-        )
+            key, request, list(request.prompt[reused:]), text=text, matcher=matcher,
+            fed_tokens=list(request.prompt[:reused]) if self.prefix_cache is not None else [],
+        )  # fmt: skip
         self.held[slot] = reused
         self._fresh = True
         self.sampler.set(
@@ -334,7 +342,7 @@ class DecodeEngine:
             self.last[slot] = token
             row.made += 1
             if self.prefix_cache is not None:
-                row.tokens.append(token)
+                row.made_token(token)
             if failed_rows[slot]:  # its logits were not finite: it ends here, alone
                 made.append(Made(key, token, ERROR))
                 self._free(slot, keep=False)  # what it holds may be what made them so
@@ -483,6 +491,8 @@ class DecodeEngine:
                 ids[slot, window - len(chunk) :] = torch.tensor(chunk, dtype=torch.int64)
                 fed[slot] = len(chunk)
                 row.prompt = row.prompt[len(chunk) :]
+                if self.prefix_cache is not None:
+                    row.fed_tokens.extend(chunk)
             else:
                 ids[slot, -1] = self.last[slot]
                 fed[slot] = 1

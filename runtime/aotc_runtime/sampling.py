@@ -379,16 +379,16 @@ class RowSampler:
     def choose(self, logits: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
         """([B] tokens, [B] failed), changing nothing: failed marks the rows whose logits are not
         finite (for a masked row: whose allowed logits are not, or that its grammar allows nothing),
-        whose token is 0. Without penalties the greedy pick and the check are one search over the
-        vocabulary (`greedy_pick`)."""
+        whose token is 0. The greedy pick and the check are one search over the (penalized,
+        masked) vocabulary (`greedy_pick`)."""
         base, penalties, _logprobs, masked = _extras(mode)
         if masked and self.allowed is not None:  # every other token out of each row's reach
             allowed = allowed_tokens(self.allowed, logits.shape[1])
             logits = logits.masked_fill(~allowed, float("-inf"))
-        tokens, failed = greedy_pick(logits)
         if penalties and self.counts is not None:  # the argmax of the penalized logits
+            # a penalty keeps a NaN, an inf and a row of -inf as they are: the check is the same
             logits = self._penalized(logits)
-            tokens = largest(logits)[1].masked_fill(failed, 0)
+        tokens, failed = greedy_pick(logits)
         if base == GREEDY_ONLY:
             return tokens, failed
         scores = logits.float() / self.temperature[:, None]
