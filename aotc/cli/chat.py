@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from aotc.cli.generate import MAX_SEED
 from aotc.cli.keys import required_key, signature_options
+from aotc.cli.sampling_options import sampling_options, with_model_defaults
 from aotc.cli.types import exit_codes_epilog, threads_option
 from aotc.errors import UserInputError
 
@@ -20,21 +20,7 @@ COMMANDS = "/reset clears the history, /exit (or Ctrl-D) leaves, /help lists the
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option("--system", default=None, help="A system message that opens the conversation.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option(
-    "--temperature",
-    type=click.FloatRange(min=0.0),
-    default=0.0,
-    show_default=True,
-    help="0: greedy; above 0: sampled.",
-)
-@click.option("--top-k", type=click.IntRange(min=1), default=None)
-@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
-@click.option(
-    "--seed",
-    type=click.IntRange(0, MAX_SEED),
-    default=None,
-    help="Makes a sampled reply repeatable (0 to 2**64-1).",
-)
+@sampling_options(model_defaults=True)
 @threads_option(
     "CPU threads of each step (1 to 1024) [default: one per physical core this process may use]."
 )
@@ -47,6 +33,10 @@ def chat(
     top_k,
     top_p,
     seed,
+    min_p,
+    presence_penalty,
+    frequency_penalty,
+    repetition_penalty,
     threads,
     require_signature,
     public_key,
@@ -59,7 +49,8 @@ def chat(
     /exit or Ctrl-D leaves, /help lists these. When the history no longer fits the package's
     --max-seq-len, the oldest turns are dropped, and a line on stderr says so; so does a reply
     that stopped at --max-new-tokens. A turn is fed only what follows the conversation so far,
-    which the package's KV cache still holds.
+    which the package's KV cache still holds. The sampling options left out take the model's
+    defaults (its generation_config; greedy when it does not sample), as aotc serve does.
 
     \b
       aotc chat lm_pkg/ --system "You are concise." --max-new-tokens 128
@@ -80,15 +71,20 @@ def chat(
             f"aotc export MODEL_DIR --task text-generation, then aotc build; or run "
             f'`aotc generate {package} --prompt "TEXT"` for plain text'
         )
+    sampling = with_model_defaults(
+        loaded.generation,
+        {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+         "repetition_penalty": repetition_penalty},
+    )  # fmt: skip
     session = ChatSession(
         loaded,
         template,
         system=system,
         max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
         seed=seed,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        **sampling,
     )
     converse(session, threads)
 

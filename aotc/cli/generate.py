@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 
 from aotc.cli.keys import required_key, signature_options
+from aotc.cli.sampling_options import sampling_options
 from aotc.cli.types import exit_codes_epilog, threads_option
 from aotc.errors import UserInputError
 
-MAX_SEED = 2**64 - 1  # aotc_runtime.sampling.MAX_SEED, without importing torch for --help
 MAX_LOGPROBS = 20  # aotc_runtime.sampling.MAX_LOGPROBS, likewise
 
 
@@ -72,49 +72,7 @@ def chat_prompts(loaded, tokenizer, texts: list) -> list:
     help="A prompt as comma-separated token ids (5,17,42); repeat for a batch.",
 )
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option(
-    "--temperature",
-    type=click.FloatRange(min=0.0),
-    default=0.0,
-    show_default=True,
-    help="0: greedy; above 0: sampled.",
-)
-@click.option("--top-k", type=click.IntRange(min=1), default=None)
-@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
-@click.option(
-    "--seed",
-    type=click.IntRange(0, MAX_SEED),
-    default=None,
-    help="Makes a sampled run repeatable (0 to 2**64-1).",
-)
-@click.option(
-    "--min-p",
-    type=float,
-    default=None,
-    help="0 to 1: a sampled token must be at least this times as likely as the most likely.",
-)
-@click.option(
-    "--presence-penalty",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="-2 to 2, subtracted from the logit of every token already made (OpenAI's).",
-)
-@click.option(
-    "--frequency-penalty",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="-2 to 2, times how often a token was made, subtracted from its logit (OpenAI's).",
-)
-@click.option(
-    "--repetition-penalty",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="0.01 to 100: the logits of tokens in the prompt or made are divided by it "
-    "(transformers'; above 1 discourages repeats).",
-)
+@sampling_options(model_defaults=False)
 @click.option(
     "--ignore-eos", is_flag=True, help="Go on past end-of-sequence tokens to --max-new-tokens."
 )

@@ -115,4 +115,5 @@ def generation_record(task: dict | None) -> Generation | None:
         chat_template=CHAT_TEMPLATE_FILE if task.get("chat_template") else None,
         # the names the template is rendered with: nothing else reads them
         special_tokens=dict(task.get("special_tokens") or {}) if task.get("chat_template") else {},
+        sampling_defaults=dict(task.get("sampling_defaults") or {}),
     )

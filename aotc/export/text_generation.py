@@ -314,10 +314,43 @@ def task_record(model: Any, cfg: Any, extras: Any = None) -> dict:
         # the template travels as an artifact entry; the build names its package file
         "chat_template": extras is not None and extras.chat_template is not None,
         "special_tokens": dict(extras.special_tokens) if extras is not None else {},
+        "sampling_defaults": sampling_defaults(generation),
     }
     if outside:
         record["ids_outside_vocabulary"] = outside
     return record
+
+
+def sampling_defaults(generation: Any) -> dict:
+    """How transformers' `generate` samples this model when asked nothing (its generation_config,
+    the folder's generation_config.json for a saved folder): greedy unless `do_sample`, then its
+    temperature, top-k, top-p and min-p; its repetition penalty either way. A value outside the
+    runtime's ranges is left out (its default stands)."""
+    from aotc_runtime.sampling import Sampling
+
+    if generation is None:
+        return {}
+    found: dict = {}
+    if getattr(generation, "do_sample", False):
+        # what `generate` applies where the config leaves a value unset (transformers 5 keeps
+        # unset values None): temperature 1.0, top-k 50, top-p 1.0
+        unset = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None}
+        for key, default in unset.items():
+            value = getattr(generation, key, None)
+            found[key] = default if value is None else value
+    else:
+        found["temperature"] = 0.0
+    found["repetition_penalty"] = getattr(generation, "repetition_penalty", None)
+    kept = {}
+    for key, value in found.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        value = int(value) if key == "top_k" else float(value)
+        if Sampling(**{key: value}).check() is None:
+            kept[key] = value
+    if kept.get("repetition_penalty") == 1.0:
+        del kept["repetition_penalty"]  # none
+    return kept
 
 
 def task_notes(task: dict | None) -> tuple[str, ...]:

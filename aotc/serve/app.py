@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -156,6 +157,8 @@ def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
             "batch_size": generation.batch_size,
             "max_seq_len": generation.max_seq_len,
             "tokenizer": generation.tokenizer is not None,
+            # what a request that names no sampling field gets: the model's generation_config
+            "sampling_defaults": dataclasses.asdict(generation.default_sampling()),
         }
         info["batching"] = {"dim": None, "max_rows": generation.batch_size, "wait_ms": 0}
         chat = ["POST /v1/chat/completions"] if generation.chat_template is not None else []

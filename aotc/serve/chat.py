@@ -87,7 +87,7 @@ def parse_chat(
     if asked is None:
         asked = fields.integer(data, "max_tokens", None, low=1)
     max_tokens = asked if asked is not None else max(room, 1)
-    decoding = fields.read_decoding(data, tokenizer, max_tokens)
+    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation)
     wants = fields.boolean(data, "logprobs", False)
     top = fields.integer(data, "top_logprobs", None, low=0, high=fields.MAX_LOGPROBS)
     if top is not None and not wants:

@@ -7,7 +7,7 @@ server-sent chunks. No server and no model here, so every check is tested withou
   answer per prompt, as LangChain sends a batch); `max_tokens` (16); `echo` (the answer's text
   starts with the prompt's); `logprobs` (0 to 20: each new token's logprob and that many
   alternatives, in OpenAI's legacy shape); `suffix` only null.
-- The fields chat shares (aotc/serve/request_fields.py): `temperature` (1.0; 0 is greedy),
+- The fields chat shares (aotc/serve/request_fields.py): `temperature` (0 is greedy; left out, the model's default),
   `top_p`, `top_k`, `min_p`, `presence_penalty`, `frequency_penalty`, `repetition_penalty`,
   `seed`, `n`, `stop` (a string or up to 4), `ignore_eos`, `stream`, `stream_options`
   (`include_usage`), `model`, `user`. Any other field is refused, naming it; `best_of` and
@@ -98,7 +98,7 @@ def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> Com
         )
     prompts, texts = _prompts(data["prompt"], generation, tokenizer)
     max_tokens = fields.integer(data, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
-    decoding = fields.read_decoding(data, tokenizer, max_tokens)
+    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation)
     echo = fields.boolean(data, "echo", False)
     logprobs = fields.integer(data, "logprobs", None, low=0, high=fields.MAX_LOGPROBS)
     if echo and tokenizer is None:

@@ -250,20 +250,32 @@ def decoding_fields(decoding: Decoding) -> dict:
     return {f.name: getattr(decoding, f.name) for f in dataclasses.fields(Decoding)}
 
 
-def read_decoding(data: dict, tokenizer: Any, max_tokens: int | None) -> Decoding:
+def read_decoding(
+    data: dict, tokenizer: Any, max_tokens: int | None, generation: Any = None
+) -> Decoding:
     """The shared fields of `data`; `max_tokens` is the value the endpoint read (its own names
-    and default)."""
+    and default). A sampling field the request leaves out takes the model's default
+    (`generation.default_sampling()`: its generation_config, greedy when it does not sample, as
+    transformers' `generate`), so `aotc serve` and `aotc chat` answer alike; OpenAI's (temperature
+    1.0) without a package's record."""
+    from aotc_runtime.sampling import Sampling
+
+    defaults = (
+        generation.default_sampling()
+        if hasattr(generation, "default_sampling")
+        else Sampling(temperature=1.0)
+    )
     tuning = {}
     for key, neutral in TUNING.items():
-        given = sampling_value(data, key, None)
+        given = sampling_value(data, key, getattr(defaults, key))
         if given is not None and given != neutral:
             tuning[key] = given
     stream = boolean(data, "stream", False)
     return Decoding(
         max_tokens=max_tokens,
-        temperature=sampling_value(data, "temperature", 1.0),
-        top_p=sampling_value(data, "top_p", 1.0),
-        top_k=sampling_value(data, "top_k", None),
+        temperature=sampling_value(data, "temperature", defaults.temperature),
+        top_p=sampling_value(data, "top_p", defaults.top_p or 1.0),
+        top_k=sampling_value(data, "top_k", defaults.top_k),
         seed=sampling_value(data, "seed", None),
         tuning=tuning,
         n=integer(data, "n", 1, low=1, high=MAX_N),

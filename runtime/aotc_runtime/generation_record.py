@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .errors import PackageError
 from .fields import Fields, inside_package
+from .sampling import Sampling
 from .signature import Signature
 
 STEP_INPUTS = ("input_ids", "cache_lengths", "input_lengths")
@@ -52,6 +53,15 @@ class Generation:
     # special tokens it is rendered with (bos_token, eos_token, ...), when the model has them
     chat_template: str | None = None
     special_tokens: dict = field(default_factory=dict, hash=False)
+    # how the model samples when a request names nothing (its generation_config, as transformers'
+    # `generate` reads it: "temperature" 0 when it does not sample): SAMPLING_DEFAULTS' keys; {}
+    # in packages from before it was recorded
+    sampling_defaults: dict = field(default_factory=dict, hash=False)
+
+    def default_sampling(self) -> Sampling:
+        """The Sampling of a request that names no setting (`aotc serve`, `aotc chat`): the
+        recorded defaults, greedy where none are recorded (transformers' default)."""
+        return Sampling(**{"temperature": 0.0, **self.sampling_defaults})
 
     @classmethod
     def read(cls, fields: Fields) -> Generation:
@@ -71,6 +81,7 @@ class Generation:
             fields.integer("step_format", None),
             fields.optional_text("chat_template"),
             _special_tokens(fields),
+            _sampling_defaults(fields),
         )
         if generation.chat_template is not None and not inside_package(generation.chat_template):
             fields.fail("chat_template", "is not a plain path inside the package")
@@ -93,6 +104,11 @@ class Generation:
             **({} if self.step_format is None else {"step_format": self.step_format}),
             **({} if self.chat_template is None else {"chat_template": self.chat_template}),
             **({"special_tokens": dict(self.special_tokens)} if self.special_tokens else {}),
+            **(
+                {"sampling_defaults": dict(self.sampling_defaults)}
+                if self.sampling_defaults
+                else {}
+            ),
         }
 
 
@@ -113,6 +129,19 @@ def _special_tokens(fields: Fields) -> dict:
             f"is not an object of at most {MAX_SPECIAL_TOKENS} names to short strings",
         )
     return dict(tokens)
+
+
+SAMPLING_DEFAULTS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def _sampling_defaults(fields: Fields) -> dict:
+    defaults = fields.value("sampling_defaults", {})
+    if not isinstance(defaults, dict) or not set(defaults) <= set(SAMPLING_DEFAULTS):
+        fields.fail("sampling_defaults", f"is not an object of {', '.join(SAMPLING_DEFAULTS)}")
+    problem = Sampling(**defaults).check()
+    if problem:
+        fields.fail("sampling_defaults", f"holds a value out of range: {problem}")
+    return dict(defaults)
 
 
 def check_generation_record(
