@@ -222,6 +222,7 @@ def _bounded_json(value: Any, what: str) -> str:
 
 
 def _one_line(problem: object) -> str:
-    """llguidance's message on one line, and short (its verbose form lists the grammar)."""
-    text = " ".join(str(problem).split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    """llguidance's reason: the first line of its message (the lines after it list the grammar's
+    state, which says nothing to a client)."""
+    lines = [line.strip() for line in str(problem).splitlines() if line.strip()]
+    return lines[0] if lines else "no reason given"
