@@ -291,3 +291,27 @@ def test_generate_with_chat_renders_the_prompt_as_a_users_first_turn(chat_packag
     assert "Traceback" not in refused.stderr
     ids_only = invoke("generate", package, "--prompt-ids", "5,17", "--chat")
     assert ids_only.exit_code == 2 and "--chat renders --prompt text" in ids_only.stderr
+
+
+def test_verbose_chat_says_each_replys_tokens_speed_and_context(chat_package):
+    """`aotc --verbose chat`: after each reply one line with its tokens, its speed and the
+    context used (this reply has no end-of-sequence id in its first NEW tokens: NEW of them)."""
+    import re
+
+    from click.testing import CliRunner
+
+    from aotc.cli.main import cli
+
+    package, hf = chat_package
+    args = ["--verbose", "chat", str(package), "--max-new-tokens", str(NEW)]
+    done = CliRunner().invoke(cli, args, input="w5 w17\n/exit\n", catch_exceptions=False)
+    assert done.exit_code == 0, done.stderr
+    ids = hf.apply_chat_template(
+        [{"role": "user", "content": "w5 w17"}], chat_template=CHATML, tokenize=True,
+        add_generation_prompt=True, return_dict=False,
+    )  # fmt: skip
+    used = len(ids) + NEW
+    line = f"context {used} of {MAX_LEN} positions, {100 * used / MAX_LEN:.0f}%)"
+    assert re.search(rf"\({NEW} tokens; first after \d+ ms, .*; {re.escape(line)}", done.stderr)
+    plain = chat(package, "--max-new-tokens", NEW, input="w5 w17\n/exit\n")
+    assert "tokens; first after" not in plain.stderr

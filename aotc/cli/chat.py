@@ -11,6 +11,7 @@ from aotc.cli.keys import required_key, signature_options
 from aotc.cli.sampling_options import sampling_options, with_model_defaults
 from aotc.cli.types import exit_codes_epilog, threads_option
 from aotc.errors import UserInputError
+from aotc.quiet import verbose
 
 PROMPT = "> "
 COMMANDS = "/reset clears the history, /exit (or Ctrl-D) leaves, /help lists these"
@@ -89,6 +90,23 @@ def chat(
     converse(session, threads)
 
 
+def reply_stats(session, started: float, stamps: list) -> str:
+    """`aotc --verbose chat`'s line after a reply: its tokens and speed, and the context used."""
+    made, length = session.made, session.package.generation.max_seq_len
+    first = (stamps[0] - started) * 1000 if stamps else float("nan")
+    rate = (
+        (made - 1) / (stamps[-1] - stamps[0])
+        if len(stamps) > 1 and stamps[-1] > stamps[0]
+        else None
+    )
+    speed = f"{rate:.1f} tokens/s after the first" if rate else "one piece"
+    used = session.prompt_tokens + made
+    return (
+        f"({made} tokens; first after {first:.0f} ms, {speed}; context {used} of {length} "
+        f"positions, {100 * used / length:.0f}%)"
+    )
+
+
 def converse(session, threads: int | None = None) -> None:
     """Read a line, stream its reply, until /exit or the end of input. The first reply whose
     pieces came with stalls (aotc_runtime.timing.stall_note) is followed by a note that says so."""
@@ -137,6 +155,7 @@ def converse(session, threads: int | None = None) -> None:
                 err=True,
             )
         stamps = []
+        started = time.perf_counter()
         try:
             for piece in replying:
                 click.echo(piece, nl=False)  # echo flushes: the reply shows as it comes
@@ -152,6 +171,8 @@ def converse(session, threads: int | None = None) -> None:
                 "longer replies)",
                 err=True,
             )
+        if verbose():
+            click.echo(reply_stats(session, started, stamps), err=True)
         note = None if noted else stall_note(gaps_ms(stamps), threads)
         if note:
             click.echo(note, err=True)

@@ -36,6 +36,8 @@ class ChatSession:
         self.turns: list[tuple[str, str]] = []  # (the user's message, the reply)
         self.dropped = 0  # turns the last reply() dropped to fit the cache
         self.cut = False  # the last reply ended at max_new_tokens, not at an end-of-sequence id
+        self.prompt_tokens = 0  # the last reply's prompt, in tokens (the conversation so far)
+        self.made = 0  # the last reply's new tokens
         # each turn's prompt starts with the one before and its reply: fed only what is new
         self.prefix_cache = PrefixCache()
 
@@ -73,6 +75,7 @@ class ChatSession:
                 "ask for fewer new tokens (--max-new-tokens), or export with a larger --max-seq-len"
             )
         self.turns = turns
+        self.prompt_tokens = len(ids)
         return ids
 
     def reply(self, user: str) -> Iterator[str]:
@@ -103,4 +106,5 @@ class ChatSession:
         finally:
             steps.close()
         self.cut = made == self.max_new_tokens and not ended
+        self.made = made
         self.turns.append((user, "".join(answer)))
