@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy
 import pytest
@@ -150,12 +151,24 @@ def model_replica_pids() -> list[int]:
     return found
 
 
-def test_replicas_run_a_shipped_copy(server, mlp):
+def test_replicas_run_a_shipped_copy_and_leave_no_copy_behind(server, mlp):
+    """Each replica removes its copy once it has read it: Ray ends a replica by killing its
+    process, so a copy kept until then was left in the temp folder at every start."""
+    import tempfile
+
     states = replica_states(server.url, want=2)
     assert len(states) == 2
     for state in states.values():
         assert state["status"] == "ok"
         assert state["shipped"] is True
+    manifest = (mlp / "manifest.json").read_bytes()
+    left = [
+        folder
+        for folder in Path(tempfile.gettempdir()).glob("aotc-serve-*")
+        if (folder / "manifest.json").is_file()
+        and (folder / "manifest.json").read_bytes() == manifest
+    ]
+    assert not left, left
 
 
 def test_a_killed_replica_loses_no_request_and_is_replaced(server, mlp):

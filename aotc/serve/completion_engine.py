@@ -43,7 +43,7 @@ from aotc.serve.completions import parse_completion
 from aotc.serve.protocol import RequestError
 from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
 from aotc.serve.request_fields import Choice
-from aotc.serve.shipping import PackageSource, load_package
+from aotc.serve.shipping import PackageSource, load_package, release_when_read
 from aotc_runtime.decode_engine import ERROR
 from aotc_runtime.prefix_cache import PrefixCache
 
@@ -131,6 +131,8 @@ class CompletionEngine:
         except Exception as exc:  # every reason a package cannot load here is reported, not raised
             self.refused = refusal_reason(exc)
             logger.error(self.refused)
+        finally:
+            release_when_read(source, self._folder)
         import sys
 
         sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -362,8 +364,3 @@ class CompletionEngine:
                 self.prefix_cache.reused_tokens if self.prefix_cache is not None else None
             ),
         }
-
-    def __del__(self) -> None:
-        # getattr: an engine whose __init__ did not run (or failed) has nothing to release
-        if getattr(self, "_folder", None) is not None:
-            self._source.release(self._folder)

@@ -30,7 +30,7 @@ from ray import serve
 from ray.serve import metrics
 
 from aotc.serve.batching import batch_dim, batch_limit, groups, join, rows, split
-from aotc.serve.shipping import PackageSource, load_package
+from aotc.serve.shipping import PackageSource, load_package, release_when_read
 
 logger = logging.getLogger("ray.serve")
 
@@ -97,6 +97,8 @@ class ModelReplica:
                 "replica %s (pid %d on %s) serves %s", self._id, os.getpid(), socket.gethostname(),
                 self._folder,
             )  # fmt: skip
+        finally:
+            release_when_read(source, self._folder)
         self.dim = None
         self.limit = 1
         if self.package is not None and settings.max_batch_size > 1:
@@ -189,7 +191,3 @@ class ModelReplica:
     def refusal(self) -> str | None:
         """Why this replica refused the package (None: it did not): for `aotc serve`, via Ray."""
         return self.refused
-
-    def __del__(self) -> None:
-        if self._folder is not None:
-            self._source.release(self._folder)

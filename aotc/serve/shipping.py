@@ -114,6 +114,16 @@ class PackageSource:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def release_when_read(source: PackageSource, folder: Path | None) -> None:
+    """A replica's shipped copy, removed once the replica has read it: the compiled model unpacks
+    into a folder of its own as it loads, and the state, members, tokenizer and chat template are
+    in memory by then. Removed at once because Ray ends a replica by killing its process, which
+    runs no `__del__` (shipped copies were left in the temp folder, one per replica start). A
+    folder the user gave is never touched."""
+    if folder is not None:
+        source.release(folder)
+
+
 def load_package(folder: Path, public_key_pem: bytes | None) -> Any:
     """aotc_runtime.load of a replica's folder; with a key, the package must be signed by it. The
     key travels as its PEM bytes (a replica on another machine has no copy of the file), and is
