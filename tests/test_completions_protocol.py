@@ -3,6 +3,7 @@ what a request may say, the one-line 4xx of each refusal, and the shape of answe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -21,12 +22,18 @@ def parse(data, tokenizer=None):
     return parse_completion(body, GENERATION, tokenizer)
 
 
-def test_a_request_with_ids_and_the_defaults_openai_documents():
+def test_a_request_with_ids_takes_openais_max_tokens_and_the_models_sampling():
+    """max_tokens 16 as OpenAI documents; the sampling the request leaves out is the model's
+    (greedy for a record without defaults, as transformers' `generate`; a model that samples at
+    temperature 1.0 gets OpenAI's own default)."""
     request = parse({"prompt": [5, 17, 42], "model": "lm"})
     assert request.prompt_ids == [5, 17, 42] and request.model == "lm"
-    assert (request.max_tokens, request.temperature, request.top_p) == (16, 1.0, 1.0)
+    assert (request.max_tokens, request.temperature, request.top_p) == (16, 0.0, 1.0)
     assert request.seed is None and request.stop == () and request.stream is False
-    assert request.sampling() == Sampling(temperature=1.0, top_k=None, top_p=None, seed=None)
+    assert request.sampling() == Sampling(temperature=0.0, top_k=None, top_p=None, seed=None)
+    sampling = dataclasses.replace(GENERATION, sampling_defaults={"temperature": 1.0})
+    body = json.dumps({"prompt": [5, 17, 42]}).encode()
+    assert parse_completion(body, sampling).sampling() == Sampling(temperature=1.0)
 
 
 def test_text_is_tokenized_and_stop_strings_need_the_tokenizer(tokenizer):
@@ -171,7 +178,7 @@ def test_an_explicit_null_means_the_fields_default(tokenizer):
          "best_of", "echo", "presence_penalty", "frequency_penalty", "suffix"]
     )  # fmt: skip
     request = parse({"prompt": "w5", **nulls}, tokenizer)
-    assert (request.max_tokens, request.temperature, request.top_p) == (16, 1.0, 1.0)
+    assert (request.max_tokens, request.temperature, request.top_p) == (16, 0.0, 1.0)
     assert (request.seed, request.stop, request.stream, request.model) == (None, (), False, None)
 
 

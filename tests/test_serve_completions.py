@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -261,6 +262,7 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     engine.prefix_cache = None
     engine._queued = engine._active = Gauge()
     engine._pending = collections.deque([first, second])
+    engine._pending_lock = threading.Lock()
     engine._run_batch()
     loop.run_until_complete(asyncio.sleep(0))  # the events sent from "the package's thread"
     event = first.reply.events.get_nowait()
@@ -353,6 +355,7 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     gone = job(1, 1)
     gone.reply.gone = True
     engine._pending = collections.deque([gone, a, b, c, d])
+    engine._pending_lock = threading.Lock()
     batch, rows = Batch(), {}
     engine._admit(batch, rows)
     assert [rows[key].job for key in rows] == [a]  # b does not fit beside a, and c waits behind b
@@ -400,6 +403,7 @@ def test_a_request_with_many_answers_takes_turns_with_the_requests_behind_it():
     alone = Job(Choice(0, 0, request), small)
     engine = CompletionEngine.__new__(CompletionEngine)  # the queue logic alone, no package
     engine._pending = collections.deque([*answers, alone])
+    engine._pending_lock = threading.Lock()
     batch, rows = Batch(), {}
     engine._admit(batch, rows)
     assert [rows[key].job for key in batch.joined] == [answers[0], alone]

@@ -140,6 +140,10 @@ class CompletionEngine:
             max_workers=1, initializer=torch.set_num_threads, initargs=(settings.threads,)
         )
         self._pending: collections.deque[Job] = collections.deque()
+        # the event loop adds and drops waiting answers while the package's thread picks among
+        # them: every look at the queue that runs Python code per item holds this (a scan
+        # interleaved with an append raised "deque mutated during iteration" under 50 requests)
+        self._pending_lock = threading.Lock()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.counts = {"requests": 0, "generations": 0, "tokens": 0}
@@ -196,7 +200,9 @@ class CompletionEngine:
             return
         reply = Reply(asyncio.get_running_loop(), asyncio.Queue())
         self._start_worker()
-        self._pending.extend(Job(choice, reply) for choice in request.choices)
+        jobs = [Job(choice, reply) for choice in request.choices]
+        with self._pending_lock:
+            self._pending.extend(jobs)
         self._queued.set(len(self._pending))
         assert self._wake is not None
         self._wake.set()
@@ -242,8 +248,9 @@ class CompletionEngine:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
         while True:
-            while self._pending and self._pending[0].gone:
-                self._pending.popleft()
+            with self._pending_lock:
+                while self._pending and self._pending[0].gone:
+                    self._pending.popleft()
             self._queued.set(len(self._pending))
             if not self._pending:
                 self._wake.clear()
@@ -258,19 +265,22 @@ class CompletionEngine:
         request waits for one row to free, not for a large request's every answer."""
         held = collections.Counter(id(answer.job.reply) for answer in rows.values())
         while True:
-            for gone in [job for job in self._pending if job.gone]:
-                self._pending.remove(gone)
-            if not self._pending:
-                return
-            job = min(self._pending, key=lambda each: held[id(each.reply)])  # min: the earliest
-            request = job.choice.request
-            if not batch.fits(len(request.prompt), request.max_new_tokens):
-                if batch.active == 0:  # cannot happen (requests are checked against the cache)
-                    raise RuntimeError("a request that fits the cache does not fit an empty batch")
-                return  # the chosen answer waits for room; none overtakes it
-            if batch.waits_for_prefix(request.prompt):
-                return  # a row is being fed its prompt's start: it joins once it can copy it
-            self._pending.remove(job)
+            with self._pending_lock:  # chosen and taken off the queue in one hold
+                for gone in [job for job in self._pending if job.gone]:
+                    self._pending.remove(gone)
+                if not self._pending:
+                    return
+                job = min(self._pending, key=lambda each: held[id(each.reply)])  # the earliest
+                request = job.choice.request
+                if not batch.fits(len(request.prompt), request.max_new_tokens):
+                    if batch.active == 0:  # cannot happen (requests are checked against the cache)
+                        raise RuntimeError(
+                            "a request that fits the cache does not fit an empty batch"
+                        )
+                    return  # the chosen answer waits for room; none overtakes it
+                if batch.waits_for_prefix(request.prompt):
+                    return  # a row is being fed its prompt's start: it joins once it can copy it
+                self._pending.remove(job)
             rows[id(job)] = answer = Answer(job)  # first: a failing join is told to it
             answer.cached = batch.join(id(job), request)
             held[id(job.reply)] += 1
@@ -344,7 +354,8 @@ class CompletionEngine:
             if not rows and self._pending:
                 # it failed before any request joined: the first waiting one hears why (left
                 # waiting, it would be tried again and again, and never answered)
-                rows[None] = Answer(self._pending.popleft())
+                with self._pending_lock:
+                    rows[None] = Answer(self._pending.popleft())
             self._fail(rows.values(), exc)
         finally:
             if batch is not None:
