@@ -3,16 +3,16 @@
 CPU whose step honours the step contract (decode_engine.py, aotc/export/row_cache.py) in plain
 Python, so the engine's joins, chunks, finishes and per-row sampling run in milliseconds.
 
-    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+    step(input_ids [T], rows [T], positions [T], picks [R]) -> logits [R, vocab]
 
-Its state is a real per-row cache: the token at each of a row's positions. Row b is fed the last
-input_lengths[b] tokens of its window, written at positions cache_lengths[b]... (a position past
-the cache goes to the padding's slot, max_seq_len, as the compiled step's does), and its logits
-are those of its whole history, the tokens at positions 0 .. cache_lengths[b] + input_lengths[b]:
-the next token is a hash of that history mod the vocabulary, with logit LEAD, and every other
-token a value in [0, 1) drawn from the same hash, so greedy picks it by a clear margin and a
-sampled row has a spread to draw from. A token written at the wrong position, a row fed another
-row's tokens or a row not emptied when a sequence joins it gives other tokens than the sequence
+Its state is a real per-row cache: the token at each of a row's positions. Token t is written at
+row rows[t], position positions[t] (a position at or past the cache's length goes to the padding's
+slot, max_seq_len, as the compiled step's does), and the logits of a picked token are those of its
+row's whole history up to it, the tokens at positions 0 .. positions[t]: the next token is a hash
+of that history mod the vocabulary, with logit LEAD, and every other token a value in [0, 1) drawn
+from the same hash, so greedy picks it by a clear margin and a sampled row has a spread to draw
+from. A token written at the wrong position, a row fed another row's tokens or a row not emptied
+when a sequence joins it gives other tokens than the sequence
 alone, which `greedy_alone` computes from the same rule without the engine.
 """
 
@@ -99,25 +99,26 @@ def log_softmax(logits: Sequence[float]) -> list[float]:
 
 
 def step_signature(
-    batch_size: int, max_seq_len: int, vocab_size: int, fewer_rows: bool = True
+    batch_size: int, max_seq_len: int, vocab_size: int, fewer_picks: bool = True
 ) -> Signature:
     """The step's signature as aotc export records it (aotc/export/text_generation.py), its state
-    one layer's cache [B, max_len + 1, 1, 1] that holds each position's token. `fewer_rows`: the
-    step runs for the cache's first R rows (R a dim, as exported now); else for all B (as packages
-    exported before it)."""
-    rows = "R" if fewer_rows else batch_size
-    dims = {"S": {"min": 1, "max": max_seq_len, "example": 1}}
-    if fewer_rows:
+    one layer's cache [B, max_len + 1, 1, 1] that holds each position's token. `fewer_picks`: the
+    step picks R logits (R a dim, as a batch of 3 or more exports); else the batch's B (as a batch
+    of 1 or 2)."""
+    picks = "R" if fewer_picks else batch_size
+    dims = {"T": {"min": 1, "max": batch_size * max_seq_len, "example": 2}}
+    if fewer_picks:
         dims["R"] = {"min": 1, "max": batch_size, "example": batch_size}
     return Signature.from_json(
         {
             "inputs": [
-                {"name": "input_ids", "dtype": "int64", "shape": [rows, "S"],
+                {"name": "input_ids", "dtype": "int64", "shape": ["T"],
                  "value_range": [0, vocab_size - 1]},
-                {"name": "cache_lengths", "dtype": "int64", "shape": [rows]},
-                {"name": "input_lengths", "dtype": "int64", "shape": [rows]},
+                {"name": "rows", "dtype": "int64", "shape": ["T"]},
+                {"name": "positions", "dtype": "int64", "shape": ["T"]},
+                {"name": "picks", "dtype": "int64", "shape": [picks]},
             ],
-            "outputs": [{"name": "logits", "dtype": "float32", "shape": [rows, vocab_size]}],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": [picks, vocab_size]}],
             "dims": dims,
             "output_structure": "tensor",
             "state": [{"name": "token_cache", "dtype": "int64",
@@ -146,8 +147,8 @@ def generation_record(
 
 class FakeGeneration:
     """A GeneratingPackage (decode_engine.py) whose step is the fake's rule above, on the CPU.
-    `fed` lists each call's input_lengths (as many as the rows it ran); `past_cache` counts tokens
-    fed past a row's cache."""
+    `fed` lists each call's tokens fed to each row of the batch; `past_cache` counts tokens fed at
+    or past a row's cache's end (no row's)."""
 
     def __init__(
         self,
@@ -157,13 +158,13 @@ class FakeGeneration:
         eos_token_ids: Sequence[int] = (),
         poison: int | None = None,
         poison_value: float = math.nan,
-        fewer_rows: bool = True,
+        fewer_picks: bool = True,
     ):
         self.path = Path("fake-generation")
         self.device = torch.device("cpu")
         self.generation_gate = GenerationGate()
-        self.signature = step_signature(batch_size, max_seq_len, vocab_size, fewer_rows)
-        self.runs_fewer_rows = fewer_rows
+        self.signature = step_signature(batch_size, max_seq_len, vocab_size, fewer_picks)
+        self.fixed_picks = None if fewer_picks else batch_size
         self._generation = generation_record(batch_size, max_seq_len, vocab_size, eos_token_ids)
         # the record held to the step as load() holds a package's (PackageError if they disagree)
         check_generation_record(self.path, self._generation, self.signature, {})
@@ -187,27 +188,38 @@ class FakeGeneration:
 
     def call_without_graphs(self, *tensors: torch.Tensor) -> torch.Tensor:
         self.signature.check_inputs(list(tensors))  # as Package.call_without_graphs does
-        ids, held, fed = (t.tolist() for t in tensors)
-        self._check(ids, held, fed)
-        self.fed.append(fed)
-        rows = [self._row(b, ids[b], held[b], fed[b]) for b in range(len(ids))]
-        return torch.tensor(rows, dtype=torch.float32)
-
-    def _check(self, ids: list, held: list, fed: list) -> None:
-        vocab, window = self._generation.vocab_size, len(ids[0])
-        if any(not 0 <= token < vocab for row in ids for token in row):
-            raise StepContractError(f"a token id outside the vocabulary (0..{vocab - 1}): {ids}")
-        if any(not 0 <= n <= window for n in fed) or any(n < 0 for n in held):
-            raise StepContractError(f"cache lengths {held}, input lengths {fed}, window {window}")
-
-    def _row(self, row: int, window: list, held: int, fed: int) -> list[float]:
-        """Row `row` fed the last `fed` tokens of its window after the `held` it holds: they are
-        written at its positions held.., and its logits are those of all it holds then."""
+        ids, rows, positions, picks = (t.tolist() for t in tensors)
+        self._check(ids, rows, positions, picks)
         length = self._generation.max_seq_len
-        for offset, token in enumerate(window[len(window) - fed :]):
-            position = held + offset
+        fed = [0] * self._generation.batch_size
+        for token, row, position in zip(ids, rows, positions):
             if position >= length:  # the padding's slot, never read
                 self.past_cache += 1
+            else:
+                fed[row] += 1
             self.cache[row, min(position, length), 0, 0] = token
-        history = self.cache[row, : min(held + fed, length), 0, 0].tolist()
-        return logits_of(history, self._generation.vocab_size, self.poison, self.poison_value)
+        self.fed.append(fed)
+        logits = []
+        for pick in picks:
+            row, position = rows[pick], positions[pick]
+            history = self.cache[row, : min(position + 1, length), 0, 0].tolist()
+            vocab = self._generation.vocab_size
+            logits.append(logits_of(history, vocab, self.poison, self.poison_value))
+        return torch.tensor(logits, dtype=torch.float32)
+
+    def _check(self, ids: list, rows: list, positions: list, picks: list) -> None:
+        vocab, batch = self._generation.vocab_size, self._generation.batch_size
+        if any(not 0 <= token < vocab for token in ids):
+            raise StepContractError(f"a token id outside the vocabulary (0..{vocab - 1}): {ids}")
+        if any(not 0 <= row < batch for row in rows) or any(p < 0 for p in positions):
+            raise StepContractError(f"rows {rows}, positions {positions}")
+        if any(not 0 <= pick < len(ids) for pick in picks):
+            raise StepContractError(f"picks {picks} of {len(ids)} tokens")
+        seen: set = set()
+        for t, row in enumerate(rows):  # a row's tokens one after another, at consecutive positions
+            if t and rows[t - 1] == row:
+                if positions[t] != positions[t - 1] + 1:
+                    raise StepContractError(f"row {row}'s positions {positions} not consecutive")
+            elif row in seen:
+                raise StepContractError(f"row {row}'s tokens are not together: rows {rows}")
+            seen.add(row)

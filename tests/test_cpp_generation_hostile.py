@@ -84,16 +84,16 @@ def test_a_generation_record_that_lies_is_refused_at_load(
 
 @pytest.mark.parametrize(
     "batch, said",
-    [(3, "the step's rows R run 1..4, not 1..3 (its batch_size)"),
-     (8, "the step's rows R run 1..4, not 1..8 (its batch_size)")],
+    [(3, "the step's picks R run 1..4, not 1..3 (its batch_size)"),
+     (8, "the step's picks R run 1..4, not 1..8 (its batch_size)")],
     ids=["fewer", "more"],
 )  # fmt: skip
-def test_a_step_whose_rows_do_not_run_1_to_the_batch_is_refused_at_load(
+def test_a_step_whose_picks_do_not_run_1_to_the_batch_is_refused_at_load(
     runner, generation_packages, tmp_path, batch, said
 ):
-    """A step that runs for the cache's first R rows, R from 1 to 4: the engine feeds it any R
+    """A step that gives the logits of R picked tokens, R from 1 to 4: the engine feeds it any R
     from 1 to the record's batch, so a record whose batch_size is another is refused before a
-    step is fed rows the program cannot take."""
+    step is fed picks the program cannot take."""
     four_rows = generation_packages.four_rows("llama")[0]
     package = tampered_copy(
         four_rows, tmp_path / "rows", lambda m: m["generation"].update(batch_size=batch)
@@ -224,14 +224,20 @@ def test_a_doctored_state_file_is_refused_at_load(runner, lm, tmp_path, tensor, 
     "step_format, made",
     [
         (None, "an aotc from before the generation step had its own KV cache"),
-        (4, "generation step format 4, which this runtime does not know (it runs formats 2 and 3)"),
+        (
+            3,
+            "generation step format 3, from an aotc before the step packed its tokens "
+            "(this runtime runs format 4)",
+        ),
+        (5, "generation step format 5, which this runtime does not know (it runs format 4)"),
     ],
 )
 def test_a_generation_step_format_the_runtimes_do_not_know_is_refused_in_one_line(
     runner, lm, tmp_path, step_format, made
 ):
-    """A package from before aotc owned the cache fed a mask over a shared timeline: either
-    runtime would feed it the wrong inputs. Both refuse it at load with the same line."""
+    """A package from before aotc owned the cache fed a mask over a shared timeline, one of
+    formats 2 and 3 padded windows, one from a newer aotc something else: either runtime would
+    feed it the wrong inputs. Both refuse it at load with the same line."""
 
     def edit(manifest: dict) -> None:
         if step_format is None:

@@ -157,20 +157,20 @@ def test_a_join_feeds_a_chunk_a_step_and_costs_the_running_row_no_step():
     engine.join("b", request(LONG, 6))
     keys = [[m.key for m in engine.step()] for _ in range(4)]
     assert keys == [["a"], ["a"], ["a"], ["a", "b"]]
-    # until b joins, a step runs a's row alone: the free row after it costs nothing
-    assert package.fed == [[4], [1], [1, 4], [1, 4], [1, 4], [1, 2]]
+    # until b joins, a step feeds a's row alone: the free row costs nothing
+    assert package.fed == [[4, 0], [1, 0], [1, 4], [1, 4], [1, 4], [1, 2]]
     engine.step()
     assert package.fed[-1] == [1, 1]  # a decode step: one token each
     engine.release()
     assert_given_back(package)
 
 
-@pytest.mark.parametrize("fewer_rows", [True, False], ids=["rows-in-use", "whole-batch"])
-def test_a_step_runs_the_rows_up_to_the_last_one_a_sequence_holds(fewer_rows):
-    """Batch 4: a alone runs one row a step; b joins the next row, and the steps run both until
-    b's last token, then a's row alone again. A package whose step takes the whole batch (exported
-    before the rows were a dim) is fed all four rows, the free ones nothing: the same tokens."""
-    package = FakeGeneration(batch_size=4, fewer_rows=fewer_rows)
+@pytest.mark.parametrize("fewer_picks", [True, False], ids=["picks-a-dim", "picks-the-batch"])
+def test_a_step_feeds_only_the_rows_a_sequence_holds(fewer_picks):
+    """Batch 4: a alone is fed one row's tokens a step; b joins a free row, and the steps feed
+    both until b's last token, then a's row alone again, whichever rows they are. A package whose
+    step picks the whole batch's logits (a batch of 1 or 2) is fed the same tokens."""
+    package = FakeGeneration(batch_size=4, fewer_picks=fewer_picks)
     engine = DecodeEngine(package)
     engine.join("a", request(A, 8))
     made = engine.step() + engine.step()
@@ -180,9 +180,8 @@ def test_a_step_runs_the_rows_up_to_the_last_one_a_sequence_holds(fewer_rows):
     assert tokens([m for m in made if m.key == "a"]) == greedy_alone(A, 8)
     assert tokens([m for m in made if m.key == "b"]) == greedy_alone(B, 3)
     fed = [[5], [1], [1, 3], [1, 1], [1, 1], [1], [1], [1]]
-    if not fewer_rows:
-        fed = [row + [0] * (4 - len(row)) for row in fed]
-    assert package.fed == fed
+    assert package.fed == [row + [0] * (4 - len(row)) for row in fed]
+    assert package.past_cache == 0  # no token is no row's: a free row is not fed
     assert_given_back(package)
 
 

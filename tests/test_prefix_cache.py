@@ -46,9 +46,8 @@ def test_a_row_without_a_prefix_goes_to_the_least_recently_used_free_row():
     cache.kept(1, [3, 4])
     cache.kept(2, [5, 6])
     cache.kept(0, [1, 2, 7])  # row 0 used again, after the others
-    assert cache.row_for([0, 1, 2], lowest_first=False) == 1
-    assert cache.row_for([0, 2, 3], lowest_first=False) == 3  # a row that holds nothing first
-    assert cache.row_for([1, 2], lowest_first=True) == 1
+    assert cache.row_for([0, 1, 2]) == 1
+    assert cache.row_for([0, 2, 3]) == 3  # a row that holds nothing first
     cache.kept(3, [9])  # too short to keep: the row holds nothing worth finding
     assert 3 not in cache.held
 
@@ -68,7 +67,7 @@ def test_a_conversations_next_turn_is_fed_only_its_new_tokens(overlap):
     """Turn 1 leaves its row holding its prompt and its reply (all but the last token); turn 2,
     the conversation so far and a new message, takes that row and is fed the rest only, and its
     tokens are those of the fake's rule on the whole conversation."""
-    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_rows=False)
+    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_picks=False)
     cache = PrefixCache()
     first = request(SYSTEM + [5, 6, 7], 8)
     made, _joined, _ended = run(DecodeEngine(package, **ahead_of(overlap), prefix_cache=cache),
@@ -92,7 +91,7 @@ def test_a_conversations_next_turn_is_fed_only_its_new_tokens(overlap):
 def test_a_shared_system_prompt_is_copied_from_a_running_row(overlap):
     """A sequence joins while another that shares its first 20 tokens runs: those positions are
     copied into its row, and both answer as if alone."""
-    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_rows=False)
+    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_picks=False)
     engine = DecodeEngine(package, **ahead_of(overlap), prefix_cache=PrefixCache())
     first, second = request(SYSTEM + [1, 2], 10), request(SYSTEM + [3, 4, 5], 6)
     made, _joined, _ended = run(engine, [(0, "a", first), (3, "b", second)])
@@ -105,7 +104,7 @@ def test_a_prompt_whose_start_is_being_fed_waits_and_then_copies_it():
     """Two sequences that share a 20-token start arrive together: the second waits while the
     first is fed its prompt in chunks of 4, then joins with those 20 positions copied (fed 3
     tokens, not 23); a prompt sharing less than min_reused does not wait."""
-    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_rows=False)
+    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_picks=False)
     engine = DecodeEngine(package, prefill_chunk=4, prefix_cache=PrefixCache())
     first, second = request(SYSTEM + [1, 2], 5), request(SYSTEM + [3, 4, 5], 5)
     assert not engine.waits_for_prefix(second.prompt)  # nothing is being fed yet
@@ -137,7 +136,7 @@ def test_a_seeded_sampled_sequence_draws_the_same_tokens_from_a_reused_prefix():
 def test_the_least_recently_used_prefix_is_evicted_first():
     """Two rows, three conversations: the third takes the row of the first, which was used
     least recently; the second's prefix is still there for its next turn."""
-    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_rows=False)
+    package = FakeGeneration(batch_size=2, max_seq_len=64, fewer_picks=False)
     cache = PrefixCache()
     one, two, three = ([k] * 20 for k in (1, 2, 3))
     for key, prompt in (("one", one), ("two", two), ("three", three)):

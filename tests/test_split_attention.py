@@ -1,42 +1,69 @@
 """The split-K decode attention's algorithm in plain PyTorch (aotc/kernels/split_attention.py, the
 CPU reference of the CUDA kernel) against the unsplit attention it replaces
-(aotc/export/cached_attention.py's reference): rows at different positions, prefill windows and
-decode steps, grouped heads, a sliding window, soft-capping, padding tokens, a head size that is
-not a power of two, a context shorter than the spans; and the launch rule's split counts."""
+(aotc/export/cached_attention.py's reference), and the CPU's windowed attention (`prefix`) against
+it: packed tokens of rows at different positions, prefill chunks beside decode tokens, grouped
+heads, a sliding window, soft-capping, tokens that are no row's, a head size that is not a power
+of two, a context shorter than the spans; and the launch rule's split counts."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from aotc.export.cached_attention import reference
+from aotc.export.cached_attention import prefix, reference
+from aotc_runtime.decode_step import pack
 from aotc.kernels.split_attention import BLOCK_N, MAX_SPLITS, split_attention, split_count
 
 
+def packed_case(heads, kv_heads, dim, steps, seed=0):
+    """(query, keys, values, rows, positions) of a step over a cache of 4 rows: row 0 fed `steps`
+    tokens at the cache's start, row 1 one token past several spans' blocks, row 2 `steps` tokens
+    near the cache's end, row 3 a token that is no row's (at the cache's length)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, length = 4, 300
+    cache = (batch, length + 1, kv_heads, dim)
+    keys, values = torch.randn(cache, generator=g), torch.randn(cache, generator=g)
+    feeds = [(0, 0, [0] * steps), (1, 2 * BLOCK_N + 5, [0]), (2, length - steps, [0] * steps),
+             (3, length, [0])]  # fmt: skip
+    _ids, rows, positions, _picks = pack(feeds)
+    query = torch.randn(1, heads, rows.shape[0], dim, generator=g)
+    return query, keys, values, rows, positions
+
+
+CASES = [(4, 4, 64, 1, 0, 0.0), (8, 2, 16, 1, 0, 0.0), (4, 2, 80, 7, 0, 0.0), (4, 2, 16, 5, 70, 0.0),
+         (4, 1, 32, 3, 0, 30.0)]  # fmt: skip
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3, 16])
-@pytest.mark.parametrize(
-    "heads, kv_heads, dim, steps, window, softcap",
-    [(4, 4, 64, 1, 0, 0.0), (8, 2, 16, 1, 0, 0.0), (4, 2, 80, 7, 0, 0.0), (4, 2, 16, 5, 70, 0.0),
-     (4, 1, 32, 3, 0, 30.0)],
-)  # fmt: skip
+@pytest.mark.parametrize("heads, kv_heads, dim, steps, window, softcap", CASES)
 def test_the_spans_combined_attend_as_the_whole_context(
     heads, kv_heads, dim, steps, window, softcap, splits
 ):
-    g = torch.Generator().manual_seed(0)
-    batch, length = 3, 300
-    cache = (batch, length + 1, kv_heads, dim)
-    keys, values = torch.randn(cache, generator=g), torch.randn(cache, generator=g)
-    query = torch.randn(batch, heads, steps, dim, generator=g)
-    # row 0 at the cache's start, row 1 past several spans' blocks, row 2 near the cache's end
-    starts = torch.tensor([0, 2 * BLOCK_N + 5, length - steps])
-    firsts = torch.tensor([0, min(2, steps - 1), 0])  # row 1's first tokens are padding
-    args = (query, keys, values, starts, dim**-0.5, window, softcap, firsts)
+    query, keys, values, rows, positions = packed_case(heads, kv_heads, dim, steps)
+    args = (query, keys, values, rows, positions, dim**-0.5, window, softcap)
     expected = reference(*args)
     got = split_attention(*args, splits)
-    assert got.shape == expected.shape == (batch, steps, heads, dim)
+    assert got.shape == expected.shape == (1, rows.shape[0], heads, dim)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    if firsts[1] > 0:  # a padding token attends to nothing: 0, as the reference writes it
-        assert got[1, : firsts[1]].abs().max() == 0
+    assert got[0, -1].abs().max() == 0  # the token that is no row's attends to nothing
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim, steps, window, softcap", CASES)
+def test_the_cpus_windows_attend_as_the_reference(heads, kv_heads, dim, steps, window, softcap):
+    """`prefix` lays the packed tokens out as one window per row and reads each over the cache's
+    first positions only: the same output, the token that is no row's 0."""
+    query, keys, values, rows, positions = packed_case(heads, kv_heads, dim, steps, seed=1)
+    args = (query, keys, values, rows, positions, dim**-0.5, window, softcap)
+    torch.testing.assert_close(prefix(*args), reference(*args), rtol=1e-5, atol=1e-5)
+    # the tokens of one row in another order of the rows
+    order = torch.tensor([steps, *range(steps), *range(steps + 1, rows.shape[0])])
+    shuffled = (query[:, :, order], keys, values, rows[order], positions[order])
+    torch.testing.assert_close(
+        prefix(*shuffled, dim**-0.5, window, softcap),
+        reference(*args)[:, order],
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_a_span_past_the_context_weighs_nothing():
@@ -45,7 +72,7 @@ def test_a_span_past_the_context_weighs_nothing():
     g = torch.Generator().manual_seed(1)
     keys, values = torch.randn(1, 65, 2, 8, generator=g), torch.randn(1, 65, 2, 8, generator=g)
     query = torch.randn(1, 2, 1, 8, generator=g)
-    args = (query, keys, values, torch.tensor([3]), 0.3, 0, 0.0, None)
+    args = (query, keys, values, torch.tensor([0]), torch.tensor([3]), 0.3, 0, 0.0)
     torch.testing.assert_close(split_attention(*args, 16), reference(*args), rtol=1e-5, atol=1e-6)
 
 

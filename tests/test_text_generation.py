@@ -1,7 +1,8 @@
 """The generation step (aotc/export/text_generation.py, row_cache.py), exported with torch.export
 and run as a greedy loop, against transformers' own `generate` on the same weights: the zoo's
 decoder LMs, token for token and logits within fp32 rounding, for a batch of two prompts of
-different lengths (left-padded, as `generate` pads a decoder-only batch). The exported program is
+different lengths (left-padded, as `generate` pads a decoder-only batch; the step is fed each
+row's own tokens, packed). The exported program is
 run eagerly here, with aotc's attention as each build lowers it (cached_attention.py); what a step
 reads of the cache is counted, not timed."""
 
@@ -16,6 +17,7 @@ import torch
 from aotc.errors import UserInputError
 from aotc.export.cached_attention import lower_cached_attention
 from aotc.export.text_generation import cache_step, check_supports_static_cache
+from aotc_runtime.decode_step import pack
 from aotc_runtime.generation import prefill_inputs
 
 ZOO = Path(__file__).parent / "zoo"
@@ -49,19 +51,20 @@ def export_step(model):
     step = cache_step(model, batch_size=2, max_len=MAX_LEN)
     ids, mask = left_padded_prompts(model.config.vocab_size)
     example = prefill_inputs(ids, mask)
-    s = torch.export.Dim("S", min=1, max=MAX_LEN)
-    return torch.export.export(step, example, dynamic_shapes=({1: s}, None, None), strict=False)
+    t = torch.export.Dim("T", min=1, max=2 * MAX_LEN)
+    shapes = ({0: t}, {0: t}, {0: t}, None)
+    return torch.export.export(step, tuple(example), dynamic_shapes=shapes, strict=False)
 
 
 def greedy(program, ids, mask) -> tuple:
     """(new tokens [B, NEW_TOKENS], each step's logits) from the exported step, prefill then decode."""
-    window, held, fed = prefill_inputs(ids, mask)
-    logits = program(window, held, fed)
+    logits = program(*prefill_inputs(ids, mask))
+    held = mask.sum(-1).tolist()
     tokens, scores = [logits.argmax(-1)], [logits]
     for _ in range(NEW_TOKENS - 1):
-        held = held + fed
-        fed = torch.ones_like(fed)
-        logits = program(tokens[-1][:, None], held, fed)
+        feeds = [(row, held[row], [int(tokens[-1][row])]) for row in range(len(held))]
+        logits = program(*pack(feeds))
+        held = [h + 1 for h in held]
         tokens.append(logits.argmax(-1))
         scores.append(logits)
     return torch.stack(tokens, 1), scores
@@ -127,23 +130,22 @@ class PositionsRead(torch.utils._python_dispatch.TorchDispatchMode):
 @pytest.mark.parametrize("lowering, grows", [("prefix", False), ("reference", True)])
 def test_a_steps_reads_grow_with_its_context_not_with_the_cache(lowering, grows):
     """64 tokens in context: the CPU's attention (prefix) reads 65 positions a layer whether the
-    cache holds 256 or 4,096; the reference reads the whole cache."""
+    cache holds 256 or 4,096; the reference reads the whole cache, both rows end to end."""
     model, vocab = zoo_model("llama")
     model.config.max_position_embeddings = 4096
     read = {}
     for max_len in (256, 4096):
         step = cache_step(model, batch_size=2, max_len=max_len)
-        window = torch.randint(0, vocab, (2, 8))
-        example = (window, torch.zeros(2, dtype=torch.long), torch.full((2,), 8))
-        s = torch.export.Dim("S", min=1, max=max_len)
-        ep = torch.export.export(step, example, dynamic_shapes=({1: s}, None, None), strict=False)
+        example = pack([(0, 0, torch.randint(0, vocab, (8,)).tolist()), (1, 0, [1, 2, 3])])
+        t = torch.export.Dim("T", min=1, max=2 * max_len)
+        shapes = ({0: t}, {0: t}, {0: t}, None)
+        ep = torch.export.export(step, tuple(example), dynamic_shapes=shapes, strict=False)
         program = lower_cached_attention(ep, lowering).module()
-        held, fed = torch.tensor([64, 40]), torch.ones(2, dtype=torch.long)
         with torch.no_grad(), PositionsRead() as counter:
-            program(window[:, :1], held, fed)
+            program(*pack([(0, 64, [5]), (1, 40, [6])]))
         assert len(counter.lengths) == model.config.num_hidden_layers
         read[max_len] = set(counter.lengths)
     if grows:
-        assert read == {256: {256}, 4096: {4096}}
+        assert read == {256: {2 * 257}, 4096: {2 * 4097}}
     else:
         assert read == {256: {65}, 4096: {65}}

@@ -30,9 +30,9 @@ from aotc.export.eager_reference import CALLS_PER_CASE, EagerRun
 
 GREEDY_STEPS = 8  # decode steps after the example prompt's prefill, as the cache allows
 
-# inputs of a generation step (text_generation.py): the tokens fed, then per row the tokens the
-# cache holds and the tokens fed this step
-IDS, HELD, FED = 0, 1, 2
+# inputs of a generation step (aotc_runtime/decode_step.py): the tokens fed, each one's row and
+# position, and the tokens whose logits are picked
+IDS, ROWS, POSITIONS, PICKS = 0, 1, 2, 3
 
 
 @dataclass
@@ -45,15 +45,16 @@ class Disagreement:
     what: str  # the one-line description of the difference
 
 
-def greedy_cases(run: EagerRun, prompt, max_len: int, device, calls: int) -> tuple[list, list]:
-    """(cases, reference outputs) of a greedy generation from `prompt` [B, P] (ids): its prefill,
-    then up to GREEDY_STEPS decode steps, each fed the reference's argmax of the step before.
-    Each case's outputs are listed `calls` times, as the child runs it."""
-    import torch
+def greedy_cases(run: EagerRun, prompts: list, max_len: int, device, calls: int) -> tuple:
+    """(cases, reference outputs) of a greedy generation from `prompts` (each row's ids): its
+    prefill, then up to GREEDY_STEPS decode steps, each fed the reference's argmax of the step
+    before. Each case's outputs are listed `calls` times, as the child runs it."""
+    from aotc_runtime.decode_step import pack
 
-    batch, length = prompt.shape
+    batch, length = len(prompts), max(len(p) for p in prompts)
+    picks = None if batch >= 3 else batch
     cases, outputs = [], []
-    ids, held, fed = prompt, [0] * batch, [length] * batch
+    feeds = [(row, 0, list(prompt)) for row, prompt in enumerate(prompts)]
     steps = min(GREEDY_STEPS, max_len - length)
     for step in range(steps + 1):
         label = (
@@ -61,12 +62,11 @@ def greedy_cases(run: EagerRun, prompt, max_len: int, device, calls: int) -> tup
             if step == 0
             else f"greedy decode step {step} after the example prompt"
         )
-        inputs = [ids.to(device), torch.tensor(held), torch.tensor(fed)]
-        inputs = [t.to(device) for t in inputs]
+        inputs = [t.to(device) for t in pack(feeds, picks)]
         cases.append((label, inputs))
         outputs += reference_calls(run, label, inputs, calls)
-        ids = outputs[-1][0].argmax(-1, keepdim=True)
-        held, fed = [h + f for h, f in zip(held, fed)], [1] * batch
+        chosen = outputs[-1][0].argmax(-1).tolist()
+        feeds = [(row, held + len(fed), [chosen[row]]) for row, held, fed in feeds]
     return cases, outputs
 
 
@@ -87,17 +87,21 @@ def calls_per_case(package_dir: Path) -> int:
     return CALLS_PER_CASE if manifest.get("runtime", {}).get("cuda_graphs") else 1
 
 
-def example_prompt(ep, task: dict):
-    """The prompt the model was exported with (its first example input), else seeded random ids
-    of the same shape."""
+def example_prompt(ep, task: dict) -> list:
+    """Each row's prompt the model was exported with (its first example call), else seeded random
+    ids of the same length."""
     import torch
 
     examples = getattr(ep, "example_inputs", None)
-    if examples and examples[0] and examples[0][0].dim() == 2:
-        return examples[0][0].cpu()
+    if examples and len(examples[0]) == 4 and examples[0][0].dim() == 1:
+        ids, rows = examples[0][IDS].cpu(), examples[0][ROWS].cpu()
+        prompts = [ids[rows == row].tolist() for row in range(task["batch_size"])]
+        if all(prompts):
+            return prompts
     length = max(2, min(8, task["max_seq_len"] // 2))
     g = torch.Generator().manual_seed(0)
-    return torch.randint(0, task["vocab_size"], (task["batch_size"], length), generator=g)
+    ids = torch.randint(0, task["vocab_size"], (task["batch_size"], length), generator=g)
+    return ids.tolist()
 
 
 def compare_step(label: str, inputs: list, got, want, atol: float, rtol: float) -> tuple:
@@ -115,30 +119,33 @@ def compare_step(label: str, inputs: list, got, want, atol: float, rtol: float) 
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
     relative = diff / spread.clamp_min(torch.finfo(torch.float64).tiny)
     chosen, wanted = got64.argmax(-1), want64.argmax(-1)
-    held, fed = inputs[HELD].cpu(), inputs[FED].cpu()
+    # the position each picked token's logits predict, and its row
+    picked = inputs[PICKS].cpu()
+    predicted = (inputs[POSITIONS].cpu()[picked] + 1).tolist()
+    rows = inputs[ROWS].cpu()[picked].tolist()
     problems = []
-    for row in range(want64.shape[0]):
-        position = int(held[row] + fed[row])
-        gap = float(want64[row, wanted[row]] - want64[row, chosen[row]])
-        if chosen[row] != wanted[row] and not gap <= float(bound[row]):
+    for pick in range(want64.shape[0]):
+        row, position = rows[pick], predicted[pick]
+        gap = float(want64[pick, wanted[pick]] - want64[pick, chosen[pick]])
+        if chosen[pick] != wanted[pick] and not gap <= float(bound[pick]):
             problems.append(
                 Disagreement(
                     label,
                     row,
                     position,
-                    f"greedy token {int(chosen[row])} where eager's is {int(wanted[row])}, whose "
-                    f"logit leads by {gap:.3g} ({gap / float(spread[row]):.2g} of the logits' "
+                    f"greedy token {int(chosen[pick])} where eager's is {int(wanted[pick])}, whose "
+                    f"logit leads by {gap:.3g} ({gap / float(spread[pick]):.2g} of the logits' "
                     "spread: not a near tie)",
                 )
             )
-        elif not diff[row] <= bound[row]:
+        elif not diff[pick] <= bound[pick]:
             problems.append(
                 Disagreement(
                     label,
                     row,
                     position,
-                    f"logits differ from eager by {float(diff[row]):.3g} "
-                    f"({float(relative[row]):.2g} of the logits' spread {float(spread[row]):.3g})",
+                    f"logits differ from eager by {float(diff[pick]):.3g} "
+                    f"({float(relative[pick]):.2g} of the logits' spread {float(spread[pick]):.3g})",
                 )
             )
     return float(diff.max()), float(relative.max()), problems

@@ -1,25 +1,29 @@
 """A transformers decoder LM as one step of generation over aotc's own KV cache, in which every
-row (sequence) has its own timeline:
+row (sequence) has its own timeline and a step's tokens are packed:
 
-    step(input_ids [R, S], cache_lengths [R], input_lengths [R]) -> logits [R, vocab]
+    step(input_ids [T], rows [T], positions [T], picks [R]) -> logits [R, vocab]
 
-- Row b holds `cache_lengths[b]` tokens before the step and is fed the last `input_lengths[b]`
-  tokens of its window `input_ids[b]` (the window is left-padded; 0 feeds the row nothing). They go
-  to positions cache_lengths[b].., and the logits are those of the window's last token.
-- Prefill, a chunk of a long prompt, and decode (S = 1) are the same program with S dynamic, and
-  rows of one step may do different ones: a sequence joins a running batch in the step that
-  decodes the others (aotc_runtime/decode_engine.py).
+- Token t is row rows[t]'s token at position positions[t]: its keys and values are written there,
+  and it attends to the row's positions up to its own. A row's tokens in one step sit at
+  consecutive positions, one after another in the list. The logits are those of tokens picks[r].
+- Prefill, a chunk of a long prompt, and decode are the same program with T dynamic, and one step
+  may do all three for different rows: a sequence joins a running batch in the step that decodes
+  the others (aotc_runtime/decode_engine.py), and each token costs the step its own projections
+  and MLP only, never a padded window's.
 - The cache is one pair of buffers per layer, [B, max_len + 1, kv heads, head dim], mutated in
-  place (the package's state). Slot max_len takes the padding's keys and values and is never read.
-- A step may be fed fewer rows than the cache holds, R <= B (a dynamic dim): it runs for the
-  cache's first R rows only, so rows no sequence holds cost nothing when they are the last ones.
+  place (the package's state). A token at position max_len (or past it) is no row's: it is
+  written to slot max_len, which is never read, and reads nothing. A decode step replayed as a
+  CUDA graph feeds every row a token and a free row this way.
+- Out-of-range rows, positions and picks are clamped into the buffers: a wrong input gives wrong
+  logits, never a write outside the cache.
 
 transformers' hooks put aotc in charge of both halves of attention: `row_cache` is the `Cache`
 the model's layers call `update` on (the write), and "aotc" is the attention implementation they
 call after it (the read), registered in transformers' `AttentionInterface`; it is the
 `aotc::cached_attention` operator (cached_attention.py), which each build lowers for its device.
-A model whose attention does not go through that interface (Falcon) gets a 4-D mask with the same
-meaning and reads the whole cache with its own attention.
+The model sees the packed tokens as one sequence of T tokens (batch 1) at the given position ids.
+A model whose attention does not go through that interface (Falcon) gets a 4-D mask over the
+whole cache, its rows end to end, with the same meaning, and reads it with its own attention.
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ from typing import Any
 import torch
 
 from aotc.errors import UserInputError
-from aotc.export.cached_attention import _allowed, cached_attention
+from aotc.export.cached_attention import cached_attention, packed_allowed
 from aotc.export.transformers_release import cache_keyword
 
 IMPLEMENTATION = "aotc"
-STEP_INPUTS = ("input_ids", "cache_lengths", "input_lengths")
+STEP_INPUTS = ("input_ids", "rows", "positions", "picks")
 
 # The step being traced or run: the attention function reads the rows' timelines from it (the
 # model's layers pass the attention only what transformers gives every implementation).
@@ -54,7 +58,7 @@ def row_cache(keys: list, values: list) -> Any:
     (`update(k, v, kwargs=kwargs)`)."""
     from transformers.cache_utils import Cache
 
-    timeline = RowTimeline(keys[0].shape[1] - 1)
+    timeline = RowTimeline(keys[0].shape[0], keys[0].shape[1] - 1)
     layer = _row_layer_class()
     cache = Cache(layers=[layer(timeline, k, v) for k, v in zip(keys, values)])
     cache.timeline = timeline
@@ -69,7 +73,7 @@ def _row_layer_class() -> type:
 
     class RowLayer(CacheLayerMixin):
         """One layer's keys and values, [B, max_len + 1, kv heads, head dim], written at each
-        row's own positions; the attention is handed the whole buffers."""
+        token's row and position; the attention is handed the whole buffers."""
 
         is_compileable = True
         is_sliding = False  # a sliding window is the attention's to apply (cached_attention.py)
@@ -105,37 +109,44 @@ def _row_layer_class() -> type:
 
 
 class RowTimeline:
-    """Where each row's window goes in the cache this step: set once by `begin`, read by every
-    layer's write and by the attention."""
+    """Where the step's tokens go in the cache: set once by `begin`, read by every layer's write
+    and by the attention."""
 
-    def __init__(self, length: int):
+    def __init__(self, batch: int, length: int):
+        self.batch = batch
         self.length = length  # slot `length` is the padding's
-        self.starts: torch.Tensor | None = None  # [B]: the position of each row's window token 0
-        self.firsts: torch.Tensor | None = None  # [B]: each row's first window token it is fed
-        self.slots: torch.Tensor | None = None  # [B, S]: where each window token is written
-        self.positions: torch.Tensor | None = None  # [B, S]: each token's position, in the cache
+        self.rows: torch.Tensor | None = None  # [T]: each token's row
+        self.positions: torch.Tensor | None = None  # [T]: each token's position, `length`: none
+        self.slots: torch.Tensor | None = None  # [T]: where each token is written
 
-    def begin(self, cache_lengths: torch.Tensor, input_lengths: torch.Tensor, steps: int) -> None:
-        window = torch.arange(steps, device=cache_lengths.device)
-        self.firsts = steps - input_lengths
-        self.starts = cache_lengths - self.firsts
-        unclamped = self.starts[:, None] + window[None, :]
-        fed = window[None, :] >= self.firsts[:, None]
-        # a token past the cache (a step queued after a row's last) goes to the padding's slot too
-        self.slots = torch.where(fed, unclamped, self.length).clamp(min=0, max=self.length)
-        self.positions = unclamped.clamp(min=0, max=self.length - 1)
+    def begin(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        self.rows = rows.clamp(min=0, max=self.batch - 1)
+        self.positions = positions.clamp(min=0, max=self.length)
+        self.slots = self.positions  # a token that is no row's goes to the padding's slot
+
+    def position_ids(self) -> torch.Tensor:
+        """[1, T] the model's position ids (a token that is no row's at the last real one, so a
+        learned position table is never read past its end)."""
+        assert self.positions is not None, "begin() first"
+        return self.positions.clamp(max=self.length - 1)[None]
 
     def write(self, keys, values, key_states, value_states) -> tuple:
-        """key/value_states [R, Hkv, S, D] into the first R rows of the layer's buffers; those
-        rows as the attention takes them, [R, Hkv, L + 1, D] views."""
+        """key/value_states [1, Hkv, T, D] into each token's row and slot of the layer's buffers;
+        the whole buffers as the attention takes them: one sequence of B * (L + 1) slots, its rows
+        end to end, [1, Hkv, B * (L + 1), D] (a view)."""
         assert self.slots is not None, "begin() before the layers write"
-        used = key_states.shape[0]
-        rows = torch.arange(used, device=keys.device)[:, None].expand_as(self.slots)
-        # [R, Hkv, S, D] -> [R, S, Hkv, D], the cache's layout; written through the whole buffer
+        # [1, Hkv, T, D] -> [T, Hkv, D], the cache's layout; written through the whole buffer
         # (a write through a slice of it would be traced as a copy of the buffer)
-        keys.index_put_((rows, self.slots), key_states.transpose(1, 2).to(keys.dtype))
-        values.index_put_((rows, self.slots), value_states.transpose(1, 2).to(values.dtype))
-        return keys[:used].transpose(1, 2), values[:used].transpose(1, 2)
+        keys.index_put_((self.rows, self.slots), key_states[0].transpose(0, 1).to(keys.dtype))
+        values.index_put_(
+            (self.rows, self.slots), value_states[0].transpose(0, 1).to(values.dtype)
+        )
+        return _as_one_sequence(keys), _as_one_sequence(values)
+
+
+def _as_one_sequence(cache: torch.Tensor) -> torch.Tensor:
+    batch, slots, heads, dim = cache.shape
+    return cache.view(1, batch * slots, heads, dim).transpose(1, 2)
 
 
 def aotc_attention(
@@ -153,8 +164,9 @@ def aotc_attention(
 ) -> tuple:
     """transformers' attention-function signature (AttentionInterface; the positional order of its
     own sdpa function, and whatever a later release adds in `*args, **kwargs`): query
-    [B, Hq, S, D], key/value what the cache's `update` returned; (output [B, S, Hq, D], no
-    weights). Checked against transformers 5.17.0 and 5.24.0."""
+    [1, Hq, T, D], key/value what the cache's `update` returned (the whole buffers as one
+    sequence); (output [1, T, Hq, D], no weights). Checked against transformers 5.17.0 and
+    5.24.0."""
     # arguments that change what attention computes, which aotc's does not implement: refused
     # rather than ignored (the export's eager check would catch them too, less clearly)
     unsupported = [
@@ -168,15 +180,16 @@ def aotc_attention(
         )
     timeline = _active[-1]
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    buffer = (timeline.batch, timeline.length + 1, key.shape[1], key.shape[-1])
     out = cached_attention(
         query,
-        key.transpose(1, 2),
-        value.transpose(1, 2),
-        timeline.starts,
+        key.transpose(1, 2).reshape(buffer),
+        value.transpose(1, 2).reshape(buffer),
+        timeline.rows,
+        timeline.positions,
         scale,
         int(sliding_window or 0),
         float(softcap or 0.0),
-        timeline.firsts,
     )
     return out, None
 
@@ -204,15 +217,15 @@ def owned_attention(model: Any, timeline: RowTimeline):
             config._attn_implementation = name
 
 
-def additive_mask(timeline: RowTimeline, steps: int, dtype: torch.dtype) -> torch.Tensor:
-    """[B, 1, S, L + 1] the same reads as a mask (0 where read, the dtype's lowest elsewhere), for
-    models whose attention takes the mask instead of the attention function."""
-    assert timeline.starts is not None
-    allowed = _allowed(timeline.starts, steps, timeline.length, 0)
-    allowed = torch.nn.functional.pad(allowed, (0, 1))  # the padding's slot: never read
+def additive_mask(timeline: RowTimeline, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, T, B * (L + 1)] the same reads as a mask over the whole cache, its rows end to end
+    (0 where read, the dtype's lowest elsewhere), for models whose attention takes the mask
+    instead of the attention function."""
+    assert timeline.rows is not None and timeline.positions is not None
+    allowed = packed_allowed(timeline.rows, timeline.positions, timeline.batch, timeline.length, 0)
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
     lowest = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zero, lowest)[:, None]
+    return torch.where(allowed, zero, lowest)[None, None]
 
 
 def row_step(model: Any, batch_size: int, max_len: int, heads: int, head_dim: int):
@@ -222,8 +235,8 @@ def row_step(model: Any, batch_size: int, max_len: int, heads: int, head_dim: in
     layers = model.config.get_text_config().num_hidden_layers
     device = next(model.parameters()).device
     accepts = inspect.signature(model.forward).parameters
-    # the LM head on the window's last token only, as transformers' generate asks for it
-    last_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
+    # the LM head on the picked tokens only, as transformers' generate asks for the last one
+    picks_only = "logits_to_keep" in accepts
     cache_argument = cache_keyword(model)
 
     class RowStep(torch.nn.Module):
@@ -247,19 +260,22 @@ def row_step(model: Any, batch_size: int, max_len: int, heads: int, head_dim: in
             for buffer in self.cache("key_cache") + self.cache("value_cache"):
                 buffer.zero_()
 
-        def forward(self, input_ids, cache_lengths, input_lengths):
+        def forward(self, input_ids, rows, positions, picks):
             cache = row_cache(self.cache("key_cache"), self.cache("value_cache"))
-            timeline, steps = cache.timeline, input_ids.shape[1]
-            timeline.begin(cache_lengths, input_lengths, steps)
+            timeline = cache.timeline
+            timeline.begin(rows, positions)
+            picks = picks.clamp(min=0, max=input_ids.shape[0] - 1)
+            chosen = {"logits_to_keep": picks} if picks_only else {}
             with owned_attention(self.model, timeline):
                 out = self.model(
-                    input_ids=input_ids,
-                    position_ids=timeline.positions,
-                    attention_mask=additive_mask(timeline, steps, self.model.dtype),
+                    input_ids=input_ids[None],
+                    position_ids=timeline.position_ids(),
+                    attention_mask=additive_mask(timeline, self.model.dtype),
                     use_cache=True,
                     **{cache_argument: cache},
-                    **last_only,
+                    **chosen,
                 )
-            return out.logits[:, -1, :]
+            logits = out.logits[0]
+            return logits if picks_only else logits[picks]
 
     return RowStep().eval()

@@ -1,15 +1,15 @@
 """Decoder LMs as one step of a generation loop over aotc's own KV cache (row_cache.py):
 
-    step(input_ids [R, S], cache_lengths [R], input_lengths [R]) -> logits [R, vocab]
+    step(input_ids [T], rows [T], positions [T], picks [R]) -> logits [R, vocab]
 
-Each row of the batch is a sequence with its own timeline: it holds `cache_lengths[b]` tokens and
-is fed the last `input_lengths[b]` tokens of its window. A step runs for the cache's first R rows,
-R from 1 to the batch (a batch of 3 or more), so a runtime feeds only the rows up to the last one a
-sequence holds. Prefill is S = the prompt's length,
-decode S = 1: one exported program with S dynamic serves both, and a step may prefill some rows
-while it decodes others. The cache's buffers are mutated in place: an export records them as
-mutated buffers, aotc's state, which the runtime carries from one call to the next. Attention is
-aotc's `cached_attention` operator, which reads only the positions a row has filled on the CPU
+Each row of the batch is a sequence with its own timeline, and a step's tokens are packed: token
+t goes to row rows[t] at position positions[t], and the logits are those of tokens picks[r]. T is
+dynamic (1 to every row's whole cache), so one exported program serves prefill, decode and a step
+that prefills some rows while it decodes others, at the cost of the tokens it feeds. R is dynamic
+from 1 to the batch (a batch of 3 or more), so a step picks the logits of the rows that need a
+token only. The cache's buffers are mutated in place: an export records them as mutated buffers,
+aotc's state, which the runtime carries from one call to the next. Attention is aotc's
+`cached_attention` operator, which reads only the positions a token's row has filled
 (cached_attention.py); the export checks it against the model's own attention before tracing.
 """
 
@@ -20,18 +20,19 @@ from typing import Any
 
 from aotc.errors import ModelError, UserInputError
 from aotc.export.row_cache import STEP_INPUTS
+from aotc_runtime.decode_step import pack
 from aotc.export.sibling_linears import fuse_sibling_linears
 from aotc.export.transformers_release import cache_keyword, hooks_guard, warn_if_untested
 from aotc_runtime.generation import prefill_inputs  # one definition, the runtime's loop uses it
+from aotc_runtime.generation_record import STEP_FORMAT  # the contract the runtimes run
 
 TASK = "text-generation"
-# the step's input that grows with the tokens fed at once, and its axis
-_S_AXES = (("input_ids", 1),)
-# the rows a step runs for, R <= the batch (row_cache.py): every input's first axis
+# the step's inputs that grow with the tokens fed at once, and their axis
+TOKENS_DIM = "T"
+_T_AXES = (("input_ids", 0), ("rows", 0), ("positions", 0))
+# the logits a step picks, R <= the batch (row_cache.py)
 ROWS_DIM = "R"
-_R_AXES = (("input_ids", 0), ("cache_lengths", 0), ("input_lengths", 0))
-# the generation step's contract, recorded in the package (aotc_runtime/generation_record.py)
-STEP_FORMAT = 3
+_R_AXES = (("picks", 0),)
 
 
 def one_call_command(target: str) -> str:
@@ -130,13 +131,14 @@ def check_owned_attention(model: Any, step: Any, max_len: int, target: str = "MO
                 input_ids=ids[:, start:end], use_cache=True, **{cache_keyword(model): cache}
             )
             own.append(out.logits[0, -1].float())
-        long = torch.zeros(batch, dtype=torch.long, device=device)
-        fed = torch.zeros(batch, dtype=torch.long, device=device)
+        held = 0
         for start, end in ((0, length), (length, length + 1), (length + 1, length + 2)):
-            window = ids[:, start:end].expand(batch, -1)
-            long.fill_(end - start)
-            ours.append(step(window, fed, long)[0].float())
-            fed += end - start
+            # every row fed the same tokens, so the cache's rows are all written and read
+            chunk = ids[0, start:end].tolist()
+            feeds = [(row, held, chunk) for row in range(batch)]
+            inputs = [t.to(device) for t in pack(feeds)]
+            ours.append(step(*inputs)[0].float())
+            held += end - start
     if not all(bool(logits.isfinite().all()) for logits in own):
         # the model's own code, before aotc changes anything: not aotc's attention
         raise ModelError(
@@ -185,7 +187,9 @@ def generation_export(loaded: Any, cfg: Any, extras: Any = None) -> tuple:
         check_tokenizer_vocabulary(cfg.tokenizer, vocab)
     check_cache_fits(model, batch, max_len)
     step = cache_step(model, batch, max_len, cfg.model)
-    prompt = max(2, min(8, max_len // 2))  # the traced S: torch.export specializes 0 and 1
+    # the traced tokens: every row a prompt of `prompt` tokens. torch.export specializes sizes 0
+    # and 1 and unifies equal ones, so T (batch x prompt) and R (batch) must differ and exceed 1
+    prompt = max(2, min(8, max_len // 2))
 
     def example_inputs():
         ids = torch.randint(0, vocab, (batch, prompt), generator=torch.Generator().manual_seed(0))
@@ -193,10 +197,10 @@ def generation_export(loaded: Any, cfg: Any, extras: Any = None) -> tuple:
         return dict(zip(STEP_INPUTS, prefill_inputs(ids, mask)))
 
     wrapped = dataclasses.replace(loaded, module=step, example_inputs=example_inputs)
-    dims = (DimSpec("S", 1, max_len, prompt, _S_AXES),)
+    dims = (DimSpec(TOKENS_DIM, 1, batch * max_len, batch * prompt, _T_AXES),)
     if batch >= 3:
         # traced at the whole batch. torch.export traces a dynamic size as at least 2 (it
-        # specializes 0 and 1), so a batch of 2 would be a range of one size: its step stays static
+        # specializes 0 and 1), so a batch of 2 would be a range of one size: its picks stay static
         dims += (DimSpec(ROWS_DIM, 1, batch, batch, _R_AXES),)
     return wrapped, dims, task_record(model, cfg, extras)
 
@@ -382,8 +386,8 @@ def attention_window(config: Any) -> int:
     return min(windows, default=0)
 
 
-# The most tokens (rows x window) one call of the check's long-context cases computes: the build's
-# check of a real model stays a fraction of its compile (docs/development.md has the figures).
+# The most tokens one call of the check's long-context cases feeds: the build's check of a real
+# model stays a fraction of its compile (docs/development.md has the figures).
 CHECK_TOKENS_PER_CALL = 1024
 
 
@@ -391,60 +395,67 @@ def check_cases(task: dict, device: Any) -> list:
     """The build's numeric check of a generation step: [(label, inputs)] in the order they run,
     the cache carried from one to the next as in generation: the cache's whole length (below),
     prompts of different lengths, decode steps after them, a step that prefills one row while it
-    decodes the other, a decode of the first row alone (R at its min), and a one-token prefill (S
-    at its min). A step writes the same cache
-    positions on each call, so a second call (a CUDA-graph package's replay) sees what the first
-    did.
+    decodes the others, a decode step in which a row is fed nothing (a free row, as a CUDA graph
+    feeds it), a decode of the first row alone (R at its min), and a one-token step (T at its
+    min). A step writes the same cache positions on each call, so a second call (a CUDA-graph
+    package's replay) sees what the first did.
 
-    The whole length: a prefill of every row to the cache's end (S at its max) where that costs at
-    most CHECK_TOKENS_PER_CALL tokens. Past that (a real model's 8 rows x 2,048 positions, where
-    that one call cost three quarters of the check), the positions that show a wrong cache index
-    or mask are reached without computing the rest: a window at the cache's start, a window that
-    ends one short of its end, and a decode of its last position, whose attention reads every
-    position, the windows' and the zeros between them."""
+    The whole length: a prefill of every row to the cache's end where that costs at most
+    CHECK_TOKENS_PER_CALL tokens. Past that (a real model's 8 rows x 2,048 positions), the
+    positions that show a wrong cache index or mask are reached without computing the rest: a
+    chunk at the cache's start, a chunk that ends one short of its end, and a decode of its last
+    position, whose attention reads every position, the chunks' and the zeros between them."""
     import torch
 
     batch, max_len, vocab = task["batch_size"], task["max_seq_len"], task["vocab_size"]
+    picks = None if batch >= 3 else batch  # a batch of 1 or 2 picks every row's logits
     g = torch.Generator().manual_seed(0)
 
-    def tokens(length: int):
-        return torch.randint(0, vocab, (batch, length), generator=g)
+    def tokens(length: int) -> list:
+        return torch.randint(0, vocab, (length,), generator=g).tolist()
 
-    def case(label: str, ids, held: list, fed: list):
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-        return label, [t.to(device) for t in (ids, as_tensor(held), as_tensor(fed))]
+    def case(label: str, feeds: list, fixed: int | None = picks):
+        return label, [t.to(device) for t in pack(feeds, fixed)]
 
-    window = max(2, CHECK_TOKENS_PER_CALL // batch)
-    if window >= max_len:
-        cases = [case(f"prefill of {max_len} tokens (S at its max)", tokens(max_len),
-                      [0] * batch, [max_len] * batch)]  # fmt: skip
+    chunk = max(2, CHECK_TOKENS_PER_CALL // batch)
+    if chunk >= max_len:
+        cases = [case(f"prefill of {max_len} tokens in every row (the cache's whole length)",
+                      [(row, 0, tokens(max_len)) for row in range(batch)])]  # fmt: skip
     else:
-        far = max_len - 1 - window
+        far = max_len - 1 - chunk
         cases = [
-            case(f"prefill of {window} tokens at the cache's start", tokens(window),
-                 [0] * batch, [window] * batch),
-            case(f"prefill of {window} tokens at positions {far}-{max_len - 2}", tokens(window),
-                 [far] * batch, [window] * batch),
+            case(f"prefill of {chunk} tokens at the cache's start",
+                 [(row, 0, tokens(chunk)) for row in range(batch)]),
+            case(f"prefill of {chunk} tokens at positions {far}-{max_len - 2}",
+                 [(row, far, tokens(chunk)) for row in range(batch)]),
             case(f"decode of the cache's last position ({max_len - 1}), reading all {max_len}",
-                 tokens(1), [max_len - 1] * batch, [1] * batch),
+                 [(row, max_len - 1, tokens(1)) for row in range(batch)]),
         ]  # fmt: skip
     length = max(2, min(8, max_len // 2))
-    # each row's prompt: the first `length` tokens, the others one fewer down to 1 (left-padded)
+    # each row's prompt: the first `length` tokens, the others one fewer down to 1
     prompts = [max(1, length - row) for row in range(batch)]
-    cases.append(case(f"prefill of prompts of {min(prompts)}-{length} tokens", tokens(length),
-                      [0] * batch, prompts))  # fmt: skip
+    cases.append(case(f"prefill of prompts of {min(prompts)}-{length} tokens",
+                      [(row, 0, tokens(p)) for row, p in enumerate(prompts)]))  # fmt: skip
     held = list(prompts)
     for step in range(min(3, max_len - length - 1)):
-        cases.append(case(f"decode step {step + 1}", tokens(1), held, [1] * batch))
+        cases.append(case(f"decode step {step + 1}",
+                          [(row, held[row], tokens(1)) for row in range(batch)]))  # fmt: skip
         held = [h + 1 for h in held]
-    if batch >= 3 and task.get("step_format") == STEP_FORMAT and max_len - held[0] >= 2:
-        # the step fed the cache's first row only (R at its min): what a runtime feeds when the
-        # other rows are free
-        cases.append(case("decode of the first row alone (R at its min)", tokens(1)[:1],
-                          held[:1], [1]))  # fmt: skip
+    if batch >= 2 and max_len - max(held) >= 1:
+        # the last row fed nothing: its token at position max_len, no row's (how a decode step
+        # replayed as a CUDA graph feeds a free row); the others decode, their logits picked
+        free = batch - 1
+        feeds = [(row, held[row] if row != free else max_len, tokens(1)) for row in range(batch)]
+        cases.append(case("a decode step beside a row fed nothing", feeds))
+        held = [h + (row != free) for row, h in enumerate(held)]
+    if picks is None and max_len - held[0] >= 2:
+        # one token, the first row's logits alone (T and R at their min): what a runtime feeds
+        # when the other rows are free
+        cases.append(case("decode of the first row alone (T and R at their min)",
+                          [(0, held[0], tokens(1))]))  # fmt: skip
+        held[0] += 1
     if max_len - max(held) >= 2:  # row 0 takes a new 2-token prompt while the others decode
-        joining = [0] + held[1:]
-        cases.append(case("a row's prefill beside the others' decode", tokens(2), joining,
-                          [2] + [1] * (batch - 1)))  # fmt: skip
-    cases.append(case("prefill of 1 token (S at its min)", tokens(1), [0] * batch, [1] * batch))
+        feeds = [(0, 0, tokens(2))] + [(row, held[row], tokens(1)) for row in range(1, batch)]
+        cases.append(case("a row's prefill beside the others' decode", feeds))
+    cases.append(case("prefill of 1 token in every row", [(row, 0, tokens(1)) for row in range(batch)]))
     return cases

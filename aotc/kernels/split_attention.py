@@ -2,11 +2,11 @@
 algorithm in plain PyTorch, which CI runs on the CPU (the kernel needs CUDA).
 
 `split_attention` computes what the two kernels compute, in the same steps: the positions each
-(row, query head, window token) attends to, [first, stop), cut into `splits` spans of whole
+(packed token, query head) attends to in its row, [first, stop), cut into `splits` spans of whole
 BLOCK_N blocks (the last one shorter, some empty); per span, the maximum score, the sum of
 exp(score - maximum) and the values weighted by it; then the spans combined, each weighted by
 exp(its maximum - the largest), an empty span (maximum -inf, sum 0) by nothing, and a token that
-attends to nothing (padding) written as 0. Held to the unsplit attention (cached_attention.reference)
+attends to nothing (no row's) written as 0. Held to the unsplit attention (cached_attention.reference)
 in tests/test_split_attention.py, and the Triton kernels to it in tests/test_gpu_attention.py.
 """
 
@@ -21,9 +21,8 @@ BLOCK_N = 64  # the keys a program reads per iteration; spans are whole blocks o
 
 
 def traced_size(size) -> int:
-    """`size` as an int for a launch choice. A dynamic size (the rows a generation step runs for,
-    traced at the package's whole batch) gives its traced example, read without guarding on it, so
-    the choice stays one per package and fewer rows launch fewer programs."""
+    """`size` as an int for a launch choice. A dynamic size gives its traced example, read without
+    guarding on it, so the choice stays one per package."""
     if isinstance(size, int):
         return size
     hint = getattr(getattr(size, "node", None), "hint", None)
@@ -42,44 +41,43 @@ def split_attention(
     query: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    starts: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
     scale: float,
     window: int,
     softcap: float,
-    firsts: torch.Tensor | None,
     splits: int,
 ) -> torch.Tensor:
-    """query [B, Hq, S, D] over the cache keys/values [B, L + 1, Hkv, D] (slot L the padding's),
-    rows' windows starting at `starts` [B], the first `firsts` [B] window tokens padding; [B, S,
-    Hq, D] in the query's dtype, computed in fp32 as the kernels do."""
-    batch, heads, steps, dim = query.shape
+    """The packed tokens `query` [1, Hq, T, D] over the cache keys/values [B, L + 1, Hkv, D] (slot
+    L the padding's), token t in row rows[t] at positions[t] (L or past it: no row's); [1, T, Hq, D]
+    in the query's dtype, computed in fp32 as the kernels do."""
+    _one, heads, tokens, dim = query.shape
     length, kv_heads = keys.shape[1] - 1, keys.shape[2]
     group = heads // kv_heads
-    # each query's own position, and the positions it attends to: [first, stop)
-    last = (starts[:, None] + torch.arange(steps, device=query.device)).clamp(0, length - 1)
+    # each token's own position, and the positions it attends to: [first, stop)
+    own = positions < length
+    last = torch.where(own, positions, 0)
     first = (last - window + 1).clamp(min=0) if window > 0 else torch.zeros_like(last)
-    stop = last + 1
-    if firsts is not None:  # padding reads nothing
-        padding = torch.arange(steps, device=query.device)[None, :] < firsts[:, None]
-        stop = torch.where(padding, first, stop)
-    chunk = _ceil_div(_ceil_div(stop - first, splits), BLOCK_N) * BLOCK_N  # [B, S]
-    k = keys[:, :length].float().repeat_interleave(group, dim=2)  # [B, L, Hq, D]
-    v = values[:, :length].float().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bhsd,bnhd->bhsn", query.float() * scale, k)
+    stop = torch.where(own, last + 1, first)
+    chunk = _ceil_div(_ceil_div(stop - first, splits), BLOCK_N) * BLOCK_N  # [T]
+    row = torch.where(own, rows, 0)
+    k = keys[row, :length].float().repeat_interleave(group, dim=2)  # [T, L, Hq, D]
+    v = values[row, :length].float().repeat_interleave(group, dim=2)
+    scores = torch.einsum("htd,tnhd->thn", query[0].float() * scale, k)  # [T, Hq, L]
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
-    positions = torch.arange(length, device=query.device)
+    slots = torch.arange(length, device=query.device)
     maxima, sums, weighted = [], [], []
     for split in range(splits):
         lo = first + split * chunk
         hi = torch.minimum(lo + chunk, stop)
-        inside = (positions >= lo[..., None]) & (positions < hi[..., None])  # [B, S, L]
+        inside = (slots >= lo[:, None]) & (slots < hi[:, None])  # [T, L]
         span = scores.masked_fill(~inside[:, None], float("-inf"))
         top = span.amax(dim=-1, keepdim=True)  # -inf for an empty span
         p = torch.exp(span - top.where(top > float("-inf"), 0.0))
         maxima.append(top[..., 0])
         sums.append(p.sum(dim=-1))
-        weighted.append(torch.einsum("bhsn,bnhd->bhsd", p, v))
+        weighted.append(torch.einsum("thn,tnhd->thd", p, v))
     top = torch.stack(maxima).amax(dim=0)
     out = torch.zeros_like(weighted[0])
     total = torch.zeros_like(sums[0])
@@ -88,7 +86,7 @@ def split_attention(
         total = total + s * weight
         out = out + acc * weight[..., None]
     out = torch.where(total[..., None] > 0, out / total.clamp(min=1e-30)[..., None], 0.0)
-    return out.transpose(1, 2).to(query.dtype)
+    return out[None].to(query.dtype)
 
 
 def _ceil_div(a: torch.Tensor, b: int | torch.Tensor) -> torch.Tensor:

@@ -232,6 +232,6 @@ class DecodeGraph:
         with torch.cuda.graph(graph, pool=self._pool):
             logits = self._run_flat(flat)[0]
             self.step.advance()
-            self.step.ids.copy_(self.sampler(logits, self.step.input_lengths, mode)[:, None])
+            self.step.ids.copy_(self.sampler(logits, self.step.fed, mode))
         self._graphs[mode] = graph
         return graph

@@ -3,17 +3,19 @@
 leave it at step boundaries, each answered as if alone.
 
 The package's program (aotc/export/row_cache.py) gives every row of its KV cache a timeline of its
-own:
+own and takes a step's tokens packed (decode_step.py):
 
-    step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+    step(input_ids [T], rows [T], positions [T], picks [R]) -> logits [R, vocab]
 
-row b holding cache_lengths[b] tokens and fed the last input_lengths[b] tokens of its window. So a
-row is a slot a sequence owns from its join to its finish:
+token t fed to row rows[t] at position positions[t]. So a row is a slot a sequence owns from its
+join to its finish, and a step costs the tokens it feeds, whichever rows they are for:
 
 - A decode step feeds every running row its last token.
-- A join feeds the joining rows their prompts in chunks of at most `prefill_chunk` tokens, one
-  chunk a step, while the same step feeds every running row its next token: a long prompt joins
-  without stalling the batch, and a join costs the running rows no step.
+- A join feeds the joining rows their prompts in chunks, oldest joiner first, at most
+  `prefill_chunk` tokens of a row and `step_tokens` of all rows a step, while the same step feeds
+  every running row its next token: a long prompt joins without stalling the batch, a join costs
+  the running rows no step, and a joining prompt's tokens cost the step only themselves (no row is
+  padded to the longest chunk).
 - A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache. Given
   a PrefixCache (prefix_cache.py), it starts from the longest start of its prompt that a row
   already holds (that row if it is free, else a copy into the row it takes) and is fed the rest.
@@ -51,7 +53,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
-from .decode_step import DecodeStep
+from .decode_step import DecodeStep, pack
 from .errors import GenerationInputError
 from .generation_request import GenerationRequest
 from .prefix_cache import PrefixCache, common_start
@@ -75,7 +77,7 @@ class GeneratingPackage(Protocol):
     def generation(self) -> Generation: ...
 
     @property
-    def runs_fewer_rows(self) -> bool: ...
+    def fixed_picks(self) -> int | None: ...
 
     def call_without_graphs(self, *tensors: torch.Tensor) -> Any: ...
 
@@ -143,6 +145,7 @@ class _Row:
     made: int = 0
     text: TextDelta | None = None
     tokens: list = field(default_factory=list)  # the tokens made, with a prefix cache
+    order: int = 0  # when it joined, among the engine's sequences: the oldest is fed first
     matcher: Any = None  # token_grammar.TokenMatcher: where the row stands in its grammar
     mask_stale: bool = True  # the matcher moved since its mask was written
     # with a prefix cache: the tokens at the row's positions 0..n-1, kept as they are fed (its
@@ -170,7 +173,8 @@ class DecodeEngine:
         self,
         package: GeneratingPackage,
         overlap: bool | None = None,
-        prefill_chunk: int = 256,
+        prefill_chunk: int = 256,  # the most prompt tokens a step feeds one row
+        step_tokens: int = 2048,  # the most prompt tokens a step feeds all joining rows
         tokenizer: Any = None,  # a tokenizers.Tokenizer: each token's text, and stop strings
         ahead: int | None = None,  # steps queued ahead with overlap (STEPS_AHEAD)
         prefix_cache: PrefixCache | None = None,  # prompt prefixes the rows hold, reused at join
@@ -180,7 +184,10 @@ class DecodeEngine:
         self.size, self.max_len = generation.batch_size, generation.max_seq_len
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be at least 1 token, not {prefill_chunk}")
-        self.prefill_chunk = prefill_chunk
+        if step_tokens < 1:
+            raise ValueError(f"step_tokens must be at least 1 token, not {step_tokens}")
+        self.prefill_chunk, self.step_tokens = prefill_chunk, step_tokens
+        self._joined = 0  # sequences joined so far: each row's `order`
         self.prefix_cache = prefix_cache
         self.rows: list[_Row | None] = [None] * self.size
         self.held = torch.zeros(self.size, dtype=torch.int64)  # tokens each row's cache holds
@@ -193,6 +200,7 @@ class DecodeEngine:
         self._fresh = True  # rows joined or left: the decode step's buffers are loaded anew
         self._fed = torch.zeros(self.size, dtype=torch.int64)  # each row's tokens a decode step
         self._fed_rows: list[int] = [0] * self.size  # the same as a list, to compare
+        self._fed_slots: list[int] = []  # the rows it feeds
         self._held_gate = False
         # on the CPU a step queued ahead would run there and then, before its tokens are sent
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
@@ -236,8 +244,10 @@ class DecodeEngine:
         slot, reused = self._row_for(request.prompt)
         text = TextDelta(self.tokenizer, request.stop) if self.tokenizer is not None else None
         matcher = request.grammar.matcher() if request.grammar is not None else None
+        self._joined += 1
         self.rows[slot] = _Row(
             key, request, list(request.prompt[reused:]), text=text, matcher=matcher,
+            order=self._joined,
             fed_tokens=list(request.prompt[:reused]) if self.prefix_cache is not None else [],
         )  # fmt: skip
         self.held[slot] = reused
@@ -279,7 +289,7 @@ class DecodeEngine:
         if source is not None and source in free:
             slot = source
         else:
-            slot = cache.row_for(free, lowest_first=self.package.runs_fewer_rows)
+            slot = cache.row_for(free)
             if source is not None:
                 self.package.copy_cache_rows(source, slot, reused)
         cache.taken(slot, reused, copied=slot != source)
@@ -403,7 +413,7 @@ class DecodeEngine:
             if self.graph is not None:
                 self.decode_step, self.sampler = self.graph.step, self.graph.sampler
             else:
-                self.decode_step = DecodeStep(self.size, self.device)
+                self.decode_step = DecodeStep(self.size, self.max_len, self.device)
                 self.sampler = RowSampler(self.size, self.generation.vocab_size, self.device)
             sampler = self.sampler
             outputs = [
@@ -472,36 +482,40 @@ class DecodeEngine:
         )
 
     def _join(self) -> tuple[list, torch.Tensor]:
-        """A step that feeds each joining row the next chunk of its prompt and each running row
-        its last token; (the keys of the rows that made a token, the tokens on the device)."""
-        chunks = {
-            slot: row.prompt[: self.prefill_chunk]
-            for slot, row in enumerate(self.rows)
-            if row is not None and row.prompt
-        }
-        window = max(len(chunk) for chunk in chunks.values())
-        ids = torch.zeros(self.size, window, dtype=torch.int64)
-        fed = torch.zeros(self.size, dtype=torch.int64)
+        """A step that feeds the joining rows the next chunks of their prompts (the oldest joiner
+        first, within `prefill_chunk` a row and `step_tokens` in all) and each running row its last
+        token; (the keys of the rows that made a token, the tokens on the device)."""
+        budget = self.step_tokens
+        chunks: dict[int, list] = {}
+        joining = [(row.order, slot) for slot, row in enumerate(self.rows) if row and row.prompt]
+        for _order, slot in sorted(joining):
+            row = self.rows[slot]
+            assert row is not None
+            size = min(len(row.prompt), self.prefill_chunk, budget)
+            if size == 0:
+                break
+            chunks[slot] = row.prompt[:size]
+            row.prompt = row.prompt[size:]
+            budget -= size
+            if self.prefix_cache is not None:
+                row.fed_tokens.extend(chunks[slot])
+        feeds = []
         keys: list = [None] * self.size
         for slot, row in enumerate(self.rows):
             if row is None:
                 continue
             chunk = chunks.get(slot)
-            if chunk is not None:  # the chunk at the window's end (the step reads it from there)
-                ids[slot, window - len(chunk) :] = torch.tensor(chunk, dtype=torch.int64)
-                fed[slot] = len(chunk)
-                row.prompt = row.prompt[len(chunk) :]
-                if self.prefix_cache is not None:
-                    row.fed_tokens.extend(chunk)
-            else:
-                ids[slot, -1] = self.last[slot]
-                fed[slot] = 1
+            if chunk is None:
+                if row.prompt:  # its turn comes in a later step
+                    continue
+                chunk = [int(self.last[slot])]
+            feeds.append((slot, int(self.held[slot]), chunk))
+            self.held[slot] += len(chunk)
             if not row.prompt:  # a running row, or one whose prompt is all in now: it has a token
                 keys[slot] = row.key
         drawing = torch.tensor([key is not None for key in keys]).to(self.device)
-        inputs = [t.to(self.device) for t in (ids, self.held, fed)]
-        logits = self._call_rows_in_use(inputs, [row is not None for row in self.rows])
-        self.held += fed
+        inputs = pack(feeds, self.package.fixed_picks)
+        logits = self._call([t.to(self.device) for t in inputs], [slot for slot, _, _ in feeds])
         self._fresh = True
         return keys, self.sampler(logits, drawing)
 
@@ -515,25 +529,37 @@ class DecodeEngine:
         if self._fresh or fed != self._fed_rows:  # the rows fed (1 each) changed
             self._fed_rows = fed
             self._fed = torch.tensor(fed, dtype=torch.int64)
-            step.load([tokens[:, None], self.held, self._fed])
+            self._fed_slots = [slot for slot, f in enumerate(fed) if f]
+            step.load(tokens, self.held.to(self.device), self._fed.to(self.device))
             self._fresh = False
         mode = self.sampler.mode
         if self.graph is None or not self.graph.replay(mode):
-            logits = self._call_rows_in_use(step.inputs, [bool(f) for f in fed])
+            logits = self._decode_fed(step)
             step.advance()
-            step.ids.copy_(self.sampler(logits, step.input_lengths, mode)[:, None])
+            step.ids.copy_(self.sampler(logits, step.fed, mode))
         self.held += self._fed  # what the step's own advance does to its buffers, mirrored here
         return self.sampler.tokens
 
-    def _call_rows_in_use(self, inputs: list, in_use: list[bool]) -> torch.Tensor:
-        """The package's step on `inputs` [B, ...], fed only up to the last row `in_use` when the
-        package can run fewer rows (a free row past it would cost a row's whole step; a CUDA
-        graph replays all of them, nearly free there); logits [B, vocab], the rows not run 0."""
-        used = self.size - in_use[::-1].index(True) if True in in_use else self.size
-        if used == self.size or not self.package.runs_fewer_rows:
-            return self.package.call_without_graphs(*inputs)
-        logits = self.package.call_without_graphs(*(t[:used] for t in inputs))
-        # the sampler keeps a row's state at its index: the rows not run draw from zeros
+    def _decode_fed(self, step: Any) -> torch.Tensor:
+        """The decode step's logits [B, vocab] without a graph: the rows it feeds only (a free
+        row would cost the step a token's projections and MLP), the others 0."""
+        slots = self._fed_slots
+        if len(slots) == self.size or not slots:
+            return self.package.call_without_graphs(*step.inputs)
+        index = torch.tensor(slots, dtype=torch.int64).to(self.device)
+        count = self.package.fixed_picks or len(slots)
+        picks = torch.arange(count, dtype=torch.int64).clamp(max=len(slots) - 1).to(self.device)
+        inputs = [step.ids[index], index, step.positions[index], picks]
+        return self._call(inputs, slots)
+
+    def _call(self, inputs: list, slots: list[int]) -> torch.Tensor:
+        """The package's step on packed `inputs` whose picks are, in order, the tokens of rows
+        `slots` (and, a package of fixed picks, repeats after them); logits [B, vocab], the rows
+        not picked 0 (the sampler keeps a row's state at its index)."""
+        logits = self.package.call_without_graphs(*inputs)
+        if len(slots) == self.size and slots == list(range(self.size)):
+            return logits
         full = logits.new_zeros((self.size, logits.shape[1]))
-        full[:used] = logits
+        index = torch.tensor(slots, dtype=torch.int64).to(full.device)
+        full[index] = logits[: len(slots)]
         return full

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from .decode_engine import ERROR, DecodeEngine
+from .decode_step import pack
 from .errors import (
     GenerationInputError,
     MissingDependencyError,
@@ -40,14 +41,16 @@ if TYPE_CHECKING:
     from .generation_record import Generation
 
 
-def prefill_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
-    """The step's inputs that feed each row of `input_ids` [B, S] its prompt, the tokens
-    `attention_mask` marks 1: those tokens moved, in order, to the end of the row's window (a mask
-    with 0s among the 1s means what transformers makes of it: the 0s are not there), an empty
-    cache, and each row's count of tokens."""
-    order = attention_mask.argsort(dim=1, stable=True)  # the 0s first, then the 1s in order
-    lengths = attention_mask.long().sum(-1)
-    return input_ids.gather(1, order), torch.zeros_like(lengths), lengths
+def prefill_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list:
+    """The step's inputs (decode_step.pack) that feed each row of `input_ids` [B, S] its prompt,
+    the tokens `attention_mask` marks 1, in order (a mask with 0s among the 1s means what
+    transformers makes of it: the 0s are not there), into an empty cache, picking each row's last
+    token."""
+    feeds = [
+        (row, 0, ids[mask.bool()].tolist())
+        for row, (ids, mask) in enumerate(zip(input_ids, attention_mask))
+    ]
+    return pack(feeds)
 
 
 def load_tokenizer(package: GeneratingPackage) -> Any:  # a tokenizers.Tokenizer
@@ -201,7 +204,11 @@ def stream(
     # a row's prompt is its tokens the mask marks 1, in order (prefill_inputs's reading)
     prompts = [ids[keep.bool()].tolist() for ids, keep in zip(input_ids.cpu(), mask.cpu())]
     pad = pad_id(generation, generation.eos_token_ids if eos is None else eos)
-    engine = DecodeEngine(package, prefill_chunk=generation.max_seq_len, prefix_cache=prefix_cache)
+    whole = generation.max_seq_len  # every prompt in one step
+    engine = DecodeEngine(
+        package, prefill_chunk=whole, step_tokens=whole * generation.batch_size,
+        prefix_cache=prefix_cache,
+    )  # fmt: skip
     try:
         for row, prompt in enumerate(prompts):
             request = GenerationRequest(

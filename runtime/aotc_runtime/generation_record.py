@@ -10,13 +10,13 @@ refused when the manifest is read, before anything is allocated from its numbers
 The model's side is the signature, which load() compares with the description the compiled model
 carries (manifest.check_contract):
 
-    input_ids [R, S] (value_range [0, vocab - 1])   cache_lengths [R]   input_lengths [R]
+    input_ids [T] (value_range [0, vocab - 1])   rows [T]   positions [T]   picks [R]
     logits [R, vocab]   state: per layer, keys and values [B, max_len + 1, kv heads, head dim]
 
-`step_format` names that contract. Format 3: R is the batch B, or a dim from 1 to B (the step runs
-for the cache's first R rows). Format 2 (packages exported before that): R is B. A runtime knows
-those; a package recording another (or none: packages from before aotc owned the cache fed a mask
-over a shared timeline) is refused in one line that says to rebuild.
+`step_format` names that contract (decode_step.py and aotc/export/row_cache.py say what the inputs
+mean). Format 4: a step's tokens are packed, T a dim, and R is the batch B or a dim from 1 to B.
+Packages from before (format 3 fed every row a left-padded window, formats before it fed the
+whole batch) are refused in one line that says to export and build again.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from .fields import Fields, inside_package
 from .sampling import Sampling
 from .signature import Signature
 
-STEP_INPUTS = ("input_ids", "cache_lengths", "input_lengths")
-STEP_FORMAT = 3  # the step contract above, as aotc exports it now
-STEP_FORMATS = (2, 3)  # the contracts this runtime runs
+STEP_INPUTS = ("input_ids", "rows", "positions", "picks")
+STEP_FORMAT = 4  # the step contract above, as aotc exports it now
+STEP_FORMATS = (STEP_FORMAT,)  # the contracts this runtime runs
 
 
 @dataclass(frozen=True)
@@ -163,12 +163,18 @@ def check_step_format(folder: Path, generation: Generation | None) -> None:
     """Refuse (PackageError) a generation package whose step this runtime does not know how to run."""
     if generation is None or generation.step_format in STEP_FORMATS:
         return
-    made = (
-        "an aotc from before the generation step had its own KV cache"
-        if generation.step_format is None
-        else f"generation step format {generation.step_format}, which this runtime does not know "
-        f"(it runs formats {' and '.join(map(str, STEP_FORMATS))})"
-    )
+    if generation.step_format is None:
+        made = "an aotc from before the generation step had its own KV cache"
+    elif generation.step_format < STEP_FORMAT:
+        made = (
+            f"generation step format {generation.step_format}, from an aotc before the step "
+            f"packed its tokens (this runtime runs format {STEP_FORMAT})"
+        )
+    else:
+        made = (
+            f"generation step format {generation.step_format}, which this runtime does not know "
+            f"(it runs format {STEP_FORMAT})"
+        )
     raise PackageError(
         f"package {folder} was built with {made}; export and build it again with this aotc"
     )
@@ -184,27 +190,27 @@ def _disagreement(generation: Generation, signature: Signature) -> str | None:
             else f"the model has {len(signature.outputs)} outputs, a generation step has 1 (logits)"
         )
     ids, logits = inputs["input_ids"], signature.outputs[0]
-    held, fed = inputs["cache_lengths"], inputs["input_lengths"]
-    if len(ids.shape) != 2 or len(logits.shape) != 2 or len(held.shape) != 1 or len(fed.shape) != 1:
-        return "input_ids and the logits are not 2-D, or the lengths not 1-D"
+    rows, positions, picks = inputs["rows"], inputs["positions"], inputs["picks"]
+    if any(len(t.shape) != 1 for t in (ids, rows, positions, picks)) or len(logits.shape) != 2:
+        return "input_ids, rows, positions and picks are not 1-D, or the logits not 2-D"
+    if not (ids.shape[0] == rows.shape[0] == positions.shape[0]):
+        return "input_ids, rows and positions do not share one length (the step's tokens)"
     if not signature.state or any(len(s.shape) != 4 for s in signature.state):
         return "its state is not a KV cache of [batch, positions, heads, head dim] per layer"
-    # a step runs for the whole batch, or for its first R rows: a dim from 1 to the batch
-    rows = ids.shape[0]
-    if isinstance(rows, str):
-        span = signature.dims.get(rows, {})
+    # the logits of the whole batch's picks, or of R picks: a dim from 1 to the batch
+    chosen = picks.shape[0]
+    if isinstance(chosen, str):
+        span = signature.dims.get(chosen, {})
         if (span.get("min"), span.get("max")) != (1, generation.batch_size):
             return (
-                f"the step's rows {rows} run {span.get('min')}..{span.get('max')}, not 1.."
+                f"the step's picks {chosen} run {span.get('min')}..{span.get('max')}, not 1.."
                 f"{generation.batch_size} (its batch_size)"
             )
     else:
-        rows = generation.batch_size
+        chosen = generation.batch_size
     checks = [
-        ("batch_size", ids.shape[0], rows),
-        ("batch_size", held.shape[0], rows),
-        ("batch_size", fed.shape[0], rows),
-        ("batch_size", logits.shape[0], rows),
+        ("batch_size", picks.shape[0], chosen),
+        ("batch_size", logits.shape[0], chosen),
         ("vocab_size", logits.shape[1], generation.vocab_size),
     ]
     for cache in signature.state:

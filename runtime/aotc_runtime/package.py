@@ -258,11 +258,11 @@ class Package:
         return generation
 
     @property
-    def runs_fewer_rows(self) -> bool:
-        """Whether a text-generation step may be fed the cache's first R rows rather than all of
-        them (packages exported since the rows became a dim): rows past the last one a sequence
-        holds then cost nothing."""
-        return not isinstance(self.signature.inputs[0].shape[0], int)
+    def fixed_picks(self) -> int | None:
+        """A text-generation step's count of picked logits when it is fixed (the batch: packages
+        of a batch of 1 or 2), None when a step picks as many as it needs."""
+        picks = self.signature.inputs[3].shape[0]
+        return picks if isinstance(picks, int) else None
 
     def decode_graph(self) -> Any:  # cuda_graphs.DecodeGraph | None
         """A text-generation package's decode step as CUDA graphs (packages built with
@@ -285,7 +285,7 @@ class Package:
             graph = DecodeGraph(
                 self._run_loader,
                 self.device,
-                DecodeStep(generation.batch_size, self.device),
+                DecodeStep(generation.batch_size, generation.max_seq_len, self.device),
                 RowSampler(generation.batch_size, generation.vocab_size, self.device),
                 self._state,
                 self.run_settings,  # TF32 and cuDNN flags choose kernels at capture

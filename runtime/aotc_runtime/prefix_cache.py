@@ -13,13 +13,13 @@ with n of them:
 The rows themselves are the store (slot-to-slot copies), not paged blocks with hashed prefixes
 (vLLM) or a radix tree over them (SGLang): a package's cache is one contiguous [B, positions,
 heads, head dim] tensor per layer, and its compiled attention reads a row's positions in order, so
-blocks would need a block table inside the compiled step (a new step format, every package
+blocks would need a block table inside the compiled step (another step format, every package
 exported again). A copy moves n positions of keys and values, a small fraction of the work of
 computing them again (every weight read per chunk, every layer's attention). What it costs is
 capacity: the prefixes kept are those of the running rows and of the free rows, at most the batch.
-A sequence that finds no prefix to reuse takes the free row used least recently (its prefix is
-evicted), or, on a package that runs only the rows in use (the CPU), the lowest free row: there a
-row further up costs its whole share of every step the sequence runs.
+A sequence that finds no prefix to reuse takes a free row that holds nothing, else the free row
+used least recently (its prefix is evicted): a step feeds only the rows that hold a sequence, so
+which row it is costs nothing.
 
 Nothing else may have moved the cache since the rows' contents were recorded: the package's
 generation gate counts who took it (`GenerationGate.turns`), and an engine that takes the package
@@ -85,11 +85,10 @@ class PrefixCache:
                 best_row, best = row, n  # on a tie, a free row: nothing to copy
         return (best_row, best) if best >= self.min_reused else (None, 0)
 
-    def row_for(self, free: Sequence[int], lowest_first: bool) -> int:
-        """The free row a sequence takes when no free row holds its prefix: the lowest with
-        `lowest_first`, else one that holds nothing, else the least recently used."""
-        if lowest_first:
-            return min(free)
+    def row_for(self, free: Sequence[int]) -> int:
+        """The free row a sequence takes when no free row holds its prefix: one that holds
+        nothing, else the least recently used (a step feeds only the rows that hold a sequence,
+        wherever they are, so which one is free costs nothing)."""
         empty = [row for row in free if row not in self.held]
         if empty:
             return min(empty)
