@@ -45,8 +45,10 @@ def requests_for(streams: int, per_stream: int, prompt: tuple, new: tuple, vocab
     ]
 
 
-def run(package, plan: list, sampled: bool, prefill_chunk: int = 256) -> dict:
-    engine = DecodeEngine(package, prefill_chunk=prefill_chunk)
+def run(
+    package, plan: list, sampled: bool, prefill_chunk: int = 256, step_tokens: int = 2048
+) -> dict:
+    engine = DecodeEngine(package, prefill_chunk=prefill_chunk, step_tokens=step_tokens)
     streams = len(plan)
     pending: deque = deque()  # (stream, request index, arrival time, others running at arrival)
     live: dict = {}  # key -> [stream, index, arrival, first token time, tokens, full at arrival]
@@ -114,6 +116,7 @@ def run(package, plan: list, sampled: bool, prefill_chunk: int = 256) -> dict:
             for kind, ms in step_ms.items()
         },
         "prefill_chunk": prefill_chunk,
+        "step_tokens": step_tokens,
     }
 
 
@@ -125,6 +128,9 @@ def main() -> None:
     parser.add_argument("--prompt", default="16-512", help="prompt lengths, LOW-HIGH tokens")
     parser.add_argument("--max-tokens", default="16-256", help="max_tokens, LOW-HIGH")
     parser.add_argument("--prefill-chunks", default="256", help="prompt tokens a step feeds a row")
+    parser.add_argument(
+        "--step-tokens", type=int, default=2048, help="prompt tokens a step feeds all rows"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     package = aotc_runtime.load(args.package)
@@ -139,7 +145,7 @@ def main() -> None:
         for streams in (int(s) for s in args.streams.split(",")):
             plan = requests_for(streams, args.requests, prompt, new, generation.vocab_size, streams)
             for sampled in (False, True):
-                result = run(package, plan, sampled, chunk)
+                result = run(package, plan, sampled, chunk, args.step_tokens)
                 results.append(result)
                 print(json.dumps(result), flush=True)
     record = {

@@ -200,14 +200,13 @@ class PackageModel:
                 f"{generation.max_seq_len + 1} or fewer"
             )
         self.package.reset_state()  # a fresh cache
-        step = torch.zeros(generation.batch_size, 1, dtype=torch.int64)
-        held = torch.zeros(generation.batch_size, dtype=torch.int64)
-        fed = torch.zeros_like(held)
-        fed[0] = 1
+        picks = torch.zeros(self.package.fixed_picks or 1, dtype=torch.int64)
         rows = []
         for position, token in enumerate(ids[:-1]):
-            step[0, 0], held[0] = token, position
-            logits = self.package(input_ids=step, cache_lengths=held, input_lengths=fed)
+            # row 0 fed one token at `position`: its logits predict the next
+            inputs = dict(input_ids=torch.tensor([token]), rows=torch.zeros(1, dtype=torch.int64),
+                          positions=torch.tensor([position]), picks=picks)  # fmt: skip
+            logits = self.package(**inputs)
             rows.append(logits[0].double().log_softmax(-1))
         return torch.stack(rows).cpu()
 

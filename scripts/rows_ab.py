@@ -71,7 +71,7 @@ def main() -> None:
     report = {
         str(folder): {
             "batch": packages[folder].generation.batch_size,
-            "rows_a_dim": packages[folder].runs_fewer_rows,
+            "picks_a_dim": packages[folder].fixed_picks is None,
             "median_tokens_per_s": round(statistics.median(rounds), 1),
             "rounds": [round(rate, 1) for rate in rounds],
         }

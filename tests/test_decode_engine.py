@@ -244,24 +244,27 @@ def test_generate_raises_the_non_finite_error_in_one_line(generation_packages, m
     assert error.value.exit_code == 3 and "\n" not in str(error.value)
 
 
-def test_a_step_runs_only_the_rows_up_to_the_last_sequence(generation_packages):
-    """A package of 4 rows, whose step runs for the first R (a dim from 1 to 4): one sequence is
-    fed its row alone, two the first two rows, and each gets transformers' greedy tokens."""
+def test_a_step_is_fed_only_the_tokens_of_the_rows_in_use(generation_packages):
+    """A package of 4 rows: one sequence is fed its own tokens alone, two theirs packed (a joining
+    prompt beside a decode is fed its 3 tokens and the decode 1, no padded window), and each gets
+    transformers' greedy tokens."""
     folder, model = generation_packages.four_rows("llama")
     package = aotc_runtime.load(folder)
-    assert package.runs_fewer_rows
-    rows_fed = []
+    assert package.fixed_picks is None
+    tokens_fed, picked = [], []
     call = package.call_without_graphs
 
     def counting(*tensors):
-        rows_fed.append(tensors[0].shape[0])
+        tokens_fed.append(tensors[0].shape[0])
+        picked.append(tensors[3].shape[0])
         return call(*tensors)
 
     package.call_without_graphs = counting
     plan = {0: ("a", [5, 17, 42, 9, 100], 8), 2: ("b", [7, 8, 300], 3)}
     made = run(DecodeEngine(package), plan)
     # a's prompt, a decode, b's prompt beside a's decode, two decodes of both, a alone again
-    assert rows_fed == [1, 1, 2, 2, 2, 1, 1, 1]
+    assert tokens_fed == [5, 1, 4, 2, 2, 1, 1, 1]
+    assert picked == [1, 1, 2, 2, 2, 1, 1, 1]
     for key, prompt, new in plan.values():
         with torch.no_grad():
             expected = model.generate(

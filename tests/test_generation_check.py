@@ -17,6 +17,7 @@ from conftest import ZOO, BuildAhead, invoke
 
 from aotc.compiler.generation_check import compare_step
 from aotc.compiler.tolerances import GENERATION, computed_precision, tolerance
+from aotc_runtime.decode_step import pack
 
 LONG = 2048  # a prefill this long made the element-wise fp32 rule fail on 2.0e-4 against 1e-4
 SHORT = 32
@@ -164,8 +165,8 @@ def test_corrupted_weight_fails(builds, tmp_path, monkeypatch):
 
 
 def _step(batch: int = 1):
-    return [torch.zeros(batch, 1, dtype=torch.long), torch.tensor([5] * batch),
-            torch.tensor([1] * batch)]  # fmt: skip
+    """A decode step of each row's token at position 5 (its logits predict position 6)."""
+    return pack([(row, 5, [0]) for row in range(batch)])
 
 
 def test_near_tie_may_flip_and_a_clear_lead_may_not():
@@ -206,8 +207,8 @@ def test_computed_precision_and_defaults():
 
 
 def test_the_long_context_cases_catch_a_cache_position_one_off(generation_packages, monkeypatch):
-    """Past CHECK_TOKENS_PER_CALL the check reaches the cache's end by two windows and a decode of
-    its last position instead of a whole prefill. A step that writes the far window one position
+    """Past CHECK_TOKENS_PER_CALL the check reaches the cache's end by two chunks and a decode of
+    its last position instead of a whole prefill. A step that writes the far chunk one position
     late (a package's indexing error at a long context, played here by the eager program fed
     shifted positions) gives last-position logits the check refuses; the right positions give the
     reference's own logits."""
@@ -229,7 +230,7 @@ def test_the_long_context_cases_catch_a_cache_position_one_off(generation_packag
     for index, (label, inputs) in enumerate(cases[:3]):
         want = reference.call(label, inputs)[0]
         same = right.call(label, inputs)[0]
-        late = [inputs[0], inputs[1] + int(index == 1), inputs[2]]
+        late = [inputs[0], inputs[1], inputs[2] + int(index == 1), inputs[3]]
         got = wrong.call(label, late)[0]
     assert compare_step(label, inputs, same, want, atol, rtol)[2] == []
     problems = compare_step(label, inputs, got, want, atol, rtol)[2]

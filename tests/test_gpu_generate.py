@@ -105,13 +105,14 @@ def test_fp32_greedy_tokens_equal_transformers_on_the_gpu_with_decode_as_a_graph
 
 
 def test_a_package_of_four_rows_fed_fewer_gives_transformers_tokens(built, no_tf32):
-    """A package of 4 rows, whose step runs for the first R (a dim): one prompt, then two, are
-    prefilled on their own rows only (the decode graph replays all four) and get transformers'
-    tokens in fp32; the build's check ran the step at R = 1 on the GPU too."""
+    """A package of 4 rows, whose step picks R logits (a dim): one prompt, then two, are prefilled
+    as their own tokens only (the decode graph replays all four rows, the free ones fed nothing)
+    and get transformers' tokens in fp32; the build's check ran the step at T = R = 1 on the GPU
+    too."""
     package, source = built["llama", "fp32", 4]
     model = load_model_file(source).cuda()
     loaded = aotc_runtime.load(package)
-    assert loaded.runs_fewer_rows
+    assert loaded.fixed_picks is None
     ids, mask = prompts()
     for rows in (1, 2):
         expected = reference(

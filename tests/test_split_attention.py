@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from aotc.export.cached_attention import prefix, reference
-from aotc_runtime.decode_step import pack
 from aotc.kernels.split_attention import BLOCK_N, MAX_SPLITS, split_attention, split_count
+from aotc_runtime.decode_step import pack
 
 
 def packed_case(heads, kv_heads, dim, steps, seed=0):

@@ -31,6 +31,7 @@ from test_generate import prompts  # the two left-padded prompts test_generate c
 
 from aotc.export.artifact import load_artifact
 from aotc.export.eager_reference import EagerRun
+from aotc_runtime.decode_step import pack
 from aotc_runtime.generation import prefill_inputs
 
 NEW_TOKENS = 16
@@ -43,11 +44,11 @@ def artifact_greedy(artifact: Path, ids, mask, new_tokens: int) -> torch.Tensor:
     call, as the runtimes carry it), prefill then greedy decode, no stop."""
     ep, meta = load_artifact(artifact)
     run = EagerRun(ep, meta.signature, "cpu")
-    window, held, fed = prefill_inputs(ids, mask)
-    tokens = [run.call("prefill", [window, held, fed])[0].argmax(-1)]
+    tokens = [run.call("prefill", prefill_inputs(ids, mask))[0].argmax(-1)]
+    held = mask.sum(-1).tolist()
     for step in range(new_tokens - 1):
-        held, fed = held + fed, torch.ones_like(fed)
-        tokens.append(run.call(f"decode {step}", [tokens[-1][:, None], held, fed])[0].argmax(-1))
+        feeds = [(row, held[row] + step, [int(tokens[-1][row])]) for row in range(len(held))]
+        tokens.append(run.call(f"decode {step}", pack(feeds))[0].argmax(-1))
     return torch.cat([ids, torch.stack(tokens, 1)], 1)
 
 

@@ -138,9 +138,7 @@ class RowTimeline:
         # [1, Hkv, T, D] -> [T, Hkv, D], the cache's layout; written through the whole buffer
         # (a write through a slice of it would be traced as a copy of the buffer)
         keys.index_put_((self.rows, self.slots), key_states[0].transpose(0, 1).to(keys.dtype))
-        values.index_put_(
-            (self.rows, self.slots), value_states[0].transpose(0, 1).to(values.dtype)
-        )
+        values.index_put_((self.rows, self.slots), value_states[0].transpose(0, 1).to(values.dtype))
         return _as_one_sequence(keys), _as_one_sequence(values)
 
 

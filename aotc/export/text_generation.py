@@ -20,9 +20,9 @@ from typing import Any
 
 from aotc.errors import ModelError, UserInputError
 from aotc.export.row_cache import STEP_INPUTS
-from aotc_runtime.decode_step import pack
 from aotc.export.sibling_linears import fuse_sibling_linears
 from aotc.export.transformers_release import cache_keyword, hooks_guard, warn_if_untested
+from aotc_runtime.decode_step import pack
 from aotc_runtime.generation import prefill_inputs  # one definition, the runtime's loop uses it
 from aotc_runtime.generation_record import STEP_FORMAT  # the contract the runtimes run
 
@@ -457,5 +457,7 @@ def check_cases(task: dict, device: Any) -> list:
     if max_len - max(held) >= 2:  # row 0 takes a new 2-token prompt while the others decode
         feeds = [(0, 0, tokens(2))] + [(row, held[row], tokens(1)) for row in range(1, batch)]
         cases.append(case("a row's prefill beside the others' decode", feeds))
-    cases.append(case("prefill of 1 token in every row", [(row, 0, tokens(1)) for row in range(batch)]))
+    cases.append(
+        case("prefill of 1 token in every row", [(row, 0, tokens(1)) for row in range(batch)])
+    )
     return cases

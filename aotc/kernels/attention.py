@@ -27,7 +27,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # the launch-shape rule, and the algorithm without Triton that CI tests on the CPU
-from aotc.kernels.split_attention import BLOCK_N, split_count, traced_size
+from aotc.kernels.split_attention import BLOCK_N, split_count
 
 OP = "aotc::cached_attention_cuda"
 

@@ -513,11 +513,21 @@ class DecodeEngine:
             self.held[slot] += len(chunk)
             if not row.prompt:  # a running row, or one whose prompt is all in now: it has a token
                 keys[slot] = row.key
-        drawing = torch.tensor([key is not None for key in keys]).to(self.device)
+        slots = [slot for slot, _, _ in feeds]
+        drawing = torch.tensor([key is not None for key in keys], dtype=torch.int64)
         inputs = pack(feeds, self.package.fixed_picks)
-        logits = self._call([t.to(self.device) for t in inputs], [slot for slot, _, _ in feeds])
+        *inputs, index, drawing = self._on_device([*inputs, torch.tensor(slots), drawing])
+        logits = self._call(inputs, slots, index)
         self._fresh = True
         return keys, self.sampler(logits, drawing)
+
+    def _on_device(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """1-D int64 tensors on the host, on the device in one copy (from pinned memory on CUDA:
+        a join step's inputs would otherwise be six copies, each a wait)."""
+        flat = torch.cat(parts)
+        if self.device.type == "cuda":
+            flat = flat.pin_memory().to(self.device, non_blocking=True)
+        return list(flat.split([len(part) for part in parts]))
 
     def _decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Queues the decode step that feeds each running row its token of `tokens` [B] (on the
@@ -546,20 +556,19 @@ class DecodeEngine:
         slots = self._fed_slots
         if len(slots) == self.size or not slots:
             return self.package.call_without_graphs(*step.inputs)
-        index = torch.tensor(slots, dtype=torch.int64).to(self.device)
         count = self.package.fixed_picks or len(slots)
-        picks = torch.arange(count, dtype=torch.int64).clamp(max=len(slots) - 1).to(self.device)
+        picks = torch.arange(count, dtype=torch.int64).clamp(max=len(slots) - 1)
+        index, picks = self._on_device([torch.tensor(slots), picks])
         inputs = [step.ids[index], index, step.positions[index], picks]
-        return self._call(inputs, slots)
+        return self._call(inputs, slots, index)
 
-    def _call(self, inputs: list, slots: list[int]) -> torch.Tensor:
+    def _call(self, inputs: list, slots: list[int], index: torch.Tensor) -> torch.Tensor:
         """The package's step on packed `inputs` whose picks are, in order, the tokens of rows
-        `slots` (and, a package of fixed picks, repeats after them); logits [B, vocab], the rows
-        not picked 0 (the sampler keeps a row's state at its index)."""
+        `slots` (`index` on the device; a package of fixed picks repeats after them); logits
+        [B, vocab], the rows not picked 0 (the sampler keeps a row's state at its index)."""
         logits = self.package.call_without_graphs(*inputs)
         if len(slots) == self.size and slots == list(range(self.size)):
             return logits
         full = logits.new_zeros((self.size, logits.shape[1]))
-        index = torch.tensor(slots, dtype=torch.int64).to(full.device)
         full[index] = logits[: len(slots)]
         return full

@@ -1,11 +1,15 @@
-// aotc::Package::generate: the Python runtime's generation loop (aotc_runtime/generation.py) in C++:
-// the prompts' prefill, then one decode step per new token over the KV cache the package keeps as
-// its state. The program is one step over a cache in which each row has its own timeline
-// (aotc/export/row_cache.py):
+// aotc::Package::generate: the Python runtime's generation loop (aotc_runtime/generation.py) in C++,
+// for prompts that all start together: one prefill step in which every prompt's row joins at once
+// (the Python runtime's engine joins rows as they come, a chunk of a prompt a step), then one
+// decode step per new token over the KV cache the package keeps as its state. The program is one
+// step over packed tokens, each row of the cache with its own timeline (aotc/export/row_cache.py,
+// step format 4):
 //
-//   step(input_ids [B, S], cache_lengths [B], input_lengths [B]) -> logits [B, vocab]
+//   step(input_ids [T], rows [T], positions [T], picks [R]) -> logits [R, vocab]
 //
-// row b holding cache_lengths[b] tokens and fed the last input_lengths[b] tokens of its window.
+// token t written to row rows[t] at position positions[t] and attending to that row's positions
+// 0..positions[t]; a position of max_seq_len feeds no row (the cache's padding slot); logits[r] are
+// token picks[r]'s.
 //
 // Messages and checks are the Python runtime's (check_request), so both refuse the same requests
 // with the same line.
@@ -105,7 +109,50 @@ class HostCopy {
   at::Tensor buffer_, failed_;
 };
 
+// The prefill step: every prompt's real tokens (mask not 0), in order, packed one prompt after the
+// other, prompt b's fed to row b at positions 0.. . Each row's cache starts empty with nothing
+// reset: a token reads only its row's positions up to its own, all written in this step, so what
+// an earlier generation left there is never read. Built on the host, where the prompts are: a
+// prefill is one step, not one a token.
+struct Prefill {
+  std::vector<at::Tensor> inputs;  // input_ids, rows, positions, picks
+  std::vector<int64_t> lengths;    // each prompt's tokens: the positions its row holds after the step
+};
+
+// `picks`: the logits wanted, one per prompt (its last token's), then 0s up to `picks` (those
+// logits are not read).
+Prefill packed_prompts(const at::Tensor& input_ids, const at::Tensor& attention_mask, int64_t picks, at::Device device) {
+  at::Tensor ids = input_ids.to(at::kCPU, at::kLong).contiguous();
+  at::Tensor mask = attention_mask.defined() ? attention_mask.to(at::kCPU, at::kLong).contiguous() : at::ones_like(ids);
+  const int64_t prompts = ids.size(0), length = ids.size(1);
+  std::vector<int64_t> tokens, rows, positions, picked;
+  Prefill prefill;
+  for (int64_t b = 0; b < prompts; ++b) {
+    const int64_t *id = ids[b].data_ptr<int64_t>(), *real = mask[b].data_ptr<int64_t>();
+    int64_t held = 0;
+    for (int64_t i = 0; i < length; ++i) {
+      if (real[i] == 0) continue;
+      tokens.push_back(id[i]);
+      rows.push_back(b);
+      positions.push_back(held++);
+    }
+    picked.push_back(static_cast<int64_t>(tokens.size()) - 1);
+    prefill.lengths.push_back(held);
+  }
+  picked.resize(picks, 0);
+  const auto on = at::TensorOptions().dtype(at::kLong);
+  for (const auto* values : {&tokens, &rows, &positions, &picked}) prefill.inputs.push_back(at::tensor(*values, on).to(device));
+  return prefill;
+}
+
 }  // namespace
+
+// The next decode step's inputs, on the device: no host value per token. A fed row holds one more
+// position; a free row stays at max_seq_len, fed nothing. The sampler writes the ids buffer.
+void Package::decode_advance(const at::Tensor& logits, SamplerMode mode) {
+  decode_inputs_[2].add_(decode_fed_);
+  decode_inputs_[0].copy_(sampler_(logits, decode_fed_, mode));
+}
 
 bool Package::decode_graph_ready(SamplerMode mode) {
   if (decode_graphs_.count(mode)) return true;
@@ -119,11 +166,7 @@ bool Package::decode_graph_ready(SamplerMode mode) {
     logits = call_flat(flat, /*graphs=*/false)[0];
     return logits;
   };
-  auto after = [this, &logits, mode] {  // the next step's inputs, on the device: no host value per token
-    decode_inputs_[1].add_(decode_inputs_[2]);  // each row holds what it was fed
-    decode_inputs_[0].copy_(sampler_(logits, decode_inputs_[2], mode).unsqueeze(1));
-  };
-  auto graph = capture_step(program, after, device_);
+  auto graph = capture_step(program, [this, &logits, mode] { decode_advance(logits, mode); }, device_);
   if (!graph) {
     decode_graph_failed_.insert(mode);  // this mode decodes without graphs from now on
     return false;
@@ -137,9 +180,7 @@ void Package::decode_step(SamplerMode mode, bool graphs) {
     decode_graphs_[mode]->replay();
     return;
   }
-  at::Tensor logits = run_step(decode_inputs_, /*graphs=*/false)[0];
-  decode_inputs_[1].add_(decode_inputs_[2]);
-  decode_inputs_[0].copy_(sampler_(logits, decode_inputs_[2], mode).unsqueeze(1));
+  decode_advance(run_step(decode_inputs_, /*graphs=*/false)[0], mode);
 }
 
 std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -152,48 +193,42 @@ std::vector<std::vector<int64_t>> Package::generate(const at::Tensor& input_ids,
   const Generation& g = *manifest_.generation;
   check_request(g, input_ids, attention_mask, request);
   c10::InferenceMode inference;
-  const int64_t prompts = input_ids.size(0), length = input_ids.size(1);
+  const int64_t prompts = input_ids.size(0);
   const bool graphs = device_.is_cuda() && manifest_.cuda_graphs && manifest_.signature.state_in_place;
-  // A step that runs for the cache's first R rows (a dim) is fed the prompts' rows only, unless a
-  // CUDA graph replays it (captured once, for the whole batch): a free row would cost a row's step.
-  const bool fewer_rows = !manifest_.signature.inputs[0].shape[0].is_static() && !graphs;
+  // A step whose logits are R tokens' (a dim) is fed the prompts' rows only, unless a CUDA graph
+  // replays it (captured once, for the whole batch): a free row would cost a row's step.
+  const bool fewer_rows = !manifest_.signature.inputs[3].shape[0].is_static() && !graphs;
   const int64_t batch = fewer_rows ? prompts : g.batch_size;
   const auto on = at::TensorOptions().dtype(at::kLong).device(device_);
-  at::Tensor ids = input_ids.to(on);
-  at::Tensor mask = attention_mask.defined() ? attention_mask.to(on) : at::ones_like(ids);
-  if (prompts < batch) {  // the step's rows are the whole batch: the other rows are fed nothing
-    at::Tensor filler = at::zeros({batch - prompts, length}, on);
-    ids = at::cat({ids, filler});
-    mask = at::cat({mask, filler});
-  }
   const std::vector<int64_t> eos = request.eos_token_ids ? *request.eos_token_ids : g.eos_token_ids;
   const int64_t pad = g.pad_token_id ? *g.pad_token_id : (eos.empty() ? 0 : eos[0]);  // transformers pads with eos then
 
   // The Python runtime's decode engine, for prompts that all join at the first step: one sampler
   // row per prompt (each draws its own numbers: a prompt's tokens are the same alone or beside
-  // others), the other rows greedy and fed nothing.
+  // others), the other rows greedy and fed nothing. A decode step feeds row b its last token and
+  // picks its logits: rows and picks are 0..batch-1 for good.
   if (!sampler_.defined() || decode_inputs_[0].size(0) != batch) {  // rows in use change only without graphs
     sampler_ = RowSampler(batch, g.vocab_size, device_);
-    decode_inputs_ = {at::zeros({batch, 1}, on), at::zeros({batch}, on), at::zeros({batch}, on)};
+    decode_inputs_ = {at::zeros({batch}, on), at::arange(batch, on), at::zeros({batch}, on), at::arange(batch, on)};
+    decode_fed_ = at::zeros({batch}, on);
   }
   for (int64_t row = 0; row < batch; ++row) sampler_.set(row, row < prompts ? request.sampling : Sampling{});
   const SamplerMode mode = sampler_.mode();
   at::Tensor prompt_rows = at::arange(batch, on).lt(prompts);
 
-  // prefill: each row's real tokens (mask 1), in order, at the end of its window, each row's cache
-  // empty (the Python runtime's prefill_inputs). What an earlier generation left in the cache is
-  // never read: a step reads only the positions its rows have filled, so nothing is reset.
-  // std::optional spelled out: sort(true, 1) would pick the overload sort(dim, descending)
-  at::Tensor order = std::get<1>(mask.sort(std::optional<bool>(true), /*dim=*/1, /*descending=*/false));
-  at::Tensor window = ids.gather(1, order);
-  at::Tensor fed = mask.sum(-1);
-  // never through the CUDA-graph runner: it would capture one graph per prompt length
-  at::Tensor logits = run_step({window, at::zeros({batch}, on), fed}, /*graphs=*/false)[0];
+  // prefill: all prompts in one step, the logits of each one's last token (as many picks as the
+  // sampler has rows). Never through the CUDA-graph runner: it would capture one graph per count
+  // of prompt tokens.
+  Prefill prefill = packed_prompts(input_ids, attention_mask, batch, device_);
+  at::Tensor logits = run_step(prefill.inputs, /*graphs=*/false)[0];
   at::Tensor tokens = sampler_(logits, prompt_rows, mode);
-  // the first decode step: each prompt's row holds its prompt and is fed a token a step
-  decode_inputs_[0].copy_(tokens.unsqueeze(1));
-  decode_inputs_[1].copy_(fed);
-  decode_inputs_[2].copy_(prompt_rows.to(at::kLong));
+  // the first decode step: each prompt's row holds its prompt and is fed a token a step; a free
+  // row is fed at max_seq_len, which writes the padding slot and reads nothing
+  std::vector<int64_t> held(batch, g.max_seq_len);
+  std::copy(prefill.lengths.begin(), prefill.lengths.end(), held.begin());
+  decode_inputs_[0].copy_(tokens);
+  decode_inputs_[2].copy_(at::tensor(held, at::kLong));
+  decode_fed_.copy_(prompt_rows.to(at::kLong));
 
   // On CUDA with CUDA graphs, each decode step is one replay, as in the Python runtime: the
   // program on state_ (in place), the inputs' advance, and the sampler's choice. A step's tokens are

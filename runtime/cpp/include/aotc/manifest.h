@@ -62,7 +62,7 @@ struct Generation {
   std::optional<int64_t> pad_token_id;
   std::string tokenizer;  // "" when the package carries none
   std::optional<int64_t> sliding_window;  // the fewest earlier positions a layer attends to (0: none)
-  std::optional<int64_t> step_format;     // the step's contract (generation_record.cpp); kStepFormats run
+  std::optional<int64_t> step_format;     // the step's contract (generation_record.cpp); kStepFormat runs
 };
 
 // `shared_weights` (aotc build --specialize): one file of the constants of every program in

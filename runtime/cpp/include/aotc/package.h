@@ -123,6 +123,9 @@ class Package {
   // one decode step on decode_inputs_ and state_ (a replay, or else a call): the next tokens in
   // sampler_.tokens and the ids buffer, the inputs advanced
   void decode_step(SamplerMode mode, bool graphs);
+  // after a decode step's call (inside the graph when one replays): the fed rows' positions one
+  // on, the sampler's choice from `logits` in the ids buffer
+  void decode_advance(const at::Tensor& logits, SamplerMode mode);
   const Member* member_for(const std::vector<at::Tensor>& inputs) const;
 
   std::string folder_;
@@ -132,12 +135,14 @@ class Package {
   std::vector<at::Tensor> initial_state_, state_;
   std::unique_ptr<CudaGraphs> graphs_;
   // generation's decode step as CUDA graphs, one per sampler mode, made at a CUDA package's first
-  // generate that needs each (CUDA graphs on) and kept: its input buffers (ids, cache lengths,
-  // input lengths), the sampler whose buffers the graphs read, and the graphs. Each replays the
-  // program on state_ (updated in place; reset_state() resets it in place), the inputs' advance,
-  // and the sampler's choice of the next tokens, written into the ids buffer (the Python
-  // runtime's DecodeGraph).
+  // generate that needs each (CUDA graphs on) and kept: its input buffers (the step format's
+  // input_ids, rows, positions and picks, one token a row), the rows it feeds (1, else 0: a free
+  // row, at position max_seq_len), the sampler whose buffers the graphs read, and the graphs. Each
+  // replays the program on state_ (updated in place; reset_state() resets it in place), the
+  // inputs' advance, and the sampler's choice of the next tokens, written into the ids buffer (the
+  // Python runtime's DecodeGraph).
   std::vector<at::Tensor> decode_inputs_;
+  at::Tensor decode_fed_;
   RowSampler sampler_;
   std::map<SamplerMode, std::unique_ptr<CapturedStep>> decode_graphs_;
   std::set<SamplerMode> decode_graph_failed_;
