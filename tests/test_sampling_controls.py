@@ -23,6 +23,7 @@ from conftest import invoke
 import aotc_runtime
 from aotc_runtime.decode_engine import DecodeEngine
 from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.decode_step import pack
 from aotc_runtime.generation import prefill_inputs
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, RowSampler, Sampling, uniforms
@@ -186,9 +187,8 @@ def package_logits(loaded, prompts: list, tokens: torch.Tensor) -> torch.Tensor:
     steps = [loaded(*prefill_inputs(ids, torch.ones_like(ids)))]
     rows, length = ids.shape
     for step in range(tokens.shape[1] - 1):
-        held = torch.full((rows,), length + step, dtype=torch.int64)
-        fed = tokens[:, step : step + 1].contiguous()  # the package reads inputs as contiguous
-        steps.append(loaded(fed, held, torch.ones(rows, dtype=torch.int64)))
+        feeds = [(row, length + step, [int(tokens[row, step])]) for row in range(rows)]
+        steps.append(loaded(*pack(feeds)))
     loaded.reset_state()
     return torch.stack(steps).float()
 
