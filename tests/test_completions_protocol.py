@@ -63,6 +63,19 @@ def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
             "'logit_bias' is an object of 20 keys; this server supports only {} (leave it out)",
         ),
         ({"prompt": [1], "x" * 61: 1}, 400, "unknown field a name of 61 characters; a completion"),
+        # the runtime's range checks quote a value whole: a long one is described there too
+        (
+            {"prompt": [1], "temperature": "hot" * 40},
+            400,
+            "'temperature': temperature a string of 120 characters is outside the accepted values",
+        ),
+        (
+            {"prompt": [1], "top_p": [0.5] * 30},
+            400,
+            "'top_p': top-p a list of 30 items is outside [1e-06, 1]",
+        ),
+        ({"prompt": [1], "seed": 10**70}, 400, "'seed': seed a number of 71 digits is not a whole"),
+        ({"prompt": [1], "temperature": "hot"}, 400, "'temperature': temperature 'hot' is outside"),
         ({"prompt": [1], "n": 0}, 400, "'n' must be a whole number from 1 to 128"),
         ({"prompt": [1], "max_tokens": "8"}, 400, "'max_tokens' must be a whole number >= 1"),
         ({"prompt": [1], "max_tokens": 0}, 400, "'max_tokens' must be a whole number >= 1"),

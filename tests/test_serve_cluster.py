@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -91,6 +92,9 @@ def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, http_port, pa
     )
     assert "POST /v1/predict -> 200" in result.stdout
     assert f"serving {mlp} at http://{NODE}:" in result.stderr
+    # the request's line, from a replica of the cluster's to this terminal, through Ray Client
+    line = r"^\S+ POST /v1/predict 200 \S+$"
+    assert re.search(line, result.stderr, re.MULTILINE), result.stderr[-2000:]
 
 
 def test_serve_on_a_cluster_answers_completions_and_refuses_another_port(
@@ -110,6 +114,8 @@ def test_serve_on_a_cluster_answers_completions_and_refuses_another_port(
     assert "POST /v1/completions -> 200" in result.stdout
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     assert answer["choices"][0]["token_ids"] == expected_ids(lm, [1], 4)
+    line = r"^\S+ POST /v1/completions 200 prompt=1 completion=4 ttft=\S+ [\d.]+ tok/s \S+$"
+    assert re.search(line, result.stderr, re.MULTILINE), result.stderr[-2000:]
 
     refused = serve_on(cluster, lm, free_port())
     assert refused.returncode == 2, refused.stderr[-2000:]

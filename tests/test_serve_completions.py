@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -21,8 +23,11 @@ from conftest import GENERATION_MAX_LEN, free_port, invoke
 
 pytest.importorskip("ray.serve")
 
+from test_serve_http import assert_line_is_the_usage, request_lines  # noqa: E402
+
 import aotc_runtime  # noqa: E402
 from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
+from aotc.serve.request_log import LOGGER_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 60
@@ -108,6 +113,37 @@ def test_completions_equal_aotc_generate_whole_and_streamed(server, lm, model_na
     assert [t for c in chunks for t in c["token_ids"]] == choice["token_ids"]
     assert "".join(c["text"] for c in chunks) == choice["text"]
     assert [c["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+
+
+def lines_logged(caplog, wanted, count: int) -> list[dict]:
+    """The `count` request lines `wanted(line)` picks, once `aotc serve`'s process has logged
+    them (they come from the replica through Ray)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        lines = [line for line in request_lines(caplog) if wanted(line)]
+        if len(lines) >= count or time.monotonic() > deadline:
+            assert len(lines) == count, request_lines(caplog)
+            return lines
+        time.sleep(0.1)
+
+
+def test_each_request_is_one_line_in_the_process_that_started_the_server(server, caplog):
+    """The replica's logging goes to Ray's files; its request lines reach the process that
+    started the server, each saying what its answer's usage says."""
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    request = {"prompt": [9, 8, 7, 6, 5, 4, 3], "max_tokens": 5, "temperature": 0}
+    began = time.perf_counter()
+    status, answer = post(server.url, request)
+    whole_seconds = time.perf_counter() - began
+    assert status == 200, answer
+    began = time.perf_counter()
+    events = stream(server.url, {**request, "stream_options": {"include_usage": True}})
+    stream_seconds = time.perf_counter() - began
+    lines = lines_logged(caplog, lambda line: line.get("prompt") == 7, 2)
+    whole, streamed = sorted(lines, key=lambda line: line["stream"])
+    assert whole["endpoint"] == streamed["endpoint"] == "POST /v1/completions"
+    assert_line_is_the_usage(whole, answer["usage"], whole_seconds)
+    assert_line_is_the_usage(streamed, json.loads(events[-2])["usage"], stream_seconds)
 
 
 def test_a_prompt_that_starts_as_an_earlier_one_is_fed_only_the_rest(server, lm, model_name):
@@ -271,7 +307,8 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     loop.close()
 
 
-def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name):
+def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
     parts = urlsplit(server.url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
     body = {"prompt": [5], "max_tokens": GENERATION_MAX_LEN - 1, "temperature": 0, "stream": True}
@@ -286,6 +323,10 @@ def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name):
     health = json.loads(get(server.url, "/v1/health")[1])
     replica = health["replicas"][0] if "replicas" in health else health
     assert replica["waiting"] == 0, replica
+    # its line says it ended there, with the tokens made until then
+    [left] = lines_logged(caplog, lambda line: line.get("ended") == "client disconnected", 1)
+    assert left["status"] == 200 and left["stream"] and left["prompt"] == 1, left
+    assert 1 <= left["completion"] < GENERATION_MAX_LEN - 1, left
 
 
 def test_serve_check_sends_a_completion(server, capsys):

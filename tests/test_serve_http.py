@@ -7,6 +7,9 @@ of the server's health and metadata.
 from __future__ import annotations
 
 import json
+import logging
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from aotc.serve.completions import max_body_bytes  # noqa: E402
 from aotc.serve.ingress import refusals_counter, route  # noqa: E402
 from aotc.serve.protocol import decode_request  # noqa: E402
 from aotc.serve.replica import ReplicaSettings  # noqa: E402
+from aotc.serve.request_log import LOGGER_NAME  # noqa: E402
 from aotc.serve.shipping import PackageSource  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
@@ -67,6 +71,49 @@ def client(server):
         yield client
 
 
+# a request's line (aotc/serve/request_log.py), every field it may have
+REQUEST_LINE = re.compile(
+    r"(?P<endpoint>[A-Z]+ \S+) (?P<status>\d{3}|-)(?P<stream> stream)?"
+    r"( code=(?P<code>\S+))?( param=(?P<param>\S+))?"
+    r"( prompt=(?P<prompt>\d+))?( cached=(?P<cached>\d+))?( completion=(?P<completion>\d+))?"
+    r"( ttft=(?P<ttft>[\d.]+)ms)?( (?P<rate>[\d.]+) tok/s)?"
+    r" (?P<total>[\d.]+)(?P<unit>ms|s)( \((?P<ended>[^)]+)\))?"
+)
+
+
+def request_lines(caplog) -> list[dict]:
+    """The request lines logged so far, each as its fields (counts as ints, times in seconds)."""
+    parsed = []
+    for record in caplog.records:
+        if record.name != LOGGER_NAME:
+            continue
+        match = REQUEST_LINE.fullmatch(record.getMessage())
+        assert match, record.getMessage()
+        fields = {key: value for key, value in match.groupdict().items() if value is not None}
+        for key in ("status", "prompt", "cached", "completion"):
+            if key in fields and fields[key] != "-":
+                fields[key] = int(fields[key])
+        fields["stream"] = "stream" in fields
+        fields["total"] = float(fields["total"]) / (1000 if fields.pop("unit") == "ms" else 1)
+        if "ttft" in fields:
+            fields["ttft"] = float(fields["ttft"]) / 1000
+        if "rate" in fields:
+            fields["rate"] = float(fields["rate"])
+        parsed.append(fields)
+    return parsed
+
+
+def assert_line_is_the_usage(line: dict, usage: dict, seconds: float) -> None:
+    """A 200's line says what its answer's usage says, and times within what the client saw."""
+    assert line["status"] == 200, line
+    assert line["prompt"] == usage["prompt_tokens"], (line, usage)
+    assert line["completion"] == usage["completion_tokens"], (line, usage)
+    assert line.get("cached", 0) == usage["prompt_tokens_details"]["cached_tokens"], (line, usage)
+    assert 0 < line["ttft"] <= line["total"] <= seconds + 0.01, (line, seconds)
+    if usage["completion_tokens"] > 1:
+        assert line["rate"] > 0, line
+
+
 def assert_error(reply, status: int, message: str, param=None, code=None) -> None:
     """The reply is `status` with OpenAI's error body, carrying exactly this one-line message."""
     assert reply.status_code == status, reply.text
@@ -90,6 +137,65 @@ def test_a_refusal_has_openais_error_shape(client):
         "model_not_found",
     )  # fmt: skip
     assert_error(client.get("/v1/completions"), 405, "/v1/completions takes POST, not GET")
+    # a name too long to quote whole is described, not cut
+    reply = client.post("/v1/completions", json={"prompt": [5], "model": "m" * 100})
+    assert_error(
+        reply, 404, "model a name of 100 characters is not served here; use 'gpt2_tok_pkg'",
+        "model", "model_not_found",
+    )  # fmt: skip
+
+
+def test_each_request_logs_one_line_that_says_its_usage_and_times(client, caplog):
+    """A whole answer and a stream (with its usage chunk): the line's counts are the usage's,
+    the prefix cache's reused tokens included, and its times lie within the client's."""
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    start = list(range(200, 218))  # 18 tokens no other test of the module sends
+    ask = {"prompt": start + [5], "max_tokens": 6, "temperature": 0}
+    assert client.post("/v1/completions", json=ask).status_code == 200
+    caplog.clear()
+    began = time.perf_counter()
+    reply = client.post("/v1/completions", json={**ask, "prompt": start + [7, 9]})
+    seconds = time.perf_counter() - began
+    assert reply.status_code == 200, reply.text
+    usage = reply.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 18  # the line must say so
+    [line] = request_lines(caplog)
+    assert line["endpoint"] == "POST /v1/completions" and not line["stream"], line
+    assert_line_is_the_usage(line, usage, seconds)
+
+    caplog.clear()
+    streamed = {**ask, "prompt": start + [11], "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+    began = time.perf_counter()
+    with client.stream("POST", "/v1/completions", json=streamed) as reply:
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    seconds = time.perf_counter() - began
+    [line] = request_lines(caplog)
+    assert line["stream"] and "ended" not in line, line
+    assert_line_is_the_usage(line, json.loads(events[-2])["usage"], seconds)
+
+
+def test_a_refusal_logs_its_status_code_and_param_and_polls_log_nothing(client, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    client.post("/v1/completions", json={"prompt": [5], "top_p": 2})
+    client.post("/v1/completions", json={"prompt": [5], "model": "another"})
+    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "w5"}]})
+    client.get("/v1/completions")
+    for path in ("/v1/health", "/v1/models", "/v1/metadata"):
+        assert client.get(path).status_code == 200
+    client.post("/v1/nothing")
+    lines = request_lines(caplog)
+    assert [{key: line.get(key) for key in ("endpoint", "status", "code", "param")}
+            for line in lines] == [
+        {"endpoint": "POST /v1/completions", "status": 400, "code": None, "param": "top_p"},
+        {"endpoint": "POST /v1/completions", "status": 404, "code": "model_not_found",
+         "param": "model"},
+        {"endpoint": "POST /v1/chat/completions", "status": 400,
+         "code": "chat_template_missing", "param": None},  # this package has no chat template
+        {"endpoint": "GET /v1/completions", "status": 405, "code": None, "param": None},
+        {"endpoint": "POST /v1/nothing", "status": 404, "code": None, "param": None},
+    ]  # fmt: skip
+    assert not [line for line in lines if "prompt" in line or "ttft" in line]
 
 
 def test_the_openai_client_reads_the_message(client, server):
@@ -174,7 +280,7 @@ def test_the_413_names_the_real_limit_and_fix(client, lm):
     )  # fmt: skip
 
 
-def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, monkeypatch):
+def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, monkeypatch, caplog):
     import aotc_runtime.decode_engine
     from aotc_runtime.decode_engine import Made
 
@@ -209,6 +315,7 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
             pass
 
     monkeypatch.setattr(aotc_runtime.decode_engine, "DecodeEngine", Failing)
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
     body = {"prompt": [5], "max_tokens": 4, "temperature": 0.5, "seed": 1, "stream": True}
     with client.stream("POST", "/v1/completions", json=body) as reply:
         events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
@@ -223,6 +330,10 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
         }
     }
     assert events[2:] == ["[DONE]"]
+    [line] = request_lines(caplog)  # its 200 went with its first event: the line says more
+    said = {key: line.get(key) for key in ("status", "stream", "prompt", "completion", "ended")}
+    assert said == {"status": 200, "stream": True, "prompt": 1, "completion": 1,
+                    "ended": "stream ended by error 500"}, line  # fmt: skip
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])

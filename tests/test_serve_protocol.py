@@ -12,10 +12,12 @@ import torch
 
 from aotc.serve.protocol import (
     NPZ_TYPE,
+    SAID_MAX,
     RequestError,
     decode_request,
     encode_response,
     media_type,
+    said_whole,
 )
 from aotc_runtime import Signature
 
@@ -84,6 +86,20 @@ def test_refusals_have_a_status_and_one_line(raw, content_type, status, message)
         decode_request(raw, content_type, SIGNATURE)
     assert error.value.status == status
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_error_text_is_repeated_whole_or_not_at_all():
+    """JSON's message for an error far into a body is longer than the 80 characters it was cut to;
+    an exception's text is repeated by its first line, whole, or left out."""
+    with pytest.raises(RequestError) as error:
+        decode_request(b"{" + b" " * 100_000 + b"x", None, SIGNATURE)
+    assert str(error.value) == (
+        "request body is not valid JSON (JSONDecodeError: Expecting property name enclosed in "
+        "double quotes: line 1 column 100002 (char 100001))"
+    )
+    assert said_whole("first line\nsecond") == "first line"
+    assert said_whole("x" * SAID_MAX) == "x" * SAID_MAX
+    assert said_whole("x" * (SAID_MAX + 1)) is None and said_whole(" ") is None
 
 
 def test_the_cli_message_for_a_wrong_shape():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,12 @@ def test_check_starts_answers_one_request_and_stops(mlp):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "POST /v1/predict -> 200" in result.stdout
     assert "'output_0': [16, 10]" in result.stdout  # the example batch of the B=1:64 export
+    # the request's line, from the ingress replica to this terminal (not its own requests asking
+    # whether each route answers)
+    lines = re.findall(r"^\d\d:\d\d:\d\d (?:GET|POST) .*$", result.stderr, re.MULTILINE)
+    assert len(lines) == 1 and re.fullmatch(r"\S+ POST /v1/predict 200 [\d.]+m?s", lines[0]), (
+        result.stderr[-2000:]
+    )
 
 
 def test_sigterm_stops_the_server_cleanly(mlp):

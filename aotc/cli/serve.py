@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -102,6 +104,14 @@ from aotc.cli.types import ThreadsType, exit_codes_epilog
     "prompt_tokens_details.cached_tokens.",
 )
 @click.option(
+    "--request-log/--no-request-log",
+    default=True,
+    show_default=True,
+    help="One line per request on stderr, as each ends (a stream when it ends): endpoint, "
+    "status, the usage's prompt, cached and completion tokens, time to first token, tokens/s and "
+    "total time; a refusal's code and param (logger aotc.serve.requests).",
+)
+@click.option(
     "--check",
     is_flag=True,
     help="Start, send one request of random inputs, print the answer, stop (for CI).",
@@ -123,6 +133,7 @@ def serve(
     ship,
     metrics_port,
     prefix_cache,
+    request_log,
     check,
     require_signature,
     public_key,
@@ -149,13 +160,10 @@ def serve(
       aotc serve lm_pkg --require-signature --public-key KEY.pub.pem
     """
     public_key = required_key(require_signature, public_key)
-    import os
-    import socket
-
     from aotc.optional import require
 
     require("ray.serve", "serve", "aotc serve")
-    from aotc.serve.app import ServeOptions, start, stop
+    from aotc.serve.app import ServeOptions, start
 
     options = ServeOptions(
         package=package,
@@ -174,9 +182,22 @@ def serve(
         metrics_port=metrics_port,
         public_key=public_key,
         prefix_cache=prefix_cache,
+        request_log=request_log,
     )
     click.echo(f"starting Ray Serve for {package} ...", err=True)
-    server = start(options)
+    with request_lines_on_stderr(request_log):
+        serve_until_stopped(start(options), check)
+
+
+def serve_until_stopped(server, check: bool) -> None:
+    """Say where it serves, then serve until Ctrl-C or SIGTERM (--check: one request), and stop."""
+    import os
+    import socket
+
+    from aotc.serve.app import stop
+
+    options = server.options
+    package, address, metrics_port = options.package, options.address, options.metrics_port
     try:
         refused = server.health.get("status") == "refused"
         if refused:
@@ -190,16 +211,16 @@ def serve(
                       and "/v1/metadata" not in e]  # fmt: skip
             click.echo(
                 f"serving {package} at {server.url} as model '{generation['model']}': "
-                f"{', '.join(routes)}; {replicas} replica(s), up to {generation['batch_size']} "
-                "requests generating at once (continuous batching)",
+                f"{', '.join(routes)}; {options.replicas} replica(s), up to "
+                f"{generation['batch_size']} requests generating at once (continuous batching)",
                 err=True,
             )
         else:
             click.echo(
-                f"serving {package} at {server.url}/v1/predict: {replicas} replica(s), "
+                f"serving {package} at {server.url}/v1/predict: {options.replicas} replica(s), "
                 + (
                     f"batches of up to {batching['max_rows']} rows along {batching['dim']} "
-                    f"(wait {batch_wait_ms:g} ms)"
+                    f"(wait {options.batch_wait_ms:g} ms)"
                     if batching["dim"]
                     else "no batching (one request per call)"
                 ),
@@ -221,6 +242,33 @@ def serve(
             end_after(STOP_TIMEOUT_S)
     finally:
         stop(server)
+
+
+@contextlib.contextmanager
+def request_lines_on_stderr(enabled: bool) -> Iterator[None]:
+    """The request log's lines (aotc/serve/request_log.py) on stderr, each after its time, while
+    the server runs (`--no-request-log`: none)."""
+    if not enabled:
+        yield
+        return
+    import logging
+    import sys
+
+    from aotc.serve.request_log import LOGGER_NAME
+
+    log = logging.getLogger(LOGGER_NAME)
+    handler = logging.StreamHandler(sys.stderr)  # this command's stderr (CliRunner swaps it)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    saved = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # once, here: not again through a handler of the root logger's
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
 
 
 def check_once(server) -> int:

@@ -19,12 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aotc.serve.completions import DONE_EVENT, sse_event
-from aotc.serve.protocol import (
-    DEFAULT_MAX_ANSWER_BYTES,
-    RequestError,
-    answer_too_large,
-    error_body,
-)
+from aotc.serve.protocol import DEFAULT_MAX_ANSWER_BYTES, RequestError, answer_too_large
 
 
 @dataclass(frozen=True)
@@ -117,20 +112,24 @@ async def server_sent(
     shape: Any,
     model: str,
     max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+    errors: list | None = None,
 ):
-    """The request's chunks as server-sent events, then the usage chunk if asked, then [DONE]."""
+    """The request's chunks as server-sent events, then the usage chunk if asked, then [DONE].
+    The error a stream ends with is also added to `errors` (a RequestError), for the request's
+    log line."""
     answer = envelope(shape, model, chunks=True)
     by_index = {choice.index: choice for choice in request.choices}
     started: set = set()
     extra = {"usage": None} if request.include_usage else {}
-    total, failed, size = 0, False, 0
+    total, size = 0, 0
+    failure: RequestError | None = None
     cached: dict = {}
     async for item in events:
         sent = []
         for event in item["events"]:
             if "error" in event:
-                sent.append(sse_event(error_body(event["error"], event["message"])))
-                failed = True
+                failure = RequestError(event["error"], event["message"])
+                sent.append(sse_event(failure.body()))
                 break
             index = event["index"]
             if "cached_tokens" in event:
@@ -141,12 +140,14 @@ async def server_sent(
             sent.append(sse_event(answer.body(choices, **extra)))
         data = b"".join(sent)  # one write for what came together
         size += len(data)
-        if size > max_bytes and not failed:
-            data = sse_event(answer_too_large(max_bytes).body())
-            failed = True
+        if size > max_bytes and failure is None:
+            failure = answer_too_large(max_bytes)
+            data = sse_event(failure.body())
+        if failure is not None and errors is not None:
+            errors.append(failure)
         yield data
-        if failed:
+        if failure is not None:
             break  # the caller closes the engine's events: the request's rows are freed
-    if request.include_usage and not failed:
+    if request.include_usage and failure is None:
         yield sse_event(answer.body([], usage=usage(request, total, cached)))
     yield DONE_EVENT

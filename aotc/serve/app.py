@@ -69,6 +69,7 @@ class ServeOptions:
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
     public_key: Path | None = None  # `--require-signature`: the package must be signed by its key
     prefix_cache: bool = True  # text generation: reuse the prompt starts the KV cache holds
+    request_log: bool = True  # one line per request, logged here (aotc/serve/request_log.py)
 
 
 @dataclass
@@ -86,6 +87,7 @@ class Server:
     # process would trace Ray's print
     print_before_ray: Any = None
     health: dict = field(default_factory=dict)
+    request_log: Any = None  # request_log.RequestLogFollower, with --request-log
 
 
 def check_package(options: ServeOptions):
@@ -221,6 +223,7 @@ def start(options: ServeOptions) -> Server:
     from aotc.serve.completion_server import completion_deployment
     from aotc.serve.ingress import ingress_deployment
     from aotc.serve.replica import ModelReplica, ReplicaSettings
+    from aotc.serve.request_log import RequestLogFollower
     from aotc.serve.shipping import PackageSource, ship
 
     manifest = check_package(options)
@@ -284,9 +287,12 @@ def start(options: ServeOptions) -> Server:
             # `aotc serve` removes it on exit
             server.store = ship(options.package, store_name, detached=not local)
             source = PackageSource(store_name=store_name)
+        if options.request_log:
+            server.request_log = RequestLogFollower()
+        log_name = server.request_log.name if server.request_log is not None else None
         key = options.public_key.read_bytes() if options.public_key is not None else None
         settings = ReplicaSettings(
-            max_batch, options.batch_wait_ms / 1000, threads, key, options.prefix_cache
+            max_batch, options.batch_wait_ms / 1000, threads, key, options.prefix_cache, log_name
         )
         cpus = 0 if gpus else threads
         if "generation" in server.metadata:
@@ -313,10 +319,13 @@ def start(options: ServeOptions) -> Server:
             ).bind(source, settings)
             retry = not manifest.signature.state
             app = ingress_deployment(options.replicas).bind(
-                model, server.metadata, options.max_body_bytes, retry, options.body_timeout_s
-            )
+                model, server.metadata, options.max_body_bytes, retry, options.body_timeout_s,
+                log_name,
+            )  # fmt: skip
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         server.health = wait_until_answering(server)
+        if server.request_log is not None:
+            server.request_log.start()
     except BaseException:  # Ctrl-C or no replica: take down what was started, then report
         stop(server)
         raise
@@ -517,7 +526,8 @@ def refusal_reason(server: Server) -> str:
 
 
 def stop(server: Server) -> None:
-    """Remove the deployment (and the package store); stop Ray if this process started it.
+    """Remove the deployment (and the package store), take the request log's last lines; stop
+    Ray if this process started it.
 
     Only the application is deleted, on a local Ray too (its replicas finish what they answer):
     `serve.shutdown()` ends with Serve's controller killing itself under its own graceful_shutdown
@@ -532,8 +542,12 @@ def stop(server: Server) -> None:
         if server.store is not None:
             ray.kill(server.store)
     finally:
-        if server.started_ray:
-            _shutdown_ray(server.print_before_ray)
+        try:
+            if server.request_log is not None:  # after the replicas: their last lines too
+                server.request_log.stop()
+        finally:
+            if server.started_ray:
+                _shutdown_ray(server.print_before_ray)
 
 
 def _shutdown_ray(print_before_ray: Any) -> None:

@@ -30,7 +30,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
-from aotc.serve.protocol import RequestError, decode_request, encode_response
+from aotc.serve.protocol import RequestError, decode_request, encode_response, said_whole
 
 if TYPE_CHECKING:
     import torch
@@ -264,8 +264,9 @@ def answer(job: tuple, signature: Signature, max_bytes: int) -> tuple:
         message = "decoding this request ran out of memory; send smaller requests"
         return ("refused", 413, message, None, "request_too_large")
     except Exception as exc:  # our bug: this request gets a 500 naming it, the worker goes on
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return ("failed", f"the server failed on this request ({type(exc).__name__}: {first})")
+        said = said_whole(str(exc))
+        detail = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+        return ("failed", f"the server failed on this request ({detail})")
 
 
 def main() -> None:

@@ -7,8 +7,9 @@ way).
 (`{"refused": RequestError}`: answered as JSON) or its acceptance (`{"accepted": True, "request":
 the parsed request}`); then items `{"events": [...]}` holding one event per new token of any of its
 answers, `{"index": choice, "token_ids": [id], "text": delta, "finish_reason": None | "length" |
-"stop", "logprob", "top_logprobs"}` (an answer's last event with its finish_reason; its first with
-"cached_tokens", its prompt's tokens a row of the cache already held): as many as were made since
+"stop", "logprob", "top_logprobs", "time"}` (an answer's last event with its finish_reason; its
+first with "cached_tokens", its prompt's tokens a row of the cache already held; "time" the
+perf_counter when it was made): as many as were made since
 the previous item was taken, until every answer has finished. A request the package
 failed on ends with `{"error": 500, "message": ...}` instead.
 
@@ -40,9 +41,9 @@ from ray.serve import metrics
 
 from aotc.serve.chat import parse_chat
 from aotc.serve.completions import parse_completion
-from aotc.serve.protocol import RequestError
+from aotc.serve.protocol import RequestError, said_whole
 from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
-from aotc.serve.request_fields import Choice
+from aotc.serve.request_fields import Choice, shown_name
 from aotc.serve.shipping import PackageSource, load_package, release_when_read
 from aotc_runtime.decode_engine import ERROR
 from aotc_runtime.prefix_cache import PrefixCache
@@ -191,7 +192,7 @@ class CompletionEngine:
             if request.model not in (None, self._served):
                 raise RequestError(
                     404,
-                    f"model {request.model!r} is not served here; use '{self._served}'",
+                    f"model {shown_name(request.model)} is not served here; use '{self._served}'",
                     param="model",
                     code="model_not_found",
                 )
@@ -306,6 +307,7 @@ class CompletionEngine:
                 "finish_reason": made.finish,
                 "logprob": made.logprob,
                 "top_logprobs": made.top_logprobs,
+                "time": time.perf_counter(),  # when it was made (the request's log line)
             }
             if answer.made == 1:
                 event["cached_tokens"] = answer.cached
@@ -320,7 +322,10 @@ class CompletionEngine:
     @staticmethod
     def _fail(answers, exc: Exception) -> None:
         """The package failed: every request still waiting hears why."""
-        message = f"the model failed on this request: {type(exc).__name__}: {exc}"[:300]
+        said = said_whole(str(exc))
+        message = f"the model failed on this request: {type(exc).__name__}" + (
+            f": {said}" if said else ""
+        )
         for answer in answers:
             if not answer.job.finished:
                 answer.job.send({"error": 500, "message": message})

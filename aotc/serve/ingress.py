@@ -35,8 +35,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from aotc.serve.codec import Codec
-from aotc.serve.protocol import NPZ_TYPE, RequestError, body_too_large, media_type
+from aotc.serve.protocol import NPZ_TYPE, RequestError, body_too_large, media_type, said_whole
 from aotc.serve.replica import ReplicaRefusedError
+from aotc.serve.request_log import RequestLog, RequestRecord
 
 logger = logging.getLogger("ray.serve")
 
@@ -66,20 +67,35 @@ def refusals_counter() -> Counter:
     )
 
 
-async def route(request: Request, routes: dict, refusals: Counter) -> Response:
+async def route(
+    request: Request, routes: dict, refusals: Counter, log: RequestLog | None = None
+) -> Response:
     """The answer of the handler `routes` names for the request's path and method, or the
-    refusal (counted) its RequestError gives: path -> (method, async handler)."""
+    refusal (counted) its RequestError gives: path -> (method, async handler). The request's
+    line goes to `log` (aotc/serve/request_log.py); a handler finds its RequestRecord in
+    `request.state.record`, and a stream writes it when it ends."""
     path = request.url.path.rstrip("/")
+    record = request.state.record = RequestRecord(f"{request.method} {path or '/'}")
     try:
         if path not in routes:
             raise RequestError(404, f"no route {path or '/'}; use {', '.join(routes)}")
         method, handler = routes[path]
         if request.method != method:
             raise RequestError(405, f"{path} takes {method}, not {request.method}")
-        return await handler(request)
+        response = await handler(request)
+        record.status = response.status_code
     except RequestError as exc:
         refusals.inc(tags={"status": str(exc.status)})
-        return json_response(exc.body(), exc.status, getattr(exc, "headers", None))
+        record.refused(exc)
+        response = json_response(exc.body(), exc.status, getattr(exc, "headers", None))
+    except asyncio.CancelledError:  # the client left before its answer
+        record.ended = "client disconnected"
+        if log is not None:
+            log.write(record)
+        raise
+    if log is not None and not record.stream:
+        log.write(record)
+    return response
 
 
 async def read_body(
@@ -127,8 +143,10 @@ class Ingress:
         max_body_bytes: int,
         retry: bool,
         body_timeout_s: float,
+        request_log: str | None = None,
     ):
         self._model = model
+        self._log = RequestLog(request_log)  # the sink's name, when `aotc serve` shows the lines
         self._metadata = metadata
         self._codec = Codec(metadata["signature"], max_body_bytes)
         self._max_body = max_body_bytes
@@ -146,7 +164,7 @@ class Ingress:
             "/v1/health": ("GET", self._health),
             "/v1/metadata": ("GET", self._metadata_response),
         }
-        return await route(request, routes, self._refusals)
+        return await route(request, routes, self._refusals, self._log)
 
     async def _predict(self, request: Request) -> Response:
         """The answer, with a Server-Timing header saying where the request's time went: reading
@@ -194,12 +212,13 @@ class Ingress:
                 self._retries.inc()
                 logger.warning("model replica died (%s); retrying the request", type(exc).__name__)
                 await asyncio.sleep(self._delays[attempt])
-            except (
-                RayTaskError
-            ) as exc:  # the model raised: a bug or a broken package, not the request
-                cause = str(exc.cause if exc.cause is not None else exc).strip().splitlines()
+            # the model raised: a bug or a broken package, not the request
+            except RayTaskError as exc:
+                cause = exc.cause if exc.cause is not None else exc
+                lines = str(cause).strip().splitlines()  # a traceback's last line says what
+                said = said_whole(lines[-1]) if lines else None
                 raise RequestError(
-                    500, f"the model failed on this request: {cause[-1][:200] if cause else exc}"
+                    500, f"the model failed on this request: {said or type(cause).__name__}"
                 ) from None
         raise AssertionError("unreachable")
 

@@ -85,6 +85,18 @@ def error_body(
     return {"error": {"message": line, "type": kind, "param": param, "code": code}}
 
 
+# The longest line of an exception's text an answer repeats: text longer than that (it may quote
+# what a client sent) is left out, never cut mid-value
+SAID_MAX = 200
+
+
+def said_whole(text: str) -> str | None:
+    """The first line of an exception's text when it is at most SAID_MAX characters (an answer
+    repeats it whole), else None (the answer names the exception's type alone)."""
+    lines = text.strip().splitlines()
+    return lines[0] if lines and len(lines[0]) <= SAID_MAX else None
+
+
 def body_too_large(size: int | str, max_bytes: int) -> RequestError:
     """413 for a body of `size` bytes (a number, or "more than N" while it is still arriving)."""
     return RequestError(
@@ -143,8 +155,9 @@ def _from_json(body: bytes, signature: Signature, max_bytes: int) -> list:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        # their texts are Python's words, a byte and positions: short, and whole
         raise RequestError(
-            400, f"request body is not valid JSON ({type(exc).__name__}: {str(exc)[:80]})"
+            400, f"request body is not valid JSON ({type(exc).__name__}: {exc})"
         ) from None
     shape_hint = '{"inputs": {"name": nested list, ...}} or {"inputs": [nested list, ...]}'
     if not isinstance(data, dict) or "inputs" not in data:
@@ -239,7 +252,7 @@ def _tensor(value: object, spec) -> torch.Tensor:
     try:
         inferred = torch.tensor(value)
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-        first = str(exc).strip().splitlines()[0][:80] if str(exc).strip() else type(exc).__name__
+        first = said_whole(str(exc)) or type(exc).__name__
         raise RequestError(
             400, f"input {spec.name} is not a nested list of numbers with one shape ({first})"
         ) from None
@@ -255,7 +268,8 @@ def _tensor(value: object, spec) -> torch.Tensor:
     try:
         return inferred.to(dtype)
     except RuntimeError as exc:
-        raise RequestError(400, f"input {spec.name}: {str(exc)[:80]}") from None
+        said = said_whole(str(exc)) or f"torch could not convert it to {spec.dtype}"
+        raise RequestError(400, f"input {spec.name}: {said}") from None
 
 
 def _from_npz(body: bytes, signature: Signature, max_bytes: int) -> list:

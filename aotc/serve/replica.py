@@ -57,6 +57,9 @@ class ReplicaSettings:
     # text generation: a joining prompt starts from what a row of the KV cache holds
     # (aotc_runtime/prefix_cache.py); `--no-prefix-cache` turns it off
     prefix_cache: bool = True
+    # the actor `aotc serve` takes the requests' lines from (aotc/serve/request_log.py); None:
+    # `--no-request-log`
+    request_log: str | None = None
 
 
 def _request_rows(items: list) -> int:

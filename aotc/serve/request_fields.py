@@ -149,6 +149,8 @@ def sampling_value(data: dict, key: str, default: Any) -> Any:
         return None
     why = Sampling(**{key: given}).check()
     if why is not None:
+        if len(repr(given)) > SHOWN_MAX:  # the runtime's words quote it whole (its repr)
+            why = why.replace(repr(given), shown(given))
         raise RequestError(400, f"'{key}': {why}", param=key)
     return given if key in ("seed", "top_k") else float(given)
 
