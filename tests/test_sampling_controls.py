@@ -22,8 +22,8 @@ from conftest import invoke
 
 import aotc_runtime
 from aotc_runtime.decode_engine import DecodeEngine
-from aotc_runtime.errors import GenerationInputError
 from aotc_runtime.decode_step import pack
+from aotc_runtime.errors import GenerationInputError
 from aotc_runtime.generation import prefill_inputs
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, RowSampler, Sampling, uniforms
