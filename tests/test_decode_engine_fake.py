@@ -165,6 +165,27 @@ def test_a_join_feeds_a_chunk_a_step_and_costs_the_running_row_no_step():
     assert_given_back(package)
 
 
+def test_joining_prompts_share_a_steps_token_budget_oldest_first():
+    """Three prompts join a running row at once, within 6 prompt tokens a step (chunks of 4 a
+    row): the oldest joiner is fed first, a later one gets what the budget leaves, and the running
+    row is fed its token every step beside them; each answers as alone."""
+    package = FakeGeneration(batch_size=4)
+    engine = DecodeEngine(package, prefill_chunk=4, step_tokens=6)
+    engine.join("a", request(A, 12))
+    made = engine.step() + engine.step()  # a's 5 tokens in chunks of 4 and 1
+    for key, prompt in (("b", B), ("c", C), ("long", LONG)):
+        engine.join(key, request(prompt, 3))
+    while engine.active:
+        made += engine.step()
+    for key, prompt, new in (("a", A, 12), ("b", B, 3), ("c", C, 3), ("long", LONG, 3)):
+        assert tokens([m for m in made if m.key == key]) == greedy_alone(prompt, new), key
+    # a's prompt in chunks of 4; then b's 3 and 3 of c's (the oldest first, 6 a step), c's last
+    # and 4 of the long one's beside b's token, ...; a fed its one token beside them all along
+    assert package.fed[:5] == [[4, 0, 0, 0], [1, 0, 0, 0], [1, 3, 3, 0], [1, 1, 1, 4],
+                               [1, 1, 1, 4]]  # fmt: skip
+    assert_given_back(package)
+
+
 @pytest.mark.parametrize("fewer_picks", [True, False], ids=["picks-a-dim", "picks-the-batch"])
 def test_a_step_feeds_only_the_rows_a_sequence_holds(fewer_picks):
     """Batch 4: a alone is fed one row's tokens a step; b joins a free row, and the steps feed
