@@ -139,14 +139,67 @@ class CudaGraphRunner:
         return entry
 
 
+# The token counts a join step is replayed at: its tokens padded up to the smallest that holds
+# them, with tokens that are no row's (position max_len: they write the padding's slot and read
+# nothing). A step over more tokens than the largest runs without a graph.
+JOIN_BUCKETS = (32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 2560, 3072, 4096)
+
+
+class _JoinGraph:
+    """One join bucket's graph: its inputs are views of one device buffer, filled from one pinned
+    host buffer per replay: ids, rows, positions (the bucket's tokens), picks (one per row of the
+    batch) and the rows that draw a token (read by the sampler, outside the graph)."""
+
+    def __init__(self, tokens: int, batch: int, max_len: int, device: torch.device):
+        self.tokens, self.batch, self.max_len = tokens, batch, max_len
+        size = 3 * tokens + 2 * batch
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
+        self.flat = torch.zeros(size, dtype=torch.int64, device=device)
+        self.flat[2 * tokens : 3 * tokens].fill_(max_len)  # every token no row's until filled
+        sizes = (tokens, tokens, tokens, batch, batch)
+        self.ids, self.rows, self.positions, self.picks, self.drawing = self.flat.split(sizes)
+        self.copied = torch.cuda.Event()  # the host buffer may be written again after it
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    @property
+    def inputs(self) -> list[torch.Tensor]:
+        return [self.ids, self.rows, self.positions, self.picks]
+
+    def load(
+        self,
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        picks: torch.Tensor,
+        drawing: torch.Tensor,
+    ) -> None:
+        """The step's inputs (host tensors; `picks` and `drawing` one per row of the batch), the
+        bucket's other tokens no row's, in one copy."""
+        used, tokens = ids.shape[0], self.tokens
+        self.copied.synchronize()
+        host = self.host
+        host[:used] = ids
+        host[used:tokens] = 0
+        host[tokens : tokens + used] = rows
+        host[tokens + used : 2 * tokens] = 0
+        host[2 * tokens : 2 * tokens + used] = positions
+        host[2 * tokens + used : 3 * tokens] = self.max_len
+        host[3 * tokens : 3 * tokens + self.batch] = picks
+        host[3 * tokens + self.batch :] = drawing
+        self.flat.copy_(host, non_blocking=True)
+        self.copied.record()
+
+
 class DecodeGraph:
     """A text-generation package's decode step as CUDA graphs, its KV cache kept in place.
 
     The runner above copies every input into its static buffers and clones every output at each
     call: with a KV cache as state, that is the whole cache copied per token, and one capture per
-    prompt length if prefill went through it too. Here only decode is captured (one shape per
-    package: a token per sequence), the cache lives in this graph's own `state` buffers, which the
-    program updates in place (the new positions only), and the captured work is the whole step:
+    prompt length if prefill went through it too. Here decode is captured (one shape per package:
+    a token per row, a free row's token no row's), the cache lives in this graph's own `state`
+    buffers, which the program updates in place (the new positions only), and the captured work is
+    the whole step:
     the program, the step's own inputs advanced for the next step (`step.advance`), and the
     sampler's choice of each row's next token written into the ids buffer. A decode step is one
     replay: no host value (a position, a token) travels to the device per token.
@@ -157,6 +210,12 @@ class DecodeGraph:
     that asks for log-probabilities replays a graph too (its counts, its prompt's tokens and its
     log-probabilities are the sampler's buffers, updated by the replay), and a greedy batch's
     graph still does none of that work.
+
+    A join step (prompts fed beside the running rows' tokens: `join`) is replayed too, its tokens
+    padded up to the smallest of JOIN_BUCKETS with tokens that are no row's, each bucket captured
+    the first time a step needs it: the program only, its logits picked one per row; the sampler
+    runs after it. A join step launched kernel by kernel spent more time on the host than on the
+    GPU (docs/benchmarks.md, "Packed prefill").
 
     ExecuTorch's CUDA backend captures its decode method the same way (static inputs, the cache as
     the model's own buffers); the difference here is that the inputs' advance and the choice of the
@@ -183,6 +242,8 @@ class DecodeGraph:
         self._failed: set[str] = set()
         self._pool: Any = None
         self._warm_logits: torch.Tensor | None = None  # the warm-up's, for each mode's warm-up
+        self._joins: dict[int, _JoinGraph] = {}  # join steps' graphs, by bucket
+        self._failed_joins: set[int] = set()
 
     @property
     def captured_modes(self) -> set:
@@ -235,3 +296,74 @@ class DecodeGraph:
             self.step.ids.copy_(self.sampler(logits, self.step.fed, mode))
         self._graphs[mode] = graph
         return graph
+
+    def prepare_joins(self, tokens: int) -> None:
+        """Capture the join buckets up to the one that holds `tokens` (a step's most), so that no
+        request waits for a capture later (as vLLM captures its sizes at start)."""
+        for bucket in self._join_buckets():
+            if bucket not in self._joins and bucket not in self._failed_joins:
+                self._capture_join(bucket)
+            if bucket >= tokens:
+                break
+
+    def join(
+        self,
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        picks: torch.Tensor,
+        drawing: torch.Tensor,
+    ) -> tuple | None:
+        """A join step (host tensors: its packed tokens, one pick and one drawing flag per row of
+        the batch) replayed at the smallest bucket that holds its tokens: (logits [B, vocab], the
+        drawing flags on the device), or None when no bucket holds them or its capture failed (the
+        caller runs the step without a graph). The step's inputs and outputs are the bucket's
+        buffers: the next join of the same bucket overwrites them."""
+        used = ids.shape[0]
+        bucket = next((b for b in self._join_buckets() if b >= used), None)
+        if bucket is None or bucket in self._failed_joins:
+            return None
+        entry = self._joins.get(bucket)
+        if entry is None:
+            entry = self._capture_join(bucket)
+            if entry is None:
+                return None
+        entry.load(ids, rows, positions, picks, drawing)
+        assert entry.graph is not None and entry.logits is not None
+        entry.graph.replay()
+        return entry.logits, entry.drawing
+
+    def _join_buckets(self) -> list[int]:
+        """JOIN_BUCKETS within the step's tokens (at most every row's whole cache), that most
+        the last."""
+        most = self.step.ids.shape[0] * self.step.max_len
+        return [b for b in JOIN_BUCKETS if b < most] + [most]
+
+    def _capture_join(self, bucket: int) -> _JoinGraph | None:
+        """The program over `bucket` tokens, captured on inputs that are all no row's (what the
+        warm-up and the capture write goes to the padding's slot, never read)."""
+        batch = self.step.ids.shape[0]
+        entry = _JoinGraph(bucket, batch, self.step.max_len, self._device)
+        flat = entry.inputs + self.state
+        try:
+            with self._settings():
+                side = _warmup_stream(self._device)
+                side.wait_stream(torch.cuda.current_stream(self._device))
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_CALLS):
+                        self._run_flat(flat)
+                torch.cuda.current_stream(self._device).wait_stream(side)
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    entry.logits = self._run_flat(flat)[0]
+        except Exception as exc:  # capture is an optimisation: never fail the step because of it
+            self._failed_joins.add(bucket)
+            _capture_failed(
+                self._device, f"of a join step of {bucket} tokens", exc, "joining without graphs"
+            )
+            return None
+        entry.graph = graph
+        self._joins[bucket] = entry
+        return entry

@@ -15,7 +15,8 @@ join to its finish, and a step costs the tokens it feeds, whichever rows they ar
   `prefill_chunk` tokens of a row and `step_tokens` of all rows a step, while the same step feeds
   every running row its next token: a long prompt joins without stalling the batch, a join costs
   the running rows no step, and a joining prompt's tokens cost the step only themselves (no row is
-  padded to the longest chunk).
+  padded to the longest chunk). With CUDA graphs a join step is a replay too, its tokens padded
+  to one of a few counts with tokens that are no row's (cuda_graphs.JOIN_BUCKETS).
 - A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache. Given
   a PrefixCache (prefix_cache.py), it starts from the longest start of its prompt that a row
   already holds (that row if it is free, else a copy into the row it takes) and is fed the rest.
@@ -412,6 +413,7 @@ class DecodeEngine:
             self.graph = self.package.decode_graph()
             if self.graph is not None:
                 self.decode_step, self.sampler = self.graph.step, self.graph.sampler
+                self.graph.prepare_joins(self.step_tokens + self.size)
             else:
                 self.decode_step = DecodeStep(self.size, self.max_len, self.device)
                 self.sampler = RowSampler(self.size, self.generation.vocab_size, self.device)
@@ -515,10 +517,17 @@ class DecodeEngine:
                 keys[slot] = row.key
         slots = [slot for slot, _, _ in feeds]
         drawing = torch.tensor([key is not None for key in keys], dtype=torch.int64)
+        self._fresh = True
+        if self.graph is not None:  # replayed at a padded token count, its picks one per row
+            ids, rows, positions, picks = pack(feeds)
+            by_row = torch.zeros(self.size, dtype=torch.int64)
+            by_row[slots] = picks
+            replayed = self.graph.join(ids, rows, positions, by_row, drawing)
+            if replayed is not None:
+                return keys, self.sampler(*replayed)
         inputs = pack(feeds, self.package.fixed_picks)
         *inputs, index, drawing = self._on_device([*inputs, torch.tensor(slots), drawing])
         logits = self._call(inputs, slots, index)
-        self._fresh = True
         return keys, self.sampler(logits, drawing)
 
     def _on_device(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
