@@ -13,8 +13,7 @@ from aotc.cli.keys import required_key, signature_options
 from aotc.cli.sampling_options import sampling_options
 from aotc.cli.types import exit_codes_epilog, threads_option
 from aotc.errors import UserInputError
-
-MAX_LOGPROBS = 20  # aotc_runtime.sampling.MAX_LOGPROBS, likewise
+from aotc_runtime.sampling_settings import MAX_LOGPROBS  # torch-free: --help stays fast
 
 
 def token_ids(text: str) -> list[int]:

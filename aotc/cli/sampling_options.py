@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import click
 
-MAX_SEED = 2**64 - 1  # aotc_runtime.sampling.MAX_SEED, without importing torch for --help
+from aotc_runtime.sampling_settings import MAX_SEED  # torch-free: --help stays fast
 
 MODEL_DEFAULT = "[default: the model's, from its generation_config]"
 

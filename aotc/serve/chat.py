@@ -42,6 +42,7 @@ from aotc.serve.structured import (
     tool_call_text,
     tools_system_text,
 )
+from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
 FIELDS = ("messages", "model", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
           "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -89,7 +90,7 @@ def parse_chat(
     max_tokens = asked if asked is not None else max(room, 1)
     decoding = fields.read_decoding(data, tokenizer, max_tokens, generation)
     wants = fields.boolean(data, "logprobs", False)
-    top = fields.integer(data, "top_logprobs", None, low=0, high=fields.MAX_LOGPROBS)
+    top = fields.integer(data, "top_logprobs", None, low=0, high=MAX_LOGPROBS)
     if top is not None and not wants:
         raise RequestError(
             400, "'top_logprobs' needs \"logprobs\": true; send both, or leave it out",

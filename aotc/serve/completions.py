@@ -35,6 +35,7 @@ from aotc.serve import request_fields as fields
 from aotc.serve.logprobs import completion_logprobs
 from aotc.serve.protocol import RequestError
 from aotc.serve.request_fields import Choice, Decoding
+from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's
 FIELDS = ("prompt", "max_tokens", "echo", "logprobs", "temperature", "top_p", "top_k", "min_p",
@@ -100,7 +101,7 @@ def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> Com
     max_tokens = fields.integer(data, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
     decoding = fields.read_decoding(data, tokenizer, max_tokens, generation)
     echo = fields.boolean(data, "echo", False)
-    logprobs = fields.integer(data, "logprobs", None, low=0, high=fields.MAX_LOGPROBS)
+    logprobs = fields.integer(data, "logprobs", None, low=0, high=MAX_LOGPROBS)
     if echo and tokenizer is None:
         raise RequestError(
             400, "'echo' returns the prompt as text, but this package carries no tokenizer; "

@@ -25,7 +25,6 @@ from aotc.serve.protocol import RequestError
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_N = 128  # OpenAI's limit on `n`
 MAX_CHOICES = 128  # answers of one request in all (prompts x n): each is a row's work
-MAX_LOGPROBS = 20  # alternatives per token: OpenAI's chat limit (its completions' is 5)
 SEED_SPACE = 2**64
 # sampling fields beyond temperature/top-p/top-k/seed, and the value that leaves the
 # distribution as it is (the request then asks nothing of the runtime for it)
