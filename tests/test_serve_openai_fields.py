@@ -22,6 +22,7 @@ import aotc_runtime  # noqa: E402
 from aotc.serve.chat import parse_chat  # noqa: E402
 from aotc.serve.completions import parse_completion  # noqa: E402
 from aotc.serve.protocol import RequestError  # noqa: E402
+from aotc_runtime.decode_step import pack  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
 
@@ -101,13 +102,13 @@ def test_a_list_of_prompts_gets_n_answers_each_in_openais_order(client, package)
 def package_logprobs(package, tokens: list) -> list:
     """The log-softmax of the package's logits after each prefix of `tokens`: one fresh prefill
     of the whole prefix per position (the package's step, row 0)."""
-    rows = package.generation.batch_size
-    found = []
-    for end in range(len(PROMPT), len(tokens)):
-        ids = torch.tensor([tokens[:end]] * rows)
-        logits = package(ids, torch.zeros(rows, dtype=torch.int64), torch.full((rows,), end))
-        found.append(torch.log_softmax(logits[0].float(), dim=-1))
-    return found
+    return [prefill_logprobs(package, tokens[:end]) for end in range(len(PROMPT), len(tokens))]
+
+
+def prefill_logprobs(package, prefix: list) -> torch.Tensor:
+    """The log-softmax of the package's logits after `prefix`, fed to row 0 from position 0."""
+    logits = package(*pack([(0, 0, prefix)], package.fixed_picks))
+    return torch.log_softmax(logits[0].float(), dim=-1)
 
 
 def test_logprobs_are_the_log_softmax_of_the_packages_logits(client, package, chat_lm):
@@ -140,10 +141,7 @@ def test_logprobs_are_the_log_softmax_of_the_packages_logits(client, package, ch
     made = generated(package, prompt, 4)
     reference = []
     for end in range(len(prompt), len(prompt) + len(made)):
-        rows = package.generation.batch_size
-        ids = torch.tensor([(prompt + made)[:end]] * rows)
-        logits = package(ids, torch.zeros(rows, dtype=torch.int64), torch.full((rows,), end))
-        reference.append(torch.log_softmax(logits[0].float(), dim=-1))
+        reference.append(prefill_logprobs(package, (prompt + made)[:end]))
     assert [entry["token"] for entry in content] == [f"w{t}" for t in made]
     for entry, token, expected_row in zip(content, made, reference):
         assert entry["bytes"] == list(f"w{token}".encode())
