@@ -85,3 +85,17 @@ def test_the_split_count_fills_the_gpu_and_no_more(batch, heads, splits):
     heads already fill the GPU."""
     assert split_count(batch, heads) == splits
     assert splits == MAX_SPLITS or batch * heads * splits >= 256 or splits == 1
+
+
+def test_the_cpus_windows_take_a_step_no_generation_makes():
+    """Rows whose positions are not consecutive, repeated or out of order (random inputs, not a
+    generation's step): `prefix` returns an output of the step's shape, every value finite, and
+    indexes nothing outside its windows."""
+    g = torch.Generator().manual_seed(3)
+    keys, values = torch.randn(3, 41, 2, 8, generator=g), torch.randn(3, 41, 2, 8, generator=g)
+    query = torch.randn(1, 4, 6, 8, generator=g)
+    rows = torch.tensor([2, 0, 2, 1, 0, 2])
+    positions = torch.tensor([30, 3, 1, 40, 3, 7])
+    out = prefix(query, keys, values, rows, positions, 0.3, 0, 0.0)
+    assert out.shape == (1, 6, 4, 8) and bool(out.isfinite().all())
+    assert out[0, 3].abs().max() == 0  # position 40 is the cache's length: no row's

@@ -145,7 +145,9 @@ def windows(rows: torch.Tensor, positions: torch.Tensor, length: int, fed: torch
     # a row fed nothing starts `steps` before 0: every query of it clamps to position 0
     starts = torch.where(fed > 0, lowest - firsts, -steps)
     columns = torch.where(own, positions - starts[rows], steps - 1)
-    return columns, starts, firsts
+    # a row's positions that are not consecutive (not a generation's step) would reach past the
+    # window: clamped, they give wrong outputs, never an index outside it
+    return columns.clamp(min=0, max=steps - 1), starts, firsts
 
 
 def _prefix_windows(q, keys, values, starts, scale, window, softcap, firsts, steps):
