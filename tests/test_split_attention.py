@@ -3,15 +3,24 @@ CPU reference of the CUDA kernel) against the unsplit attention it replaces
 (aotc/export/cached_attention.py's reference), and the CPU's windowed attention (`prefix`) against
 it: packed tokens of rows at different positions, prefill chunks beside decode tokens, grouped
 heads, a sliding window, soft-capping, tokens that are no row's, a head size that is not a power
-of two, a context shorter than the spans; and the launch rule's split counts."""
+of two, a context shorter than the spans; the launch rule's split counts; and the rule that sends a
+join step's whole blocks of one row's tokens to the tiled kernel."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from join_steps import JOINS, LENGTH, join_feeds
 
 from aotc.export.cached_attention import prefix, reference
-from aotc.kernels.split_attention import BLOCK_N, MAX_SPLITS, split_attention, split_count
+from aotc.kernels.split_attention import (
+    BLOCK_M,
+    BLOCK_N,
+    MAX_SPLITS,
+    split_attention,
+    split_count,
+    tiled_tokens,
+)
 from aotc_runtime.decode_step import pack
 
 
@@ -99,3 +108,25 @@ def test_the_cpus_windows_take_a_step_no_generation_makes():
     out = prefix(query, keys, values, rows, positions, 0.3, 0, 0.0)
     assert out.shape == (1, 6, 4, 8) and bool(out.isfinite().all())
     assert out[0, 3].abs().max() == 0  # position 40 is the cache's length: no row's
+
+
+@pytest.mark.parametrize("chunk, start, before, tiled", JOINS)
+def test_a_tiled_block_is_one_rows_own_tokens(chunk, start, before, tiled):
+    """The join steps the GPU tests feed tile the blocks they say: whole blocks of BLOCK_M packed
+    tokens whose tokens are all one row's, at consecutive positions below the cache's length;
+    never a decode token, a block across two rows or one of tokens that are no row's."""
+    _ids, rows, positions, _picks = pack(join_feeds(chunk, start, before))
+    chosen = tiled_tokens(rows, positions, LENGTH)
+    assert int(chosen.sum()) == tiled
+    for block in chosen.nonzero()[:, 0].view(-1, BLOCK_M):  # whole blocks, in order
+        assert int(block[0]) % BLOCK_M == 0 and bool((block.diff() == 1).all())
+        assert len(set(rows[block].tolist())) == 1 and int(rows[block[0]]) in (0, 1, 2)
+        assert bool((positions[block].diff() == 1).all()) and int(positions[block[-1]]) < LENGTH
+
+
+def test_a_decode_step_tiles_nothing():
+    """One token a row (and rows fed nothing, at the cache's length): no block is one row's."""
+    rows = torch.arange(128)
+    positions = torch.where(rows % 3 == 0, 50, 10)
+    assert not tiled_tokens(rows, positions, 50).any()
+    assert not tiled_tokens(torch.zeros(64, dtype=torch.int64), torch.full((64,), 50), 50).any()

@@ -23,9 +23,10 @@ its implementation (`lower_cached_attention`):
   as numbers. A decode step reads each row's context once; a prefill chunk computes its row's
   attention as one product. On a GPU those numbers would cost a device-to-host wait per step and
   change the graph's shapes, which CUDA-graph replay cannot.
-- `kernel` (CUDA): a Triton kernel of aotc's own (aotc/kernels/attention.py), one program per token
-  and head whose loop over the keys ends at the token's position: the reads `prefix` makes, with
-  shapes fixed for graph replay.
+- `kernel` (CUDA): Triton kernels of aotc's own (aotc/kernels/attention.py), one program per token
+  and head whose loop over the keys ends at the token's position, and one per whole block of 64
+  tokens of one row (a joining prompt's chunk) and head that reads the row's keys once for the
+  block: the reads `prefix` makes, with shapes fixed for graph replay.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ Each kernel is a Triton kernel registered as a `torch.library.triton_op`, which 
 compiles into the package, so the runtimes need nothing new. Each has a reference CI runs without
 a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that reference:
 
-- attention.py: split-K decode attention over aotc's KV cache (aotc::cached_attention on CUDA).
-  Its launch rule and its algorithm in plain PyTorch are split_attention.py, held to the unsplit
-  attention (aotc/export/cached_attention.py) by tests/test_split_attention.py.
+- attention.py: split-K decode attention over aotc's KV cache (aotc::cached_attention on CUDA),
+  and a tiled kernel for whole blocks of a joining prompt's chunk. Its launch rule, the rule that
+  picks the tiled blocks and the split algorithm in plain PyTorch are split_attention.py, held to
+  the unsplit attention (aotc/export/cached_attention.py) by tests/test_split_attention.py.
 - gemv.py: the int8/fp8 weight product on CUDA (aotc::quantized_gemv_cuda). Its reference is the
   stored weight dequantized and multiplied (aotc/export/quantized_linear.py), the CPU's own
   product, tested by tests/test_quantize.py; tests/test_gpu_quantize.py holds the kernel to it.

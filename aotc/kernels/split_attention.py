@@ -8,6 +8,14 @@ exp(score - maximum) and the values weighted by it; then the spans combined, eac
 exp(its maximum - the largest), an empty span (maximum -inf, sum 0) by nothing, and a token that
 attends to nothing (no row's) written as 0. Held to the unsplit attention (cached_attention.reference)
 in tests/test_split_attention.py, and the Triton kernels to it in tests/test_gpu_attention.py.
+
+`tiled_tokens` is the rule that sends a token to attention.py's tiled kernel instead: the step's
+tokens in blocks of BLOCK_M from the first, a block tiled when it is whole and its first and last
+tokens are one row's own (position below the cache's length). A row's tokens in a step are
+consecutive and at consecutive positions, so a tiled block is BLOCK_M queries at consecutive
+positions of one row: one program reads the row's keys once for all of them. The tiled kernel
+computes the same attention (one span, the whole context), so split_attention stays the reference
+of every token's output.
 """
 
 from __future__ import annotations
@@ -18,6 +26,9 @@ import torch
 TARGET_PROGRAMS = 256
 MAX_SPLITS = 16
 BLOCK_N = 64  # the keys a program reads per iteration; spans are whole blocks of it
+# the packed tokens a tiled program takes: a whole tensor-core tile of queries (Hopper's smallest
+# warpgroup product is 64 rows)
+BLOCK_M = 64
 
 
 def traced_size(size) -> int:
@@ -35,6 +46,22 @@ def split_count(batch: int, heads: int) -> int:
     MAX_SPLITS)."""
     wanted = -(-TARGET_PROGRAMS // max(batch * heads, 1))
     return max(1, min(MAX_SPLITS, 1 << (wanted - 1).bit_length()))
+
+
+def tiled_tokens(
+    rows: torch.Tensor, positions: torch.Tensor, length: int, block_m: int = BLOCK_M
+) -> torch.Tensor:
+    """[T] booleans: which packed tokens the tiled kernel serves (the module's doc), as the kernels
+    decide it on the device from the block's first and last tokens."""
+    tokens = rows.shape[0]
+    block = torch.arange(tokens, device=rows.device) // block_m
+    head = block * block_m
+    tail = head + block_m - 1
+    whole = tail < tokens
+    tail = tail.clamp(max=tokens - 1)
+    one_row = rows[head] == rows[tail]
+    own = (positions[head] < length) & (positions[tail] < length)
+    return whole & one_row & own
 
 
 def split_attention(
