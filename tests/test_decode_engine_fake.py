@@ -71,7 +71,7 @@ def run(engine: DecodeEngine, plan: list, vocab: int = VOCAB) -> tuple[dict, dic
     while waiting or engine.active:
         while waiting and waiting[0][0] <= step:
             _at, key, asked = waiting[0]
-            if not engine.fits(len(asked.prompt), asked.max_new_tokens):
+            if not engine.has_free_row:
                 break
             engine.join(key, asked)
             joined[key] = step
@@ -259,12 +259,16 @@ def test_a_sequence_joins_whenever_a_row_is_free_and_its_cache_holds_it(overlap)
     made: list[Made] = []
     for _ in range(10):
         made += engine.step()
-    # a holds about a third of its row's 32 positions; the other row holds a whole 30 + 2
-    assert engine.fits(30, 2) and not engine.fits(31, 2)
+    # a holds about a third of its row's 32 positions; the other row holds a whole 30 + 2 (the
+    # request's own check against the package; a row's room is never the engine's to judge)
+    assert engine.has_free_row
+    request([1] * 30, 2).check(package.generation)
+    with pytest.raises(GenerationInputError, match="need 33 positions"):
+        request([1] * 31, 2).check(package.generation)
     whole = [(7 * i) % VOCAB for i in range(1, 31)]
     engine.join("b", request(whole, 2))
-    assert not engine.fits(1, 1)  # no free row (batch of 2)
-    with pytest.raises(ValueError, match="does not fit the running batch; check fits"):
+    assert not engine.has_free_row  # batch of 2
+    with pytest.raises(ValueError, match="every row of the batch is taken; check has_free_row"):
         engine.join("c", request([1], 1))
     while engine.active:
         made += engine.step()
@@ -304,7 +308,6 @@ REFUSED = {
     ),
     "outside-the-vocabulary": (request([5, VOCAB], 2), r"^token id 128 is outside the vocabulary"),
     "eos-outside": (request([5], 2, eos_token_ids=(VOCAB,)), r"^end-of-sequence id 128 is outside"),
-    "bad-sampling": (request([5], 2, Sampling(temperature=-1)), r"^temperature -1 is outside"),
 }
 
 
@@ -468,7 +471,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     for _step in range(40):
         # c into b's freed row (a step queued ahead may hold c's first token back: fits() is
         # then False, the batch full)
-        if made["b"] and made["b"][-1].finish and not made["c"] and engine.fits(4, 5):
+        if made["b"] and made["b"][-1].finish and not made["c"] and engine.has_free_row:
             engine.join("c", request(C, 5))
         for new in engine.step():
             assert 0 <= new.token < VOCAB
@@ -494,7 +497,7 @@ def test_a_sequence_that_leaves_frees_its_row_and_gets_no_more_tokens(overlap):
     for _ in range(3):
         made += engine.step()
     engine.leave("b")
-    assert engine.active == 1 and engine.fits(4, 5)
+    assert engine.active == 1 and engine.has_free_row
     engine.join("c", request(C, 5))
     while engine.active:
         made += engine.step()

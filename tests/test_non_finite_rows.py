@@ -83,7 +83,7 @@ def non_finite_row_ends_alone(package) -> None:
     made: dict = {"a": [], "b": [], "c": []}
     finishes: dict = {}
     for _step in range(40):
-        if "b" in finishes and not made["c"] and "c" not in finishes and engine.fits(3, 4):
+        if "b" in finishes and not made["c"] and "c" not in finishes and engine.has_free_row:
             engine.join("c", request([11, 12, 13], 4))
         for new in engine.step():
             assert 0 <= new.token < package.generation.vocab_size

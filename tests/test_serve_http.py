@@ -292,8 +292,7 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
 
         active = property(lambda self: len(self.keys))
 
-        def fits(self, _prompt, _new):
-            return True
+        has_free_row = True
 
         def waits_for_prefix(self, _prompt):
             return False
@@ -356,8 +355,7 @@ def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_sha
 
         active = property(lambda self: len(self.keys))
 
-        def fits(self, _prompt, _new):
-            return True
+        has_free_row = True
 
         def waits_for_prefix(self, _prompt):
             return False

@@ -45,7 +45,7 @@ def usage(request: Any, completion_tokens: int, cached: dict) -> dict:
     """OpenAI's usage: each prompt counted once (the first of its `n` answers), and of its tokens
     those a row of the KV cache already held (`cached`: choice index -> the count its first event
     gave), as `prompt_tokens_details.cached_tokens`."""
-    firsts = [choice for choice in request.choices if choice.index % request.n == 0]
+    firsts = [choice for choice in request.choices if choice.index % request.decoding.n == 0]
     prompt_tokens = sum(len(choice.request.prompt) for choice in firsts)
     return {
         "prompt_tokens": prompt_tokens,
@@ -120,7 +120,7 @@ async def server_sent(
     answer = envelope(shape, model, chunks=True)
     by_index = {choice.index: choice for choice in request.choices}
     started: set = set()
-    extra = {"usage": None} if request.include_usage else {}
+    extra = {"usage": None} if request.decoding.include_usage else {}
     total, size = 0, 0
     failure: RequestError | None = None
     cached: dict = {}
@@ -148,6 +148,6 @@ async def server_sent(
         yield data
         if failure is not None:
             break  # the caller closes the engine's events: the request's rows are freed
-    if request.include_usage and failure is None:
+    if request.decoding.include_usage and failure is None:
         yield sse_event(answer.body([], usage=usage(request, total, cached)))
     yield DONE_EVENT

@@ -44,10 +44,9 @@ from aotc.serve.structured import (
 )
 from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
-FIELDS = ("messages", "model", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
-          "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "seed", "n", "stop", "ignore_eos", "stream", "stream_options",
-          "user", "response_format", "tools", "tool_choice", "parallel_tool_calls")  # fmt: skip
+FIELDS = ("messages", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
+          *fields.SHARED_FIELDS, "response_format", "tools", "tool_choice",
+          "parallel_tool_calls")  # fmt: skip
 # OpenAI's fields this server leaves out, and the values each may still carry (or null)
 NEUTRAL = {
     "logit_bias": ({},),
@@ -63,7 +62,8 @@ NO_TEMPLATE = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChatRequest(Decoding):
+class ChatRequest:
+    decoding: Decoding  # how its answers are decoded and sent
     prompt_ids: tuple = ()
     choices: tuple = ()  # request_fields.Choice, in OpenAI's order
     structure: Structure = Structure()
@@ -88,7 +88,6 @@ def parse_chat(
     if asked is None:
         asked = fields.integer(data, "max_tokens", None, low=1)
     max_tokens = asked if asked is not None else max(room, 1)
-    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation)
     wants = fields.boolean(data, "logprobs", False)
     top = fields.integer(data, "top_logprobs", None, low=0, high=MAX_LOGPROBS)
     if top is not None and not wants:
@@ -96,14 +95,15 @@ def parse_chat(
             400, "'top_logprobs' needs \"logprobs\": true; send both, or leave it out",
             param="top_logprobs",
         )  # fmt: skip
-    known = fields.decoding_fields(decoding)
-    known["logprobs"] = (top or 0) if wants else None
-    decoding = Decoding(**known)
+    logprobs = (top or 0) if wants else None
+    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation, logprobs)
     grammar = structure.grammar(_vocabulary(vocabulary)) if structure.constrained else None
     choices = fields.make_choices(
         [prompt], decoding, [max_tokens], generation, "messages", grammar=grammar
     )
-    return ChatRequest(**known, prompt_ids=tuple(prompt), choices=choices, structure=structure)
+    return ChatRequest(
+        decoding=decoding, prompt_ids=tuple(prompt), choices=choices, structure=structure
+    )
 
 
 def _vocabulary(vocabulary: Any) -> Any:
@@ -253,6 +253,6 @@ class ChatShape:
         ]
 
     def _logprobs(self, events: list) -> dict | None:
-        if self.request.logprobs is None:
+        if self.request.decoding.logprobs is None:
             return None
         return chat_logprobs(events, self.tokenizer)

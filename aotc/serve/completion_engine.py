@@ -189,10 +189,10 @@ class CompletionEngine:
                 request = await asyncio.to_thread(
                     parse_completion, body, self.generation, self.tokenizer
                 )
-            if request.model not in (None, self._served):
+            if request.decoding.model not in (None, self._served):
                 raise RequestError(
                     404,
-                    f"model {shown_name(request.model)} is not served here; use '{self._served}'",
+                    f"model {shown_name(request.decoding.model)} is not served here; use '{self._served}'",
                     param="model",
                     code="model_not_found",
                 )
@@ -272,13 +272,9 @@ class CompletionEngine:
                 if not self._pending:
                     return
                 job = min(self._pending, key=lambda each: held[id(each.reply)])  # the earliest
-                request = job.choice.request
-                if not batch.fits(len(request.prompt), request.max_new_tokens):
-                    if batch.active == 0:  # cannot happen (requests are checked against the cache)
-                        raise RuntimeError(
-                            "a request that fits the cache does not fit an empty batch"
-                        )
-                    return  # the chosen answer waits for room; none overtakes it
+                request = job.choice.request  # checked against the package when parsed
+                if not batch.has_free_row:
+                    return  # the chosen answer waits for a row; none overtakes it
                 if batch.waits_for_prefix(request.prompt):
                     return  # a row is being fed its prompt's start: it joins once it can copy it
                 self._pending.remove(job)

@@ -220,22 +220,25 @@ class DecodeEngine:
     def active(self) -> int:
         return sum(row is not None for row in self.rows)
 
-    def fits(self, prompt_length: int, max_new_tokens: int) -> bool:
-        """Whether a sequence can join at the next step: a free row, and a row's cache holds it."""
-        return None in self.rows and prompt_length + max_new_tokens <= self.max_len
+    @property
+    def has_free_row(self) -> bool:
+        """Whether a sequence can join at the next step. Whether a row's cache holds it is the
+        request's own check against the package (GenerationRequest.check), made once."""
+        return None in self.rows
 
     def join(self, key: Hashable, request: GenerationRequest) -> int:
-        """Queue a sequence for the next step (check `fits` first); the number of its prompt's
-        tokens a row already held (with a prefix cache; 0 without), which are not fed again. The
-        request is checked against the package (GenerationInputError names what it cannot run)."""
+        """Queue a sequence for the next step (check `has_free_row` first); the number of its
+        prompt's tokens a row already held (with a prefix cache; 0 without), which are not fed
+        again. The request is checked against the package unless it was already
+        (GenerationInputError names what it cannot run)."""
         request.check(self.generation)
         if request.stop and self.tokenizer is None:
             raise GenerationInputError(
                 "stop strings are text: they need the package's tokenizer (export with "
                 "--tokenizer DIR), or give end-of-sequence ids instead"
             )
-        if not self.fits(len(request.prompt), request.max_new_tokens):
-            raise ValueError("the sequence does not fit the running batch; check fits() first")
+        if not self.has_free_row:
+            raise ValueError("every row of the batch is taken; check has_free_row first")
         if not self._held_gate:
             self.package.generation_gate.acquire()
             self._held_gate = True
@@ -474,7 +477,7 @@ class DecodeEngine:
 
     def _worth_a_step_ahead(self) -> bool:
         """No sequence waits to join, and a running row needs a token beyond those of the steps
-        queued (which also keeps the steps inside the row's cache: `fits` counted those tokens;
+        queued (which also keeps the steps inside the row's cache: the request's check counted those tokens;
         a row that ends sooner is fed past its end, into the padding's slot)."""
         if any(row is not None and (row.prompt or row.matcher) for row in self.rows):
             return False

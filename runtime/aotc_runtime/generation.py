@@ -27,9 +27,6 @@ from .errors import (
 )
 from .generation_request import (
     GenerationRequest,
-    check_eos,
-    check_logprobs,
-    check_room,
     eos_tuple,
     pad_id,
 )
@@ -95,15 +92,12 @@ def load_tokenizer(package: GeneratingPackage) -> Any:  # a tokenizers.Tokenizer
 
 
 def check_request(
-    generation: Generation,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    max_new_tokens: int,
-    sampling: Sampling,
+    generation: Generation, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
 ) -> None:
-    """One line naming what the package cannot serve, and the fix. Every id the loop feeds the
-    model (the prompts, the mask's positions, the pad and end-of-sequence ids it feeds back) is
-    checked here: the compiled model's own bounds checks end the process."""
+    """One line naming what of the tensors the package cannot serve, and the fix: their shape and
+    type, the batch, the mask. Each prompt's ids, its room in the cache and its sampling are its
+    GenerationRequest's to check (once, as every front end's): the compiled model's own bounds
+    checks end the process."""
     if not isinstance(input_ids, torch.Tensor):
         raise GenerationInputError(
             f"input_ids must be a 2-D tensor of token ids [prompts, tokens], got a "
@@ -124,16 +118,6 @@ def check_request(
         )
     if attention_mask is not None:
         check_mask(attention_mask, input_ids)
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= generation.vocab_size:
-        bad = low if low < 0 else high
-        raise GenerationInputError(
-            f"token id {bad} is outside the vocabulary (0..{generation.vocab_size - 1})"
-        )
-    check_room(generation, length, max_new_tokens)
-    problem = sampling.check()
-    if problem:
-        raise GenerationInputError(problem)
 
 
 def check_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
@@ -192,13 +176,8 @@ def stream(
     sampling.MAX_LOGPROBS) each step is a StepLogprobs. With a `prefix_cache` (kept across calls,
     as a chat keeps one), a prompt that starts as a row of the cache holds is fed the rest."""
     generation = package.generation
-    check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
+    check_request(generation, input_ids, attention_mask)
     eos = eos_tuple(eos_token_ids)
-    if eos is not None:
-        check_eos(generation, eos)
-    problem = check_logprobs(logprobs)
-    if problem:
-        raise GenerationInputError(problem)
     top_count = min(logprobs or 0, generation.vocab_size)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     # a row's prompt is its tokens the mask marks 1, in order (prefill_inputs's reading)
