@@ -18,11 +18,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 WARMUP_CALLS = 2  # the first calls allocate workspaces and pick algorithms; capture after them
+
+T = TypeVar("T")
 
 
 class _Graph:
@@ -48,6 +50,46 @@ def _warmup_stream(device: torch.device) -> Any:
     if index not in _WARMUP_STREAMS:
         _WARMUP_STREAMS[index] = torch.cuda.Stream(device)
     return _WARMUP_STREAMS[index]
+
+
+class _GraphPool:
+    """How every graph here is made, and the one memory pool the graphs of an owner (a package's
+    runner, a decode graph) share: only one of them replays at a time, so one's temporaries may be
+    another's. `make` is the usual order; a caller that needs what its warm-up made before it
+    captures calls `warm_up` and `capture` itself."""
+
+    def __init__(self, device: torch.device):
+        self._device = device
+        self._handle: Any = None  # made at the first capture
+
+    def make(
+        self, warm: Callable[[], object], work: Callable[[], T]
+    ) -> tuple[torch.cuda.CUDAGraph, T]:
+        """(a graph of `work`, what `work` returned during its capture) after `warm`'s calls."""
+        self.warm_up(warm)
+        return self.capture(work)
+
+    def warm_up(self, work: Callable[[], T]) -> T:
+        """`work` run on the device's warm-up stream, after what the current stream queued before
+        and before what it queues next: the first calls allocate workspaces and pick algorithms,
+        which a capture must not do."""
+        current = torch.cuda.current_stream(self._device)
+        side = _warmup_stream(self._device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            done = work()
+        current.wait_stream(side)
+        return done
+
+    def capture(self, work: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+        """(a CUDA graph of `work` in the pool, what `work` returned: tensors of the pool, which
+        each replay writes anew)."""
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._handle):
+            done = work()
+        return graph, done
 
 
 def _capture_failed(device: torch.device, what: str, exc: Exception, instead: str) -> None:
@@ -76,7 +118,7 @@ class CudaGraphRunner:
         self._written_inputs = written_inputs
         self._graphs: dict = {}
         self._uncapturable: set = set()
-        self._pool: Any = None  # one memory pool shared by every graph of this package
+        self._pool = _GraphPool(device)  # one memory pool shared by every graph of this package
         # A graph replays into static input and output buffers: one call at a time. Calls from
         # threads on other CUDA streams are ordered after the previous call's work on its stream.
         self._lock = threading.Lock()
@@ -117,18 +159,15 @@ class CudaGraphRunner:
 
     def _capture(self, key: tuple, flat: list[torch.Tensor]) -> _Graph | None:
         static_inputs = [t.detach().clone() for t in flat]
+
+        def warm() -> None:
+            for _ in range(WARMUP_CALLS):
+                self._run_flat(static_inputs)
+
         try:
-            side = _warmup_stream(self._device)
-            side.wait_stream(torch.cuda.current_stream(self._device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_CALLS):
-                    self._run_flat(static_inputs)
-            torch.cuda.current_stream(self._device).wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                static_outputs = list(self._run_flat(static_inputs))
+            graph, static_outputs = self._pool.make(
+                warm, lambda: list(self._run_flat(static_inputs))
+            )
         except Exception as exc:  # capture is an optimisation: never fail the call because of it
             self._uncapturable.add(key)
             inputs = [list(s) for s, _ in key]
@@ -240,7 +279,7 @@ class DecodeGraph:
         self._run_flat, self._device, self._settings = run_flat, device, settings
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._failed: set[str] = set()
-        self._pool: Any = None
+        self._pool = _GraphPool(device)  # one pool for every mode's and bucket's graph
         self._warm_logits: torch.Tensor | None = None  # the warm-up's, for each mode's warm-up
         self._joins: dict[int, _JoinGraph] = {}  # join steps' graphs, by bucket
         self._failed_joins: set[int] = set()
@@ -278,22 +317,19 @@ class DecodeGraph:
         # The program on the step's inputs, once: it writes the cache positions the next replay
         # writes, with the same values. Then the sampler's work in this mode, which changes
         # nothing it keeps (its counts and draws advance only in `__call__`).
-        side = _warmup_stream(self._device)
-        side.wait_stream(torch.cuda.current_stream(self._device))
-        with torch.cuda.stream(side):
+        def warm() -> None:
             if self._warm_logits is None:
                 for _ in range(WARMUP_CALLS):
                     logits = self._run_flat(flat)[0]
                 self._warm_logits = logits
             self.sampler.warm_up(self._warm_logits, mode)
-        torch.cuda.current_stream(self._device).wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+
+        def whole_step() -> None:
             logits = self._run_flat(flat)[0]
             self.step.advance()
             self.step.ids.copy_(self.sampler(logits, self.step.fed, mode))
+
+        graph, _ = self._pool.make(warm, whole_step)
         self._graphs[mode] = graph
         return graph
 
@@ -345,19 +381,14 @@ class DecodeGraph:
         batch = self.step.ids.shape[0]
         entry = _JoinGraph(bucket, batch, self.step.max_len, self._device)
         flat = entry.inputs + self.state
+
+        def warm() -> None:
+            for _ in range(WARMUP_CALLS):
+                self._run_flat(flat)
+
         try:
             with self._settings():
-                side = _warmup_stream(self._device)
-                side.wait_stream(torch.cuda.current_stream(self._device))
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_CALLS):
-                        self._run_flat(flat)
-                torch.cuda.current_stream(self._device).wait_stream(side)
-                if self._pool is None:
-                    self._pool = torch.cuda.graph_pool_handle()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    entry.logits = self._run_flat(flat)[0]
+                graph, entry.logits = self._pool.make(warm, lambda: self._run_flat(flat)[0])
         except Exception as exc:  # capture is an optimisation: never fail the step because of it
             self._failed_joins.add(bucket)
             _capture_failed(
