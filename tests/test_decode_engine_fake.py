@@ -437,6 +437,28 @@ def test_penalized_and_logprob_rows_share_a_running_batch(overlap):
     assert tokens(made["c"])[1] != greedy_alone(REPEATS, 6)[1] == REPEATS[0], "no penalty"
 
 
+@OVERLAP
+def test_join_steps_through_the_decode_graphs_surface_make_the_tokens_made_without_it(overlap):
+    """The engine's path through cuda_graphs.DecodeGraph.join (the step's inputs as lists, one
+    pick and one drawing flag per row, the sampler's mode), here through the fake's eager
+    stand-in padded to a bucket: greedy, sampled, penalized and logprob rows, their prompts in
+    chunks beside running rows, make the tokens and log-probabilities they make without it."""
+    hot = Sampling(temperature=0.9, top_k=50, min_p=0.05, presence_penalty=1.0, seed=7)
+    plan = [
+        (0, "a", request(LONG, 10, hot, logprobs=3)),
+        (1, "b", request(MIDDLE, 6)),
+        (3, "c", request(REPEATS, 8, Sampling(repetition_penalty=8, seed=2), logprobs=0)),
+        (9, "d", request(A, 5, Sampling(temperature=1.3, seed=3))),  # into a row b or c left
+    ]
+    package = FakeGeneration(batch_size=3, with_graph=True)
+    made, _joined, _ended = run(DecodeEngine(package, prefill_chunk=4, **ahead_of(overlap)), plan)
+    plain = FakeGeneration(batch_size=3)
+    without, _joined, _ended = run(DecodeEngine(plain, prefill_chunk=4, **ahead_of(overlap)), plan)
+    assert made == without
+    assert package.graph is not None and len(package.graph.joins) >= 6
+    assert "filtered+penalties+logprobs" in package.graph.joins
+
+
 NON_FINITE = {
     "nan-sampled": (math.nan, Sampling(temperature=0.7, seed=1)),
     "inf-filtered": (math.inf, Sampling(temperature=0.7, top_p=0.9, seed=1)),

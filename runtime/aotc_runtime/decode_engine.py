@@ -16,7 +16,8 @@ join to its finish, and a step costs the tokens it feeds, whichever rows they ar
   every running row its next token: a long prompt joins without stalling the batch, a join costs
   the running rows no step, and a joining prompt's tokens cost the step only themselves (no row is
   padded to the longest chunk). With CUDA graphs a join step is a replay too, its tokens padded
-  to one of a few counts with tokens that are no row's (cuda_graphs.JOIN_BUCKETS).
+  to one of a few counts with tokens that are no row's (cuda_graphs.JOIN_BUCKETS), and so is its
+  sampler.
 - A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache. Given
   a PrefixCache (prefix_cache.py), it starts from the longest start of its prompt that a row
   already holds (that row if it is free, else a copy into the row it takes) and is fed the rest.
@@ -54,7 +55,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
-from .decode_step import DecodeStep, pack
+from .decode_step import DecodeStep, pack, pack_lists
 from .errors import GenerationInputError
 from .generation_request import GenerationRequest
 from .prefix_cache import PrefixCache, common_start
@@ -506,6 +507,9 @@ class DecodeEngine:
                 row.fed_tokens.extend(chunks[slot])
         feeds = []
         keys: list = [None] * self.size
+        # read once as lists, written once: a tensor op per row cost a join step tens of µs
+        held, last = self.held.tolist(), self.last.tolist()
+        added = [0] * self.size
         for slot, row in enumerate(self.rows):
             if row is None:
                 continue
@@ -513,25 +517,28 @@ class DecodeEngine:
             if chunk is None:
                 if row.prompt:  # its turn comes in a later step
                     continue
-                chunk = [int(self.last[slot])]
-            feeds.append((slot, int(self.held[slot]), chunk))
-            self.held[slot] += len(chunk)
+                chunk = [last[slot]]
+            feeds.append((slot, held[slot], chunk))
+            added[slot] = len(chunk)
             if not row.prompt:  # a running row, or one whose prompt is all in now: it has a token
                 keys[slot] = row.key
+        self.held += torch.tensor(added, dtype=torch.int64)
         slots = [slot for slot, _, _ in feeds]
-        drawing = torch.tensor([key is not None for key in keys], dtype=torch.int64)
+        drawing = [int(key is not None) for key in keys]
         self._fresh = True
         if self.graph is not None:  # replayed at a padded token count, its picks one per row
-            ids, rows, positions, picks = pack(feeds)
-            by_row = torch.zeros(self.size, dtype=torch.int64)
-            by_row[slots] = picks
-            replayed = self.graph.join(ids, rows, positions, by_row, drawing)
-            if replayed is not None:
-                return keys, self.sampler(*replayed)
+            ids, rows, positions, picks = pack_lists(feeds)
+            by_row = [0] * self.size
+            for slot, pick in zip(slots, picks):
+                by_row[slot] = pick
+            tokens = self.graph.join(ids, rows, positions, by_row, drawing, self.sampler.mode)
+            if tokens is not None:  # the sampler replayed (or ran) after the program
+                return keys, tokens
         inputs = pack(feeds, self.package.fixed_picks)
-        *inputs, index, drawing = self._on_device([*inputs, torch.tensor(slots), drawing])
+        parts = [*inputs, torch.tensor(slots), torch.tensor(drawing, dtype=torch.int64)]
+        *inputs, index, drawing_flags = self._on_device(parts)
         logits = self._call(inputs, slots, index)
-        return keys, self.sampler(logits, drawing)
+        return keys, self.sampler(logits, drawing_flags)
 
     def _on_device(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
         """1-D int64 tensors on the host, on the device in one copy (from pinned memory on CUDA:
