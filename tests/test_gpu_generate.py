@@ -347,6 +347,7 @@ def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
     from test_token_grammar import run_all
 
     from aotc_runtime.decode_engine import DecodeEngine
+    from aotc_runtime.finish_reason import FinishReason
     from aotc_runtime.generation_request import GenerationRequest
     from aotc_runtime.sampling import GREEDY, Sampling
     from aotc_runtime.token_grammar import Vocabulary
@@ -366,7 +367,7 @@ def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
             },
         )
         tokens, finish = done["held"]
-        assert finish == "stop", tokenizer.decode(tokens)
+        assert finish is FinishReason.STOP, tokenizer.decode(tokens)
         jsonschema.validate(json.loads(tokenizer.decode(tokens)), schema)
         assert done["free"][0] == alone(package, [7, 8, 300], 10)
     assert "greedy+masked" in package.decode_graph().captured_modes

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from .decode_engine import ERROR, DecodeEngine
+from .decode_engine import DecodeEngine
 from .decode_step import pack
 from .errors import (
     GenerationInputError,
@@ -25,6 +25,7 @@ from .errors import (
     NonFiniteLogitsError,
     PackageError,
 )
+from .finish_reason import FinishReason
 from .generation_request import (
     GenerationRequest,
     check_eos,
@@ -224,7 +225,7 @@ def stream(
             new = torch.full((len(prompts),), pad, dtype=torch.int64)
             steps = engine.step()
             for made in steps:
-                if made.finish == ERROR:
+                if made.finish is FinishReason.ERROR:
                     raise NonFiniteLogitsError(
                         f"the package's logits for prompt {made.key} were not finite (NaN or "
                         "infinite) at one of its steps: its weights, its dtype's range or its "
