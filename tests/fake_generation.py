@@ -209,9 +209,13 @@ class FakeGeneration:
         for pick in picks:
             row, position = rows[pick], positions[pick]
             history = self.cache[row, : min(position + 1, length), 0, 0].tolist()
-            vocab = self._generation.vocab_size
-            logits.append(logits_of(history, vocab, self.poison, self.poison_value))
+            logits.append(self.logits(history))
         return torch.tensor(logits, dtype=torch.float32)
+
+    def logits(self, history: list[int]) -> list[float]:
+        """The logits after a row's `history`: the fake's rule (logits_of); a subclass may say
+        other tokens."""
+        return logits_of(history, self._generation.vocab_size, self.poison, self.poison_value)
 
     def _check(self, ids: list, rows: list, positions: list, picks: list) -> None:
         vocab, batch = self._generation.vocab_size, self._generation.batch_size

@@ -11,6 +11,7 @@ import pytest
 from aotc.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
 from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling import Sampling
 from aotc_runtime.text_delta import cut_at_stop
 
@@ -117,9 +118,9 @@ def test_answers_and_events_have_openais_shape():
     from aotc.serve.completions import CompletionShape
 
     request = parse({"prompt": [1, 2, 3], "max_tokens": 2})
-    made = [
+    made = [  # the engine's events, as completion_engine passes them on
         {"index": 0, "token_ids": [4], "text": "a\nb", "finish_reason": None},
-        {"index": 0, "token_ids": [5], "text": "c", "finish_reason": "length"},
+        {"index": 0, "token_ids": [5], "text": "c", "finish_reason": FinishReason.LENGTH},
     ]
 
     async def events():
@@ -135,6 +136,8 @@ def test_answers_and_events_have_openais_shape():
     body, chunks = asyncio.run(collect())
     assert body["object"] == "text_completion" and body["choices"][0]["token_ids"] == [4, 5]
     assert body["choices"][0]["text"] == "a\nbc" and body["choices"][0]["finish_reason"] == "length"
+    assert '"finish_reason": "length"' in json.dumps(body)  # as ingress.json_response writes it
+    assert b'"finish_reason":"length"' in chunks[0] and b"FinishReason" not in b"".join(chunks)
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
                              "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     event = chunks[0].split(b"\n\n")[0] + b"\n\n"

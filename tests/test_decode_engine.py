@@ -13,6 +13,7 @@ import torch
 import aotc_runtime
 from aotc_runtime.decode_engine import DecodeEngine
 from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, Sampling
 
@@ -52,7 +53,9 @@ def run(engine: DecodeEngine, plan: dict) -> dict:
             key = new_token.key
             made[key].append(new_token.token)
             # the engine ends a sequence at its last token, and frees its row
-            assert new_token.finish == ("length" if len(made[key]) == wanted[key] else None), key
+            assert new_token.finish == (
+                FinishReason.LENGTH if len(made[key]) == wanted[key] else None
+            ), key
         step += 1
         assert step < 100
     return made
@@ -132,7 +135,7 @@ def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row(generation_
         made += engine.step()
     ends = tokens.index(eos) + 1  # the first time the model says it
     assert [m.token for m in made] == tokens[:ends]
-    assert [m.finish for m in made] == [None] * (ends - 1) + ["stop"]
+    assert [m.finish for m in made] == [None] * (ends - 1) + [FinishReason.STOP]
     assert engine.has_free_row and engine.active == 0
 
 
@@ -211,7 +214,7 @@ class PoisonedRow:
 def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     generation_packages, monkeypatch, value, sampling, overlap
 ):
-    """The row ends with finish "error" at that step (no token outside the vocabulary reaches the
+    """The row ends with FinishReason.ERROR at that step (no token outside the vocabulary reaches the
     model: the next step would abort the process); its neighbour's tokens are still its lone
     `generate`'s, and the same batch then takes a new sequence into the freed row and answers it
     correctly."""
@@ -235,7 +238,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
                 finishes[new.key] = new.finish
         if not batch.active:
             break
-    assert finishes == {"a": "length", "b": "error", "c": "length"}
+    assert finishes == {"a": FinishReason.LENGTH, "b": FinishReason.ERROR, "c": FinishReason.LENGTH}
     assert len(made["b"]) == 4  # its fourth token's logits were the non-finite ones
     assert made["a"] == expected["a"] and made["c"] == expected["c"]
 

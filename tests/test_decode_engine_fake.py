@@ -20,8 +20,9 @@ from fake_generation import (
     logits_of,
 )
 
-from aotc_runtime.decode_engine import ERROR, DecodeEngine, Made
+from aotc_runtime.decode_engine import DecodeEngine, Made
 from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, Sampling
 
@@ -123,7 +124,7 @@ def test_sequences_joining_a_running_batch_get_their_own_tokens(joins, overlap):
     made, joined, ended = run(DecodeEngine(package, **ahead_of(overlap)), plan)
     for key, prompt, new in sequences:
         assert tokens(made[key]) == greedy_alone(prompt, new), key
-        assert finishes(made[key]) == [None] * (new - 1) + ["length"], key
+        assert finishes(made[key]) == [None] * (new - 1) + [FinishReason.LENGTH], key
     # c joins at its step, or at the step after b's last token (with a step queued ahead when b
     # joined, b's prompt waited a step for it)
     assert joined["b"] == joins[1] and joined["c"] == max(joins[2], ended["b"] + 1)
@@ -208,7 +209,7 @@ def test_a_step_feeds_only_the_rows_a_sequence_holds(fewer_picks):
 
 @OVERLAP
 def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row_for_the_next(overlap):
-    """a takes the package's end-of-sequence ids (the record's), b and c none: a ends with "stop"
+    """a takes the package's end-of-sequence ids (the record's), b and c none: a ends with STOP
     at the first time its model says the id, and c, waiting for a row, joins at the next step."""
     lone = greedy_alone(A, 12)
     eos = lone[3]
@@ -221,7 +222,7 @@ def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row_for_the_nex
     ]
     made, joined, ended = run(DecodeEngine(package, **ahead_of(overlap)), plan)
     assert tokens(made["a"]) == lone[:ends]
-    assert finishes(made["a"]) == [None] * (ends - 1) + ["stop"]
+    assert finishes(made["a"]) == [None] * (ends - 1) + [FinishReason.STOP]
     assert ended["a"] == ends - 1 and joined["c"] == ends  # the step after a's last token
     assert tokens(made["b"]) == greedy_alone(B, 10) and tokens(made["c"]) == greedy_alone(C, 5)
     assert_given_back(package)
@@ -229,23 +230,24 @@ def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row_for_the_nex
 
 LONE = greedy_alone(A, 8)  # [2, 121, 105, 101, ...]: 101 is said first at the fourth token
 FINISHES = {
-    "length": ({}, 8, "length"),
-    "eos": ({"eos_token_ids": (LONE[3],)}, 4, "stop"),
-    "first-of-two-eos": ({"eos_token_ids": (LONE[3], LONE[1])}, 2, "stop"),
-    "package-eos": ({"eos_token_ids": None}, 4, "stop"),
-    "ignore-eos": ({"eos_token_ids": (LONE[3],), "ignore_eos": True}, 8, "length"),
-    "ignore-package-eos": ({"eos_token_ids": None, "ignore_eos": True}, 8, "length"),
+    "length": ({}, 8, FinishReason.LENGTH),
+    "eos": ({"eos_token_ids": (LONE[3],)}, 4, FinishReason.STOP),
+    "first-of-two-eos": ({"eos_token_ids": (LONE[3], LONE[1])}, 2, FinishReason.STOP),
+    "package-eos": ({"eos_token_ids": None}, 4, FinishReason.STOP),
+    "ignore-eos": ({"eos_token_ids": (LONE[3],), "ignore_eos": True}, 8, FinishReason.LENGTH),
+    "ignore-package-eos": ({"eos_token_ids": None, "ignore_eos": True}, 8, FinishReason.LENGTH),
 }
 
 
 @pytest.mark.parametrize("options, ends, finish", FINISHES.values(), ids=FINISHES)
 def test_finish_reasons(options, ends, finish):
-    """GenerationRequest.finish_reason decides for the engine: "stop" at an end-of-sequence id
-    (the request's, else the package's; never with ignore_eos), "length" at the last token."""
+    """GenerationRequest.finish_reason decides for the engine: STOP at an end-of-sequence id (the
+    request's, else the package's; never with ignore_eos), LENGTH at the last token."""
     package = FakeGeneration(eos_token_ids=(LONE[3],))
     made, _joined, _ended = run(DecodeEngine(package), [(0, "a", request(A, 8, **options))])
     assert tokens(made["a"]) == LONE[:ends]
     assert finishes(made["a"]) == [None] * (ends - 1) + [finish]
+    assert type(made["a"][-1].finish) is FinishReason  # the member, not a string equal to it
 
 
 @OVERLAP
@@ -474,7 +476,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     value, sampling, at, overlap
 ):
     """The fake's logits turn non-finite once a row holds the poison token: b's prompt's last
-    token, or b's own third token. b ends with finish "error" at that step, its token inside the
+    token, or b's own third token. b ends with FinishReason.ERROR at that step, its token inside the
     vocabulary; its neighbour's tokens are still the rule's, and the freed row (still holding the
     poison) takes a new sequence, emptied, that gets its own tokens."""
     lone = tokens(engine_alone(POISON_PROMPT, 3, sampling))
@@ -491,7 +493,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     engine.join("b", request(POISON_PROMPT, 10, sampling))
     made: dict = {"a": [], "b": [], "c": []}
     for _step in range(40):
-        # c into b's freed row (a step queued ahead may hold c's first token back: fits() is
+        # c into b's freed row (a step queued ahead may hold c's first token back: has_free_row is
         # then False, the batch full)
         if made["b"] and made["b"][-1].finish and not made["c"] and engine.has_free_row:
             engine.join("c", request(C, 5))
@@ -500,8 +502,12 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
             made[new.key].append(new)
         if not engine.active:
             break
-    assert {key: made[key][-1].finish for key in made} == {"a": "length", "b": ERROR, "c": "length"}
-    assert finishes(made["b"]) == [None] * (at - 1) + [ERROR]
+    assert {key: made[key][-1].finish for key in made} == {
+        "a": FinishReason.LENGTH,
+        "b": FinishReason.ERROR,
+        "c": FinishReason.LENGTH,
+    }
+    assert finishes(made["b"]) == [None] * (at - 1) + [FinishReason.ERROR]
     assert tokens(made["b"])[: at - 1] == lone[: at - 1]
     assert tokens(made["a"]) == greedy_alone(A, 12) and tokens(made["c"]) == greedy_alone(C, 5)
     assert_given_back(package)
@@ -547,7 +553,7 @@ def test_stop_strings_without_a_tokenizer_are_refused_and_hold_nothing():
 
 
 def test_a_stop_string_ends_a_row_in_its_text_and_frees_it(tokenizer):
-    """With the tokenizer (tiny_tokenizer: id t is the word "wt"), a row ends with "stop" at the
+    """With the tokenizer (tiny_tokenizer: id t is the word "wt"), a row ends with STOP at the
     token whose text completes a stop string, sending the text before it; its neighbour goes on."""
     lone = greedy_alone(A, 12)
     stop = f" w{lone[4]}"
@@ -561,7 +567,7 @@ def test_a_stop_string_ends_a_row_in_its_text_and_frees_it(tokenizer):
     ]
     made, joined, ended = run(engine, plan)
     assert tokens(made["a"]) == lone[:ends]
-    assert finishes(made["a"]) == [None] * (ends - 1) + ["stop"]
+    assert finishes(made["a"]) == [None] * (ends - 1) + [FinishReason.STOP]
     assert "".join(m.text for m in made["a"]) == texts[ends - 1].split(stop)[0]
     assert tokens(made["b"]) == greedy_alone(B, 6) and tokens(made["c"]) == greedy_alone(C, 3)
     assert ended["a"] == ends - 1 and joined["c"] == ends  # into a's row, the step after

@@ -313,7 +313,7 @@ def engine_run(package, plan: list, **options) -> dict:
     while waiting or engine.active:
         while waiting and waiting[0][0] <= step:
             _at, key, asked = waiting[0]
-            if not engine.fits(len(asked.prompt), asked.max_new_tokens):
+            if not engine.has_free_row:
                 break
             engine.join(key, asked)
             made[key] = []
@@ -444,6 +444,7 @@ def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
     from test_token_grammar import run_all
 
     from aotc_runtime.decode_engine import DecodeEngine
+    from aotc_runtime.finish_reason import FinishReason
     from aotc_runtime.generation_request import GenerationRequest
     from aotc_runtime.sampling import GREEDY, Sampling
     from aotc_runtime.token_grammar import Vocabulary
@@ -463,7 +464,7 @@ def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
             },
         )
         tokens, finish = done["held"]
-        assert finish == "stop", tokenizer.decode(tokens)
+        assert finish is FinishReason.STOP, tokenizer.decode(tokens)
         jsonschema.validate(json.loads(tokenizer.decode(tokens)), schema)
         assert done["free"][0] == alone(package, [7, 8, 300], 10)
     assert "greedy+masked" in package.decode_graph().captured_modes

@@ -24,6 +24,7 @@ import aotc_runtime
 from aotc_runtime.decode_engine import DecodeEngine
 from aotc_runtime.decode_step import pack
 from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation import prefill_inputs
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, RowSampler, Sampling, uniforms
@@ -244,7 +245,7 @@ def test_ignore_eos_goes_on_to_max_new_tokens(gpt2):
     while engine.active:
         made += engine.step()
     assert [m.token for m in made] == free
-    assert [m.finish for m in made] == [None] * (NEW - 1) + ["length"]
+    assert [m.finish for m in made] == [None] * (NEW - 1) + [FinishReason.LENGTH]
 
 
 def alone(loaded, prompt: list, new: int, sampling: Sampling, logprobs: int | None) -> list:

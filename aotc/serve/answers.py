@@ -20,6 +20,7 @@ from typing import Any
 
 from aotc.serve.completions import DONE_EVENT, sse_event
 from aotc.serve.protocol import DEFAULT_MAX_ANSWER_BYTES, RequestError, answer_too_large
+from aotc_runtime.finish_reason import FinishReason
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Made:
     texts: list = field(default_factory=list)
     ids: list = field(default_factory=list)
     events: list = field(default_factory=list)
-    finish: str = "length"
+    finish: FinishReason = FinishReason.LENGTH  # the engine's, from the choice's last event
     cached: int = 0  # its prompt's tokens the KV cache held (the first event says)
 
 

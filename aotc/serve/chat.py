@@ -42,6 +42,7 @@ from aotc.serve.structured import (
     tool_call_text,
     tools_system_text,
 )
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
 FIELDS = ("messages", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
@@ -203,11 +204,23 @@ def _text_part(number: int, part: Any) -> str:
     )  # fmt: skip
 
 
+# OpenAI's chat finish_reason of an answer that ended (FinishReason.STOP) holding tool calls
+TOOL_CALLS = "tool_calls"
+
+
+def chat_finish_reason(finish: FinishReason | None, called: bool) -> FinishReason | str | None:
+    """The chat answer's finish_reason: the engine's, but "tool_calls" for an answer that stopped
+    holding tool calls (one cut at its last token stays "length", its complete calls given). The
+    engine knows no tools (finish_reason.py): this is the one place that says it."""
+    return TOOL_CALLS if called and finish is FinishReason.STOP else finish
+
+
 class ChatShape:
     """How the chat endpoint writes what the engine made (answers.py collects it). An answer of a
     request that may call tools is read for its calls (structured.py): a whole answer's calls go
     in `tool_calls`, a streamed answer's each in one delta once it is complete (with its `index`,
-    as OpenAI streams them), and either ends with finish_reason "tool_calls"."""
+    as OpenAI streams them), and either ends with finish_reason "tool_calls"
+    (chat_finish_reason)."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
@@ -215,18 +228,19 @@ class ChatShape:
         self.request, self.tokenizer = request, tokenizer
         self._streams: dict = {}  # choice index -> its CallStream, with tools
 
-    def whole_choice(self, choice: Choice, text: str, ids: list, tokens: list, finish: str) -> dict:
+    def whole_choice(
+        self, choice: Choice, text: str, ids: list, tokens: list, finish: FinishReason
+    ) -> dict:
         message: dict = {"role": "assistant", "content": text}
         calls = read_calls(text) if self.request.structure.calls_tools else None
         if calls:  # those complete, when the answer was cut at its last token
             whole = [{k: v for k, v in call.items() if k != "index"} for call in calls]
             message = {"role": "assistant", "content": None, "tool_calls": whole}
-            finish = "tool_calls" if finish == "stop" else finish
         return {
             "index": choice.index,
             "message": message,
             "logprobs": self._logprobs(tokens),
-            "finish_reason": finish,
+            "finish_reason": chat_finish_reason(finish, bool(calls)),
         }
 
     def chunk_choices(self, choice: Choice, event: dict, first: bool) -> list:
@@ -236,8 +250,7 @@ class ChatShape:
             content, calls = stream.add(event["text"])
             if finish is not None:
                 content += stream.rest()
-                if stream.calls and finish == "stop":
-                    finish = "tool_calls"
+                finish = chat_finish_reason(finish, bool(stream.calls))
         delta: dict = {"role": "assistant"} if first else {}
         if calls:
             delta["tool_calls"] = calls

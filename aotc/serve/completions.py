@@ -35,6 +35,7 @@ from aotc.serve import request_fields as fields
 from aotc.serve.logprobs import completion_logprobs
 from aotc.serve.protocol import RequestError
 from aotc.serve.request_fields import Choice, Decoding
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's
@@ -205,7 +206,9 @@ class CompletionShape:
             return ""
         return self.request.prompt_texts[choice.prompt_index] or ""
 
-    def whole_choice(self, choice: Choice, text: str, ids: list, tokens: list, finish: str) -> dict:
+    def whole_choice(
+        self, choice: Choice, text: str, ids: list, tokens: list, finish: FinishReason
+    ) -> dict:
         """One choice of the whole answer: `tokens` its logprob entries (engine events)."""
         return {
             "index": choice.index,

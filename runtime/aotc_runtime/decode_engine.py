@@ -30,7 +30,8 @@ join to its finish, and a step costs the tokens it feeds, whichever rows they ar
   finishes as soon as its grammar is complete.
 - A row finishes at an end-of-sequence id or its last token (GenerationRequest.finish_reason),
   when its grammar is complete, or, given the package's tokenizer, at a stop string in its text
-  (text_delta.py); its slot is free from the next step.
+  (text_delta.py); its slot is free from the next step. Why it finished (finish_reason.py) and the
+  text each token adds travel in its Made events, which every front end passes on as they are.
 
 A decode step is one replay of the package's DecodeGraph on CUDA with CUDA graphs (the program,
 the inputs' advance and the sampler captured together), one call of the package otherwise. On CUDA
@@ -57,6 +58,7 @@ import torch
 
 from .decode_step import DecodeStep, pack, pack_lists
 from .errors import GenerationInputError
+from .finish_reason import FinishReason
 from .generation_request import GenerationRequest
 from .prefix_cache import PrefixCache, common_start
 from .sampling import GREEDY, LOGPROBS, RowSampler
@@ -118,22 +120,20 @@ class HostCopy:
 # queued on the device
 STEPS_AHEAD = 1
 
-# A sequence's finish when the package's logits for it were not finite: it ends at once, its
-# token (0) is not a pick, and its neighbours go on (sampling.greedy_pick's `failed`)
-ERROR = "error"
-
 
 class Made(NamedTuple):
-    """One new token of a sequence: its key, the token, why it ended the sequence (None while it
-    goes on, "stop" at an end-of-sequence id or a stop string, "length" at its last token, ERROR
-    when its logits were not finite: its token is then no answer), the
-    text it adds (with a tokenizer; "" without), and, when its request asked for them, the token's
-    log-probability and the request's count of most likely tokens at this step as (token id,
-    log-probability) pairs, most likely first (the log-softmax of the package's raw logits)."""
+    """One new token of a sequence, the engine's event that every front end consumes: its key, the
+    token, why it ended the sequence (None while it goes on; FinishReason.STOP at an
+    end-of-sequence id, a stop string or a complete grammar, LENGTH at its last token, ERROR when
+    its logits were not finite: its token (0) is then no pick, and its neighbours go on, as
+    sampling.greedy_pick's `failed` says), the text it adds (with a tokenizer; "" without), and,
+    when its request asked for them, the token's log-probability and the request's count of most
+    likely tokens at this step as (token id, log-probability) pairs, most likely first (the
+    log-softmax of the package's raw logits)."""
 
     key: Hashable
     token: int
-    finish: str | None
+    finish: FinishReason | None
     text: str = ""
     logprob: float | None = None
     top_logprobs: tuple = ()
@@ -359,18 +359,19 @@ class DecodeEngine:
             if self.prefix_cache is not None:
                 row.made_token(token)
             if failed_rows[slot]:  # its logits were not finite: it ends here, alone
-                made.append(Made(key, token, ERROR))
+                made.append(Made(key, token, FinishReason.ERROR))
                 self._free(slot, keep=False)  # what it holds may be what made them so
                 continue
             finish = row.request.finish_reason(self.generation, token, row.made)
             if row.matcher is not None:
                 row.mask_stale = True
                 if not row.matcher.take(token) or row.matcher.done:
-                    finish = finish or "stop"  # complete (or, past a bug, out of its grammar)
+                    # complete (or, past a bug, out of its grammar)
+                    finish = finish or FinishReason.STOP
             delta = ""
             if row.text is not None:
                 delta, stopped = row.text.add(token, last=finish is not None)
-                finish = "stop" if stopped else finish
+                finish = FinishReason.STOP if stopped else finish
             made.append(Made(key, token, finish, delta, *self._logprobs(row, slot, listed)))
             if finish is not None:
                 self._free(slot)

@@ -3,10 +3,10 @@ type that `generate`, `stream`, `aotc generate` and `aotc serve` build and the d
 (decode_engine.py) runs. The C++ runner's `aotc::GenerationRequest` (runtime/cpp/include/aotc/
 package.h) holds the same fields.
 
-A sequence finishes at the first of: an end-of-sequence id ("stop"; never with `ignore_eos`, as
-vLLM's option of that name), its `max_new_tokens`-th token ("length"), or a stop string in its text
-("stop"). The decode engine decides, for every front end: the first two by `finish_reason`, the
-third by the row's text (text_delta.py).
+A sequence finishes at the first of: an end-of-sequence id (FinishReason.STOP; never with
+`ignore_eos`, as vLLM's option of that name), its `max_new_tokens`-th token (FinishReason.LENGTH),
+or a stop string in its text (STOP). The decode engine decides, for every front end: the first two
+by `finish_reason`, the third by the row's text (text_delta.py).
 
 `logprobs` asks for each new token's log-probability and those of the `logprobs` most likely
 tokens at its step (0: the chosen token's only; at most sampling.MAX_LOGPROBS), from the
@@ -14,7 +14,7 @@ package's raw logits (decode_engine.Made carries them).
 
 `grammar` (token_grammar.TokenGrammar, Python front ends only: the C++ runner has none) holds the
 sequence's text to a JSON schema or a grammar: each step picks among the tokens it allows, and the
-sequence finishes ("stop") as soon as the grammar is complete.
+sequence finishes (STOP) as soon as the grammar is complete.
 
 A request is checked once for each rule: what it asks in itself when it is made (an invalid one
 cannot exist: a prompt of whole token ids, at least one new token, its Sampling already checked
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GenerationInputError
+from .finish_reason import FinishReason
 from .generation_record import Generation
 from .sampling_settings import GREEDY, MAX_LOGPROBS, Sampling, is_whole_number
 
@@ -70,16 +71,22 @@ class GenerationRequest:
         problem = check_logprobs(self.logprobs)
         if problem:
             raise GenerationInputError(problem)
+        for string in self.stop:  # an empty one would end every sequence at its first token
+            if not isinstance(string, str) or not string:
+                raise GenerationInputError(
+                    f"stop string {string!r} is not a non-empty string; give text, or leave stop "
+                    "out"
+                )
 
     def eos(self, generation: Generation) -> tuple:
         return generation.eos_token_ids if self.eos_token_ids is None else self.eos_token_ids
 
-    def finish_reason(self, generation: Generation, token: int, made: int) -> str | None:
+    def finish_reason(self, generation: Generation, token: int, made: int) -> FinishReason | None:
         """Why the sequence ends with `token`, its `made`-th new token, or None if it goes on."""
         if not self.ignore_eos and token in self.eos(generation):
-            return "stop"
+            return FinishReason.STOP
         if made >= self.max_new_tokens:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
     def check(self, generation: Generation) -> GenerationRequest:
