@@ -101,7 +101,9 @@ def test_read_structure_defaults_as_openai_does():
 def test_a_chat_answer_says_tool_calls_for_a_stop_with_calls_whole_and_streamed(text, finish, said):
     """chat_finish_reason, the one place "tool_calls" is said: a whole answer and its stream (in
     pieces of 7 characters) end with the same finish_reason, written as OpenAI's plain string."""
-    request = SimpleNamespace(structure=SimpleNamespace(calls_tools=True), logprobs=None)
+    request = SimpleNamespace(
+        structure=SimpleNamespace(calls_tools=True), decoding=SimpleNamespace(logprobs=None)
+    )
     choice = SimpleNamespace(index=0)
     whole = ChatShape(request, None).whole_choice(choice, text, [], [], finish)
     shape, chunks = ChatShape(request, None), []
