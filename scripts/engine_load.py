@@ -72,7 +72,7 @@ def run(
         while pending:
             stream, index, arrived, others = pending[0]
             prompt, new = plan[stream][index]
-            if not engine.fits(len(prompt), new):
+            if not engine.has_free_row:
                 break
             pending.popleft()
             sampling = Sampling(temperature=1.0, seed=draw.getrandbits(63)) if sampled else GREEDY

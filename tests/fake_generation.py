@@ -13,7 +13,8 @@ of that history mod the vocabulary, with logit LEAD, and every other token a val
 from the same hash, so greedy picks it by a clear margin and a sampled row has a spread to draw
 from. A token written at the wrong position, a row fed another row's tokens or a row not emptied
 when a sequence joins it gives other tokens than the sequence
-alone, which `greedy_alone` computes from the same rule without the engine.
+alone, which `greedy_alone` computes from the same rule without the engine. With `with_graph`,
+its `decode_graph` is an EagerDecodeGraph: the engine's path through cuda_graphs.DecodeGraph.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from pathlib import Path
 
 import torch
 
+from aotc_runtime.decode_step import DecodeStep
 from aotc_runtime.fields import Fields
 from aotc_runtime.generation_gate import GenerationGate
 from aotc_runtime.generation_record import STEP_FORMAT, Generation, check_generation_record
+from aotc_runtime.sampling import RowSampler
 from aotc_runtime.signature import Signature
 
 VOCAB = 128
@@ -159,6 +162,7 @@ class FakeGeneration:
         poison: int | None = None,
         poison_value: float = math.nan,
         fewer_picks: bool = True,
+        with_graph: bool = False,
     ):
         self.path = Path("fake-generation")
         self.device = torch.device("cpu")
@@ -173,14 +177,16 @@ class FakeGeneration:
         self.fed: list[list[int]] = []
         self.copies: list[tuple] = []  # (source, target, positions) of each copy_cache_rows
         self.past_cache = 0
+        self.graph = EagerDecodeGraph(self) if with_graph else None
 
     @property
     def generation(self) -> Generation:
         return self._generation
 
-    def decode_graph(self) -> None:
-        """No CUDA graphs (as a package on the CPU): the engine calls the step itself."""
-        return None
+    def decode_graph(self) -> EagerDecodeGraph | None:
+        """None: no CUDA graphs (as a package on the CPU), the engine calls the step itself. With
+        `with_graph`, an EagerDecodeGraph: the engine's path through a DecodeGraph, on the CPU."""
+        return self.graph
 
     def copy_cache_rows(self, source: int, target: int, positions: int) -> None:
         self.copies.append((source, target, positions))
@@ -203,9 +209,13 @@ class FakeGeneration:
         for pick in picks:
             row, position = rows[pick], positions[pick]
             history = self.cache[row, : min(position + 1, length), 0, 0].tolist()
-            vocab = self._generation.vocab_size
-            logits.append(logits_of(history, vocab, self.poison, self.poison_value))
+            logits.append(self.logits(history))
         return torch.tensor(logits, dtype=torch.float32)
+
+    def logits(self, history: list[int]) -> list[float]:
+        """The logits after a row's `history`: the fake's rule (logits_of); a subclass may say
+        other tokens."""
+        return logits_of(history, self._generation.vocab_size, self.poison, self.poison_value)
 
     def _check(self, ids: list, rows: list, positions: list, picks: list) -> None:
         vocab, batch = self._generation.vocab_size, self._generation.batch_size
@@ -215,11 +225,52 @@ class FakeGeneration:
             raise StepContractError(f"rows {rows}, positions {positions}")
         if any(not 0 <= pick < len(ids) for pick in picks):
             raise StepContractError(f"picks {picks} of {len(ids)} tokens")
+        # a row's tokens one after another, at consecutive positions; a token at max_seq_len or
+        # past it is no row's (a join step's padding up to its graph's bucket, anywhere)
+        length = self._generation.max_seq_len
+        held = [(row, position) for row, position in zip(rows, positions) if position < length]
         seen: set = set()
-        for t, row in enumerate(rows):  # a row's tokens one after another, at consecutive positions
-            if t and rows[t - 1] == row:
-                if positions[t] != positions[t - 1] + 1:
+        for t, (row, position) in enumerate(held):
+            if t and held[t - 1][0] == row:
+                if position != held[t - 1][1] + 1:
                     raise StepContractError(f"row {row}'s positions {positions} not consecutive")
             elif row in seen:
                 raise StepContractError(f"row {row}'s tokens are not together: rows {rows}")
             seen.add(row)
+
+
+class EagerDecodeGraph:
+    """cuda_graphs.DecodeGraph's surface on the CPU, for the engine's path through it: a decode
+    step is never replayed (`replay` is False: the engine runs it), and `join` takes a join step
+    as DecodeGraph.join does (lists: its packed tokens, one pick and one drawing flag per row of
+    the batch, the sampler's mode), pads its tokens to a multiple of `bucket` with tokens that
+    are no row's, and runs the step, then the sampler in that mode, on the logits of every row."""
+
+    def __init__(self, package: FakeGeneration, bucket: int = 32):
+        generation = package.generation
+        self.package, self.bucket = package, bucket
+        self.step = DecodeStep(generation.batch_size, generation.max_seq_len, package.device)
+        self.sampler = RowSampler(generation.batch_size, generation.vocab_size, package.device)
+        self.joins: list[str] = []  # the sampler's mode of each join step
+
+    def prepare_joins(self, tokens: int) -> None:
+        pass
+
+    def replay(self, mode: str) -> bool:
+        return False
+
+    def join(
+        self,
+        ids: list[int],
+        rows: list[int],
+        positions: list[int],
+        picks: list[int],
+        drawing: list[int],
+        mode: str,
+    ) -> torch.Tensor:
+        pad = -len(ids) % self.bucket
+        no_row = self.package.generation.max_seq_len
+        padded = [ids + [0] * pad, rows + [0] * pad, positions + [no_row] * pad, picks]
+        logits = self.package.call_without_graphs(*(torch.tensor(x) for x in padded))
+        self.joins.append(mode)
+        return self.sampler(logits, torch.tensor(drawing), mode)

@@ -11,6 +11,7 @@ import pytest
 from aotc.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
 from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling import Sampling
 from aotc_runtime.text_delta import cut_at_stop
 
@@ -27,24 +28,24 @@ def test_a_request_with_ids_takes_openais_max_tokens_and_the_models_sampling():
     (greedy for a record without defaults, as transformers' `generate`; a model that samples at
     temperature 1.0 gets OpenAI's own default)."""
     request = parse({"prompt": [5, 17, 42], "model": "lm"})
-    assert request.prompt_ids == [5, 17, 42] and request.model == "lm"
-    assert (request.max_tokens, request.temperature, request.top_p) == (16, 0.0, 1.0)
-    assert request.seed is None and request.stop == () and request.stream is False
-    assert request.sampling() == Sampling(temperature=0.0, top_k=None, top_p=None, seed=None)
+    decoding = request.decoding
+    assert request.prompt_ids == [5, 17, 42] and decoding.model == "lm"
+    assert decoding.max_tokens == 16 and decoding.stop == () and decoding.stream is False
+    assert decoding.sampling == Sampling(temperature=0.0, top_k=None, top_p=None, seed=None)
     sampling = dataclasses.replace(GENERATION, sampling_defaults={"temperature": 1.0})
     body = json.dumps({"prompt": [5, 17, 42]}).encode()
-    assert parse_completion(body, sampling).sampling() == Sampling(temperature=1.0)
+    assert parse_completion(body, sampling).decoding.sampling == Sampling(temperature=1.0)
 
 
 def test_text_is_tokenized_and_stop_strings_need_the_tokenizer(tokenizer):
     request = parse({"prompt": "w5 w17", "stop": ["w9"], "temperature": 0}, tokenizer)
-    assert request.prompt_ids == tokenizer.encode("w5 w17").ids and request.stop == ("w9",)
-    assert request.sampling().temperature == 0.0
+    assert request.prompt_ids == tokenizer.encode("w5 w17").ids
+    assert request.decoding.stop == ("w9",) and request.decoding.sampling.temperature == 0.0
 
 
 def test_fields_a_client_always_sends_are_accepted_at_their_neutral_value():
     request = parse({"prompt": [1], "n": 1, "echo": False, "logprobs": None, "stream": True})
-    assert request.stream is True
+    assert request.decoding.stream is True
 
 
 @pytest.mark.parametrize(
@@ -117,9 +118,9 @@ def test_answers_and_events_have_openais_shape():
     from aotc.serve.completions import CompletionShape
 
     request = parse({"prompt": [1, 2, 3], "max_tokens": 2})
-    made = [
+    made = [  # the engine's events, as completion_engine passes them on
         {"index": 0, "token_ids": [4], "text": "a\nb", "finish_reason": None},
-        {"index": 0, "token_ids": [5], "text": "c", "finish_reason": "length"},
+        {"index": 0, "token_ids": [5], "text": "c", "finish_reason": FinishReason.LENGTH},
     ]
 
     async def events():
@@ -135,6 +136,8 @@ def test_answers_and_events_have_openais_shape():
     body, chunks = asyncio.run(collect())
     assert body["object"] == "text_completion" and body["choices"][0]["token_ids"] == [4, 5]
     assert body["choices"][0]["text"] == "a\nbc" and body["choices"][0]["finish_reason"] == "length"
+    assert '"finish_reason": "length"' in json.dumps(body)  # as ingress.json_response writes it
+    assert b'"finish_reason":"length"' in chunks[0] and b"FinishReason" not in b"".join(chunks)
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
                              "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     event = chunks[0].split(b"\n\n")[0] + b"\n\n"
@@ -173,16 +176,19 @@ def test_sampling_accepts_exactly_the_runtimes_ranges():
     OpenAI's temperature cap of 2 too."""
     from aotc_runtime.sampling import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 
+    def sampling(**fields):
+        return parse({"prompt": [1], **fields}).decoding.sampling
+
     for temperature in (0, MIN_TEMPERATURE, 2.5, MAX_TEMPERATURE):
-        assert parse({"prompt": [1], "temperature": temperature}).temperature == temperature
-    assert parse({"prompt": [1], "top_p": MIN_TOP_P}).top_p == MIN_TOP_P
-    assert parse({"prompt": [1], "seed": MAX_SEED}).seed == MAX_SEED
+        assert sampling(temperature=temperature).temperature == temperature
+    assert sampling(top_p=MIN_TOP_P).top_p == MIN_TOP_P
+    assert sampling(seed=MAX_SEED).seed == MAX_SEED
 
 
 def test_top_k_reaches_the_runtime_as_the_cli_gives_it():
     request = parse({"prompt": [1], "temperature": 0.7, "top_k": 50})
-    assert request.top_k == 50 and request.sampling().top_k == 50
-    assert parse({"prompt": [1]}).sampling().top_k is None
+    assert request.decoding.sampling.top_k == 50 and request.choices[0].request.sampling.top_k == 50
+    assert parse({"prompt": [1]}).decoding.sampling.top_k is None
 
 
 def test_an_explicit_null_means_the_fields_default(tokenizer):
@@ -190,9 +196,9 @@ def test_an_explicit_null_means_the_fields_default(tokenizer):
         ["max_tokens", "temperature", "top_p", "seed", "stop", "stream", "user", "model", "n",
          "best_of", "echo", "presence_penalty", "frequency_penalty", "suffix"]
     )  # fmt: skip
-    request = parse({"prompt": "w5", **nulls}, tokenizer)
-    assert (request.max_tokens, request.temperature, request.top_p) == (16, 0.0, 1.0)
-    assert (request.seed, request.stop, request.stream, request.model) == (None, (), False, None)
+    decoding = parse({"prompt": "w5", **nulls}, tokenizer).decoding
+    assert decoding.max_tokens == 16 and decoding.sampling == Sampling()  # the model's: greedy
+    assert (decoding.stop, decoding.stream, decoding.model, decoding.n) == ((), False, None, 1)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ import torch
 
 import aotc_runtime
 from aotc_runtime.decode_engine import DecodeEngine
+from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, Sampling
 
@@ -44,14 +46,16 @@ def run(engine: DecodeEngine, plan: dict) -> dict:
     step = 0
     while step == 0 or engine.active or any(at >= step for at in plan):
         for key, prompt, new, *sampling in [plan[at] for at in plan if at == step]:
-            assert engine.fits(len(prompt), new), key
+            assert engine.has_free_row, key
             engine.join(key, request(prompt, new, *sampling))
             made[key] = []
         for new_token in engine.step():
             key = new_token.key
             made[key].append(new_token.token)
             # the engine ends a sequence at its last token, and frees its row
-            assert new_token.finish == ("length" if len(made[key]) == wanted[key] else None), key
+            assert new_token.finish == (
+                FinishReason.LENGTH if len(made[key]) == wanted[key] else None
+            ), key
         step += 1
         assert step < 100
     return made
@@ -107,10 +111,14 @@ def test_a_sequence_joins_whenever_a_row_is_free_and_its_cache_holds_it(generati
     engine.join("a", request([5, 6, 7], 29))
     for _ in range(10):
         engine.step()
-    # a holds 13 of its row's 32 positions; the other row holds a whole 30 + 2
-    assert engine.fits(30, 2) and not engine.fits(31, 2)
+    # a holds 13 of its row's 32 positions; the other row holds a whole 30 + 2 (the request's
+    # own check against the package: a row's room is never the engine's to judge)
+    assert engine.has_free_row
+    request([1] * 30, 2).check(package.generation)
+    with pytest.raises(GenerationInputError, match="need 33 positions"):
+        request([1] * 31, 2).check(package.generation)
     engine.join("b", request([1, 2], 2))
-    assert not engine.fits(1, 1)  # no free row (batch of 2)
+    assert not engine.has_free_row  # batch of 2
     engine.release()
 
 
@@ -127,8 +135,8 @@ def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row(generation_
         made += engine.step()
     ends = tokens.index(eos) + 1  # the first time the model says it
     assert [m.token for m in made] == tokens[:ends]
-    assert [m.finish for m in made] == [None] * (ends - 1) + ["stop"]
-    assert engine.fits(30, 2) and engine.active == 0
+    assert [m.finish for m in made] == [None] * (ends - 1) + [FinishReason.STOP]
+    assert engine.has_free_row and engine.active == 0
 
 
 def test_a_long_prompt_joins_in_chunks_beside_a_running_sequence(generation_packages):
@@ -206,7 +214,7 @@ class PoisonedRow:
 def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     generation_packages, monkeypatch, value, sampling, overlap
 ):
-    """The row ends with finish "error" at that step (no token outside the vocabulary reaches the
+    """The row ends with FinishReason.ERROR at that step (no token outside the vocabulary reaches the
     model: the next step would abort the process); its neighbour's tokens are still its lone
     `generate`'s, and the same batch then takes a new sequence into the freed row and answers it
     correctly."""
@@ -221,7 +229,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     made: dict = {"a": [], "b": [], "c": []}
     finishes: dict = {}
     for _step in range(40):
-        if "b" in finishes and "c" not in finishes and not made["c"] and batch.fits(4, 5):
+        if "b" in finishes and "c" not in finishes and not made["c"] and batch.has_free_row:
             batch.join("c", request([11, 12, 13, 14], 5))
         for new in batch.step():
             assert 0 <= new.token < package.generation.vocab_size
@@ -230,7 +238,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
                 finishes[new.key] = new.finish
         if not batch.active:
             break
-    assert finishes == {"a": "length", "b": "error", "c": "length"}
+    assert finishes == {"a": FinishReason.LENGTH, "b": FinishReason.ERROR, "c": FinishReason.LENGTH}
     assert len(made["b"]) == 4  # its fourth token's logits were the non-finite ones
     assert made["a"] == expected["a"] and made["c"] == expected["c"]
 

@@ -20,8 +20,9 @@ from fake_generation import (
     logits_of,
 )
 
-from aotc_runtime.decode_engine import ERROR, DecodeEngine, Made
+from aotc_runtime.decode_engine import DecodeEngine, Made
 from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, Sampling
 
@@ -71,7 +72,7 @@ def run(engine: DecodeEngine, plan: list, vocab: int = VOCAB) -> tuple[dict, dic
     while waiting or engine.active:
         while waiting and waiting[0][0] <= step:
             _at, key, asked = waiting[0]
-            if not engine.fits(len(asked.prompt), asked.max_new_tokens):
+            if not engine.has_free_row:
                 break
             engine.join(key, asked)
             joined[key] = step
@@ -123,7 +124,7 @@ def test_sequences_joining_a_running_batch_get_their_own_tokens(joins, overlap):
     made, joined, ended = run(DecodeEngine(package, **ahead_of(overlap)), plan)
     for key, prompt, new in sequences:
         assert tokens(made[key]) == greedy_alone(prompt, new), key
-        assert finishes(made[key]) == [None] * (new - 1) + ["length"], key
+        assert finishes(made[key]) == [None] * (new - 1) + [FinishReason.LENGTH], key
     # c joins at its step, or at the step after b's last token (with a step queued ahead when b
     # joined, b's prompt waited a step for it)
     assert joined["b"] == joins[1] and joined["c"] == max(joins[2], ended["b"] + 1)
@@ -208,7 +209,7 @@ def test_a_step_feeds_only_the_rows_a_sequence_holds(fewer_picks):
 
 @OVERLAP
 def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row_for_the_next(overlap):
-    """a takes the package's end-of-sequence ids (the record's), b and c none: a ends with "stop"
+    """a takes the package's end-of-sequence ids (the record's), b and c none: a ends with STOP
     at the first time its model says the id, and c, waiting for a row, joins at the next step."""
     lone = greedy_alone(A, 12)
     eos = lone[3]
@@ -221,7 +222,7 @@ def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row_for_the_nex
     ]
     made, joined, ended = run(DecodeEngine(package, **ahead_of(overlap)), plan)
     assert tokens(made["a"]) == lone[:ends]
-    assert finishes(made["a"]) == [None] * (ends - 1) + ["stop"]
+    assert finishes(made["a"]) == [None] * (ends - 1) + [FinishReason.STOP]
     assert ended["a"] == ends - 1 and joined["c"] == ends  # the step after a's last token
     assert tokens(made["b"]) == greedy_alone(B, 10) and tokens(made["c"]) == greedy_alone(C, 5)
     assert_given_back(package)
@@ -229,23 +230,24 @@ def test_a_sequence_ends_at_its_end_of_sequence_id_and_frees_its_row_for_the_nex
 
 LONE = greedy_alone(A, 8)  # [2, 121, 105, 101, ...]: 101 is said first at the fourth token
 FINISHES = {
-    "length": ({}, 8, "length"),
-    "eos": ({"eos_token_ids": (LONE[3],)}, 4, "stop"),
-    "first-of-two-eos": ({"eos_token_ids": (LONE[3], LONE[1])}, 2, "stop"),
-    "package-eos": ({"eos_token_ids": None}, 4, "stop"),
-    "ignore-eos": ({"eos_token_ids": (LONE[3],), "ignore_eos": True}, 8, "length"),
-    "ignore-package-eos": ({"eos_token_ids": None, "ignore_eos": True}, 8, "length"),
+    "length": ({}, 8, FinishReason.LENGTH),
+    "eos": ({"eos_token_ids": (LONE[3],)}, 4, FinishReason.STOP),
+    "first-of-two-eos": ({"eos_token_ids": (LONE[3], LONE[1])}, 2, FinishReason.STOP),
+    "package-eos": ({"eos_token_ids": None}, 4, FinishReason.STOP),
+    "ignore-eos": ({"eos_token_ids": (LONE[3],), "ignore_eos": True}, 8, FinishReason.LENGTH),
+    "ignore-package-eos": ({"eos_token_ids": None, "ignore_eos": True}, 8, FinishReason.LENGTH),
 }
 
 
 @pytest.mark.parametrize("options, ends, finish", FINISHES.values(), ids=FINISHES)
 def test_finish_reasons(options, ends, finish):
-    """GenerationRequest.finish_reason decides for the engine: "stop" at an end-of-sequence id
-    (the request's, else the package's; never with ignore_eos), "length" at the last token."""
+    """GenerationRequest.finish_reason decides for the engine: STOP at an end-of-sequence id (the
+    request's, else the package's; never with ignore_eos), LENGTH at the last token."""
     package = FakeGeneration(eos_token_ids=(LONE[3],))
     made, _joined, _ended = run(DecodeEngine(package), [(0, "a", request(A, 8, **options))])
     assert tokens(made["a"]) == LONE[:ends]
     assert finishes(made["a"]) == [None] * (ends - 1) + [finish]
+    assert type(made["a"][-1].finish) is FinishReason  # the member, not a string equal to it
 
 
 @OVERLAP
@@ -259,12 +261,16 @@ def test_a_sequence_joins_whenever_a_row_is_free_and_its_cache_holds_it(overlap)
     made: list[Made] = []
     for _ in range(10):
         made += engine.step()
-    # a holds about a third of its row's 32 positions; the other row holds a whole 30 + 2
-    assert engine.fits(30, 2) and not engine.fits(31, 2)
+    # a holds about a third of its row's 32 positions; the other row holds a whole 30 + 2 (the
+    # request's own check against the package; a row's room is never the engine's to judge)
+    assert engine.has_free_row
+    request([1] * 30, 2).check(package.generation)
+    with pytest.raises(GenerationInputError, match="need 33 positions"):
+        request([1] * 31, 2).check(package.generation)
     whole = [(7 * i) % VOCAB for i in range(1, 31)]
     engine.join("b", request(whole, 2))
-    assert not engine.fits(1, 1)  # no free row (batch of 2)
-    with pytest.raises(ValueError, match="does not fit the running batch; check fits"):
+    assert not engine.has_free_row  # batch of 2
+    with pytest.raises(ValueError, match="every row of the batch is taken; check has_free_row"):
         engine.join("c", request([1], 1))
     while engine.active:
         made += engine.step()
@@ -304,7 +310,6 @@ REFUSED = {
     ),
     "outside-the-vocabulary": (request([5, VOCAB], 2), r"^token id 128 is outside the vocabulary"),
     "eos-outside": (request([5], 2, eos_token_ids=(VOCAB,)), r"^end-of-sequence id 128 is outside"),
-    "bad-sampling": (request([5], 2, Sampling(temperature=-1)), r"^temperature -1 is outside"),
 }
 
 
@@ -434,6 +439,28 @@ def test_penalized_and_logprob_rows_share_a_running_batch(overlap):
     assert tokens(made["c"])[1] != greedy_alone(REPEATS, 6)[1] == REPEATS[0], "no penalty"
 
 
+@OVERLAP
+def test_join_steps_through_the_decode_graphs_surface_make_the_tokens_made_without_it(overlap):
+    """The engine's path through cuda_graphs.DecodeGraph.join (the step's inputs as lists, one
+    pick and one drawing flag per row, the sampler's mode), here through the fake's eager
+    stand-in padded to a bucket: greedy, sampled, penalized and logprob rows, their prompts in
+    chunks beside running rows, make the tokens and log-probabilities they make without it."""
+    hot = Sampling(temperature=0.9, top_k=50, min_p=0.05, presence_penalty=1.0, seed=7)
+    plan = [
+        (0, "a", request(LONG, 10, hot, logprobs=3)),
+        (1, "b", request(MIDDLE, 6)),
+        (3, "c", request(REPEATS, 8, Sampling(repetition_penalty=8, seed=2), logprobs=0)),
+        (9, "d", request(A, 5, Sampling(temperature=1.3, seed=3))),  # into a row b or c left
+    ]
+    package = FakeGeneration(batch_size=3, with_graph=True)
+    made, _joined, _ended = run(DecodeEngine(package, prefill_chunk=4, **ahead_of(overlap)), plan)
+    plain = FakeGeneration(batch_size=3)
+    without, _joined, _ended = run(DecodeEngine(plain, prefill_chunk=4, **ahead_of(overlap)), plan)
+    assert made == without
+    assert package.graph is not None and len(package.graph.joins) >= 6
+    assert "filtered+penalties+logprobs" in package.graph.joins
+
+
 NON_FINITE = {
     "nan-sampled": (math.nan, Sampling(temperature=0.7, seed=1)),
     "inf-filtered": (math.inf, Sampling(temperature=0.7, top_p=0.9, seed=1)),
@@ -449,7 +476,7 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     value, sampling, at, overlap
 ):
     """The fake's logits turn non-finite once a row holds the poison token: b's prompt's last
-    token, or b's own third token. b ends with finish "error" at that step, its token inside the
+    token, or b's own third token. b ends with FinishReason.ERROR at that step, its token inside the
     vocabulary; its neighbour's tokens are still the rule's, and the freed row (still holding the
     poison) takes a new sequence, emptied, that gets its own tokens."""
     lone = tokens(engine_alone(POISON_PROMPT, 3, sampling))
@@ -466,17 +493,21 @@ def test_a_row_with_non_finite_logits_ends_alone_and_the_batch_goes_on(
     engine.join("b", request(POISON_PROMPT, 10, sampling))
     made: dict = {"a": [], "b": [], "c": []}
     for _step in range(40):
-        # c into b's freed row (a step queued ahead may hold c's first token back: fits() is
+        # c into b's freed row (a step queued ahead may hold c's first token back: has_free_row is
         # then False, the batch full)
-        if made["b"] and made["b"][-1].finish and not made["c"] and engine.fits(4, 5):
+        if made["b"] and made["b"][-1].finish and not made["c"] and engine.has_free_row:
             engine.join("c", request(C, 5))
         for new in engine.step():
             assert 0 <= new.token < VOCAB
             made[new.key].append(new)
         if not engine.active:
             break
-    assert {key: made[key][-1].finish for key in made} == {"a": "length", "b": ERROR, "c": "length"}
-    assert finishes(made["b"]) == [None] * (at - 1) + [ERROR]
+    assert {key: made[key][-1].finish for key in made} == {
+        "a": FinishReason.LENGTH,
+        "b": FinishReason.ERROR,
+        "c": FinishReason.LENGTH,
+    }
+    assert finishes(made["b"]) == [None] * (at - 1) + [FinishReason.ERROR]
     assert tokens(made["b"])[: at - 1] == lone[: at - 1]
     assert tokens(made["a"]) == greedy_alone(A, 12) and tokens(made["c"]) == greedy_alone(C, 5)
     assert_given_back(package)
@@ -494,7 +525,7 @@ def test_a_sequence_that_leaves_frees_its_row_and_gets_no_more_tokens(overlap):
     for _ in range(3):
         made += engine.step()
     engine.leave("b")
-    assert engine.active == 1 and engine.fits(4, 5)
+    assert engine.active == 1 and engine.has_free_row
     engine.join("c", request(C, 5))
     while engine.active:
         made += engine.step()
@@ -522,7 +553,7 @@ def test_stop_strings_without_a_tokenizer_are_refused_and_hold_nothing():
 
 
 def test_a_stop_string_ends_a_row_in_its_text_and_frees_it(tokenizer):
-    """With the tokenizer (tiny_tokenizer: id t is the word "wt"), a row ends with "stop" at the
+    """With the tokenizer (tiny_tokenizer: id t is the word "wt"), a row ends with STOP at the
     token whose text completes a stop string, sending the text before it; its neighbour goes on."""
     lone = greedy_alone(A, 12)
     stop = f" w{lone[4]}"
@@ -536,7 +567,7 @@ def test_a_stop_string_ends_a_row_in_its_text_and_frees_it(tokenizer):
     ]
     made, joined, ended = run(engine, plan)
     assert tokens(made["a"]) == lone[:ends]
-    assert finishes(made["a"]) == [None] * (ends - 1) + ["stop"]
+    assert finishes(made["a"]) == [None] * (ends - 1) + [FinishReason.STOP]
     assert "".join(m.text for m in made["a"]) == texts[ends - 1].split(stop)[0]
     assert tokens(made["b"]) == greedy_alone(B, 6) and tokens(made["c"]) == greedy_alone(C, 3)
     assert ended["a"] == ends - 1 and joined["c"] == ends  # into a's row, the step after

@@ -294,6 +294,103 @@ def test_greedy_and_sampled_rows_share_the_graph_replaying_running_batch(built, 
     assert package.decode_graph().captured_modes == {"greedy", "sampled", "filtered"}
 
 
+def without_graphs(package_dir):
+    """The package loaded again with no decode graph: an engine on it runs every step's program
+    and sampler op by op, as on a package built without CUDA graphs."""
+    loaded = aotc_runtime.load(package_dir)
+    loaded.decode_graph = lambda: None
+    return loaded
+
+
+def engine_run(package, plan: list, **options) -> dict:
+    """key -> [(token, log-probability, top log-probabilities)] of a DecodeEngine (`options`) over
+    `plan`: (step, key, request) of each sequence, which joins at the first step from its own
+    with a free row, in order."""
+    from aotc_runtime.decode_engine import DecodeEngine
+
+    engine = DecodeEngine(package, **options)
+    waiting, made, step = list(plan), {}, 0
+    while waiting or engine.active:
+        while waiting and waiting[0][0] <= step:
+            _at, key, asked = waiting[0]
+            if not engine.has_free_row:
+                break
+            engine.join(key, asked)
+            made[key] = []
+            waiting.pop(0)
+        for new in engine.step():
+            made[new.key].append((new.token, new.logprob, new.top_logprobs))
+        step += 1
+        assert step < 200
+    return made
+
+
+def test_seeded_rows_joining_in_chunks_draw_the_same_tokens_with_graphs_as_without(built, no_tf32):
+    """A join step replays its bucket's graph, then the join sampler's graph of the batch's mode
+    (cuda_graphs.DecodeGraph.join), whose draws and counts are the sampler's own buffers: seeded
+    sampled and filtered rows whose prompts join in chunks beside running rows, one into a row
+    another left, draw token for token what the engine draws with the package's graphs off."""
+    from aotc_runtime.generation_request import GenerationRequest
+    from aotc_runtime.sampling import GREEDY, Sampling
+
+    def asked(prompt: tuple, new: int, sampling: Sampling = GREEDY) -> GenerationRequest:
+        return GenerationRequest(prompt, new, sampling, eos_token_ids=())
+
+    package_dir = built["llama", "fp32", 4][0]
+    plan = [
+        (0, "a", asked((5, 17, 42, 9, 100, 3, 8), 12, Sampling(temperature=0.9, seed=7))),
+        (1, "b", asked((7, 8, 300, 12, 19), 10, Sampling(temperature=1.1, top_k=40, seed=3))),
+        (2, "c", asked((11, 12, 13), 6)),
+        (3, "d", asked((21, 22, 23, 24, 25, 26), 9, Sampling(temperature=0.8, top_p=0.9, seed=11))),
+        (5, "e", asked((31, 32, 33, 34, 35), 8, Sampling(temperature=1.0, seed=5))),  # a row c left
+    ]
+    loaded = aotc_runtime.load(package_dir)
+    with_graphs = engine_run(loaded, plan, prefill_chunk=3)
+    assert with_graphs == engine_run(without_graphs(package_dir), plan, prefill_chunk=3)
+    assert {"greedy", "sampled", "filtered"} <= loaded.decode_graph().captured_join_modes
+
+
+def test_penalized_and_logprob_rows_across_joins_match_the_engine_without_graphs(built, no_tf32):
+    """The join sampler's graph in a mode with penalties and log-probabilities: its penalty
+    counts (the tokens drawn, not those of rows still fed their prompts), its draw counts and its
+    log-probabilities are the sampler's buffers, read by the decode graphs after it. Rows joining
+    in chunks, one into a penalized row's (its counts start again), make the tokens the engine
+    makes with the package's graphs off, with their log-probabilities."""
+    from aotc_runtime.generation_request import GenerationRequest
+    from aotc_runtime.sampling import GREEDY, Sampling
+
+    def asked(prompt: tuple, new: int, sampling: Sampling, logprobs=None) -> GenerationRequest:
+        return GenerationRequest(prompt, new, sampling, eos_token_ids=(), logprobs=logprobs)
+
+    hot = Sampling(temperature=0.7, top_k=30, repetition_penalty=1.3, seed=4)
+    plan = [
+        (0, "a", asked((5, 17, 42, 9, 100, 5, 17), 10, hot, logprobs=5)),
+        (1, "b", asked((7, 8, 300, 7, 8), 8, Sampling(frequency_penalty=1.5), logprobs=0)),
+        (
+            2,
+            "c",
+            asked((11, 12, 13, 11), 6, Sampling(temperature=1.0, presence_penalty=1.0, seed=9)),
+        ),
+        (3, "d", asked((21, 22, 21, 22, 21), 12, GREEDY, logprobs=2)),
+        # into a row a penalized sequence left: the row's counts start again
+        (4, "e", asked((9, 9, 9, 9), 7, Sampling(repetition_penalty=2.0), logprobs=1)),
+    ]
+    package_dir = built["llama", "fp32", 4][0]
+    loaded = aotc_runtime.load(package_dir)
+    with_graphs = engine_run(loaded, plan, prefill_chunk=3)
+    without = engine_run(without_graphs(package_dir), plan, prefill_chunk=3)
+    assert with_graphs.keys() == without.keys()
+    for key, made in with_graphs.items():
+        assert [token for token, _, _ in made] == [token for token, _, _ in without[key]], key
+        for (_t, logprob, top), (_u, their_logprob, their_top) in zip(made, without[key]):
+            assert (logprob is None) == (their_logprob is None), key
+            if logprob is not None:
+                assert logprob == pytest.approx(their_logprob, abs=1e-5), key
+                assert [i for i, _ in top] == [i for i, _ in their_top], key
+                assert [v for _, v in top] == pytest.approx([v for _, v in their_top], abs=1e-5)
+    assert "filtered+penalties+logprobs" in loaded.decode_graph().captured_join_modes
+
+
 def test_refused_bad_indices_leave_the_process_generating(built, tmp_path):
     """On CUDA an index the compiled embedding's bounds check catches is a device-side assert that
     leaves the process's CUDA context unusable. Every such index a caller or a package can give is
@@ -347,6 +444,7 @@ def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
     from test_token_grammar import run_all
 
     from aotc_runtime.decode_engine import DecodeEngine
+    from aotc_runtime.finish_reason import FinishReason
     from aotc_runtime.generation_request import GenerationRequest
     from aotc_runtime.sampling import GREEDY, Sampling
     from aotc_runtime.token_grammar import Vocabulary
@@ -366,7 +464,7 @@ def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
             },
         )
         tokens, finish = done["held"]
-        assert finish == "stop", tokenizer.decode(tokens)
+        assert finish is FinishReason.STOP, tokenizer.decode(tokens)
         jsonschema.validate(json.loads(tokenizer.decode(tokens)), schema)
         assert done["free"][0] == alone(package, [7, 8, 300], 10)
     assert "greedy+masked" in package.decode_graph().captured_modes

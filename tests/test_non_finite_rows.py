@@ -14,7 +14,8 @@ import torch
 from conftest import invoke, save_llama_folder
 
 import aotc_runtime
-from aotc_runtime.decode_engine import ERROR, DecodeEngine
+from aotc_runtime.decode_engine import DecodeEngine
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, Sampling
 
@@ -75,7 +76,7 @@ def request(prompt: list, new_tokens: int, sampling: Sampling = GREEDY) -> Gener
 
 def non_finite_row_ends_alone(package) -> None:
     """A clean row beside a poisoned one, then a clean row into the freed row: the clean rows get
-    their lone tokens, the poisoned one ends with ERROR at its first token."""
+    their lone tokens, the poisoned one ends with FinishReason.ERROR at its first token."""
     expected = {"a": alone(package, CLEAN, 10), "c": alone(package, [11, 12, 13], 4)}
     engine = DecodeEngine(package)
     engine.join("a", request(CLEAN, 10))
@@ -83,7 +84,7 @@ def non_finite_row_ends_alone(package) -> None:
     made: dict = {"a": [], "b": [], "c": []}
     finishes: dict = {}
     for _step in range(40):
-        if "b" in finishes and not made["c"] and "c" not in finishes and engine.fits(3, 4):
+        if "b" in finishes and not made["c"] and "c" not in finishes and engine.has_free_row:
             engine.join("c", request([11, 12, 13], 4))
         for new in engine.step():
             assert 0 <= new.token < package.generation.vocab_size
@@ -92,7 +93,7 @@ def non_finite_row_ends_alone(package) -> None:
                 finishes[new.key] = new.finish
         if not engine.active:
             break
-    assert finishes == {"a": "length", "b": ERROR, "c": "length"}
+    assert finishes == {"a": FinishReason.LENGTH, "b": FinishReason.ERROR, "c": FinishReason.LENGTH}
     assert len(made["b"]) == 1
     assert made["a"] == expected["a"] and made["c"] == expected["c"]
 

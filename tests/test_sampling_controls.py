@@ -24,6 +24,7 @@ import aotc_runtime
 from aotc_runtime.decode_engine import DecodeEngine
 from aotc_runtime.decode_step import pack
 from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation import prefill_inputs
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, RowSampler, Sampling, uniforms
@@ -244,7 +245,7 @@ def test_ignore_eos_goes_on_to_max_new_tokens(gpt2):
     while engine.active:
         made += engine.step()
     assert [m.token for m in made] == free
-    assert [m.finish for m in made] == [None] * (NEW - 1) + ["length"]
+    assert [m.finish for m in made] == [None] * (NEW - 1) + [FinishReason.LENGTH]
 
 
 def alone(loaded, prompt: list, new: int, sampling: Sampling, logprobs: int | None) -> list:
@@ -346,18 +347,20 @@ def test_values_outside_their_ranges_are_refused_in_one_line(gpt2, options, mess
     call = loaded.stream if "logprobs" in options else loaded.generate
     with pytest.raises(GenerationInputError, match=message):
         list(call(torch.tensor([[5, 6]]), max_new_tokens=2, **options))
-    request = GenerationRequest(
-        (5, 6),
-        2,
-        Sampling(**{k: v for k, v in options.items() if k != "logprobs"}),
-        logprobs=options.get("logprobs"),
-    )
+    # the engine's requests cannot hold such a value: the Sampling or the request is refused
+    # when it is made, in the same words
     with pytest.raises(GenerationInputError, match=message):
-        DecodeEngine(loaded).join("a", request)
+        GenerationRequest(
+            (5, 6),
+            2,
+            Sampling(**{k: v for k, v in options.items() if k != "logprobs"}),
+            logprobs=options.get("logprobs"),
+        )
     # the edges run
-    edges = Sampling(temperature=1.0, min_p=1.0, presence_penalty=-2, frequency_penalty=2,
-                     repetition_penalty=100, seed=0)  # fmt: skip
-    assert edges.check() is None and Sampling(min_p=0, repetition_penalty=0.01).check() is None
+    edges = dict(temperature=1.0, min_p=1.0, presence_penalty=-2, frequency_penalty=2,
+                 repetition_penalty=100, seed=0)  # fmt: skip
+    assert loaded.generate(torch.tensor([[5, 6]]), max_new_tokens=2, **edges).shape == (1, 4)
+    Sampling(min_p=0, repetition_penalty=0.01)  # made: within the ranges
 
 
 def test_the_generate_command_takes_the_controls_and_prints_logprobs_in_json(gpt2):

@@ -16,7 +16,7 @@ from aotc.serve.completions import parse_completion
 from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
 from aotc_runtime.generation_request import check_logprobs
-from aotc_runtime.sampling_settings import MAX_LOGPROBS, MAX_SEED, Sampling
+from aotc_runtime.sampling_settings import MAX_LOGPROBS, MAX_SEED, InvalidSampling, Sampling
 
 GENERATION = Generation(batch_size=4, max_seq_len=32, vocab_size=512)
 
@@ -38,7 +38,7 @@ def test_the_owner_and_the_cli_options_import_no_torch():
 def test_logprobs_past_the_owners_bound_are_refused_by_every_front_end(tmp_path):
     assert check_logprobs(MAX_LOGPROBS) is None
     assert f"from 0 to {MAX_LOGPROBS}" in check_logprobs(MAX_LOGPROBS + 1)
-    assert completion(logprobs=MAX_LOGPROBS).logprobs == MAX_LOGPROBS
+    assert completion(logprobs=MAX_LOGPROBS).decoding.logprobs == MAX_LOGPROBS
     with pytest.raises(RequestError) as caught:
         completion(logprobs=MAX_LOGPROBS + 1)
     assert caught.value.status == 400 and caught.value.param == "logprobs"
@@ -49,9 +49,11 @@ def test_logprobs_past_the_owners_bound_are_refused_by_every_front_end(tmp_path)
 
 
 def test_seeds_past_the_owners_bound_are_refused_by_every_front_end(tmp_path):
-    assert Sampling(temperature=1.0, seed=MAX_SEED).check() is None
-    assert "seed" in Sampling(temperature=1.0, seed=MAX_SEED + 1).check()
-    assert completion(seed=MAX_SEED).seed == MAX_SEED
+    assert Sampling(temperature=1.0, seed=MAX_SEED).seed == MAX_SEED
+    with pytest.raises(InvalidSampling, match="seed") as refused:
+        Sampling(temperature=1.0, seed=MAX_SEED + 1)
+    assert refused.value.field == "seed"
+    assert completion(seed=MAX_SEED).decoding.sampling.seed == MAX_SEED
     with pytest.raises(RequestError) as caught:
         completion(seed=MAX_SEED + 1)
     assert caught.value.status == 400 and caught.value.param == "seed"

@@ -276,8 +276,7 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
             if fails_in == "the batch":
                 raise RuntimeError("CUDA error: out of memory")
 
-        def fits(self, _prompt, _new):
-            return True
+        has_free_row = True
 
         def waits_for_prefix(self, _prompt):
             return False
@@ -351,11 +350,11 @@ def test_a_seeded_sampled_request_repeats_and_equals_the_runtimes(server, lm):
     assert first == (expected[: ends[0] + 1] if ends else expected)
 
 
-def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
-    """The engine's admission (a fake batch of 3 rows that holds 32 columns of prompt plus new
-    tokens): waiting requests join in arrival order, greedy or sampled (each row samples by its
-    own settings); one that does not fit waits, and those behind it wait too; a gone one is
-    dropped."""
+def test_waiting_requests_join_the_running_batch_in_order_while_rows_are_free():
+    """The engine's admission (fake batches of 1 and 3 rows; a request's room in a row's cache was
+    checked when it was parsed): waiting requests join in arrival order, greedy or sampled (each
+    row samples by its own settings); one that finds no free row waits, and those behind it wait
+    too; a gone one is dropped."""
     import asyncio
     import collections
 
@@ -370,7 +369,8 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
         return Job(Choice(0, 0, request), Reply(None, asyncio.Queue()))  # type: ignore[arg-type]
 
     class Batch:
-        def __init__(self):
+        def __init__(self, rows: int):
+            self.rows = rows
             self.joined: list = []
             self.sampling: list = []
 
@@ -378,9 +378,9 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
         def active(self):
             return len(self.joined)
 
-        def fits(self, prompt, new):
-            used = sum(p + n for p, n in self.joined)
-            return len(self.joined) < 3 and used + prompt + new <= 32
+        @property
+        def has_free_row(self):
+            return len(self.joined) < self.rows
 
         def waits_for_prefix(self, _prompt):
             return False
@@ -397,11 +397,11 @@ def test_waiting_requests_join_the_running_batch_in_order_while_they_fit():
     gone.reply.gone = True
     engine._pending = collections.deque([gone, a, b, c, d])
     engine._pending_lock = threading.Lock()
-    batch, rows = Batch(), {}
+    batch, rows = Batch(rows=1), {}
     engine._admit(batch, rows)
-    assert [rows[key].job for key in rows] == [a]  # b does not fit beside a, and c waits behind b
+    assert [rows[key].job for key in rows] == [a]  # b finds no row beside a; c waits behind b
     assert list(engine._pending) == [b, c, d]
-    second = Batch()
+    second = Batch(rows=3)
     engine._admit(second, rows)  # an empty batch: b, c and the sampled d join
     assert [rows[key].job for key in rows] == [a, b, c, d] and not engine._pending
     greedy, sampled = second.sampling[0], second.sampling[2]
@@ -427,7 +427,8 @@ def test_a_request_with_many_answers_takes_turns_with_the_requests_behind_it():
         def active(self):
             return len(self.joined)
 
-        def fits(self, _prompt, _new):
+        @property
+        def has_free_row(self):
             return len(self.joined) < 2
 
         def waits_for_prefix(self, _prompt):

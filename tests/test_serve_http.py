@@ -292,8 +292,7 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
 
         active = property(lambda self: len(self.keys))
 
-        def fits(self, _prompt, _new):
-            return True
+        has_free_row = True
 
         def waits_for_prefix(self, _prompt):
             return False
@@ -340,12 +339,13 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
 def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_shape(
     client, server, monkeypatch, stream
 ):
-    """The engine ends a row whose logits were not finite with finish "error" (its neighbours go
+    """The engine ends a row whose logits were not finite with FinishReason.ERROR (its neighbours go
     on: test_decode_engine.py): its request hears a 500 in OpenAI's shape, as JSON or as the
     stream's last event before [DONE], never a token outside the vocabulary."""
     import aotc_runtime.decode_engine
     from aotc.serve.completion_engine import NON_FINITE_MESSAGE
-    from aotc_runtime.decode_engine import ERROR, Made
+    from aotc_runtime.decode_engine import Made
+    from aotc_runtime.finish_reason import FinishReason
 
     class NonFinite:
         """A running batch whose row's logits turn non-finite at its second token."""
@@ -356,8 +356,7 @@ def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_sha
 
         active = property(lambda self: len(self.keys))
 
-        def fits(self, _prompt, _new):
-            return True
+        has_free_row = True
 
         def waits_for_prefix(self, _prompt):
             return False
@@ -372,7 +371,7 @@ def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_sha
             if self.steps == 1:
                 return [Made(key, 7, None, "")]
             self.keys.remove(key)
-            return [Made(key, 0, ERROR)]
+            return [Made(key, 0, FinishReason.ERROR)]
 
         def leave(self, key):
             if key in self.keys:

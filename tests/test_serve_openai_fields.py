@@ -355,11 +355,16 @@ def test_chat_reads_text_parts_and_both_max_token_names(tokenizer, template):
     parts = [{"type": "text", "text": "w5 "}, {"type": "text", "text": "w6"}]
     body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 3}
     request = parse_chat(json.dumps(body).encode(), GENERATION, tokenizer, template)
-    assert list(request.prompt_ids) == [1, 5, 6, 4, 2] and request.max_tokens == 3
+    assert list(request.prompt_ids) == [1, 5, 6, 4, 2] and request.decoding.max_tokens == 3
     body = {**body, "max_completion_tokens": 5}
-    assert parse_chat(json.dumps(body).encode(), GENERATION, tokenizer, template).max_tokens == 5
+    assert (
+        parse_chat(json.dumps(body).encode(), GENERATION, tokenizer, template).decoding.max_tokens
+        == 5
+    )
     del body["max_tokens"], body["max_completion_tokens"]
-    room = parse_chat(json.dumps(body).encode(), GENERATION, tokenizer, template).max_tokens
+    room = parse_chat(
+        json.dumps(body).encode(), GENERATION, tokenizer, template
+    ).decoding.max_tokens
     assert room == 32 - 5  # what the cache holds after the prompt
 
 

@@ -1,14 +1,18 @@
 """The tool-call form of aotc/serve/structured.py on texts, no model: a streamed answer split at
 any point gives the calls and content of the whole, text that only looks like a call's start
-flows on, and the grammar a request asks for is the one its tools and format name."""
+flows on, the grammar a request asks for is the one its tools and format name, and an answer
+with calls ends with finish_reason "tool_calls" (aotc/serve/chat.py)."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from aotc.serve.chat import ChatShape
 from aotc.serve.structured import CallStream, Structure, Tool, read_calls, read_structure
+from aotc_runtime.finish_reason import FinishReason
 
 CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
@@ -82,3 +86,33 @@ def test_read_structure_defaults_as_openai_does():
     )
     assert read_structure({"response_format": {"type": "json_object"}}).schema == {"type": "object"}
     assert read_structure({"response_format": {"type": "text"}}).schema is None
+
+
+@pytest.mark.parametrize(
+    "text, finish, said",
+    [
+        (CALLS, FinishReason.STOP, "tool_calls"),  # an answer that stopped holding calls
+        (CALLS[: CALLS.rindex("{")], FinishReason.LENGTH, "length"),  # cut: its complete calls
+        ("It is sunny.", FinishReason.STOP, "stop"),  # no call: the engine's reason
+        ("It is", FinishReason.LENGTH, "length"),
+    ],
+    ids=["calls", "cut-calls", "text", "cut-text"],
+)
+def test_a_chat_answer_says_tool_calls_for_a_stop_with_calls_whole_and_streamed(text, finish, said):
+    """chat_finish_reason, the one place "tool_calls" is said: a whole answer and its stream (in
+    pieces of 7 characters) end with the same finish_reason, written as OpenAI's plain string."""
+    request = SimpleNamespace(
+        structure=SimpleNamespace(calls_tools=True), decoding=SimpleNamespace(logprobs=None)
+    )
+    choice = SimpleNamespace(index=0)
+    whole = ChatShape(request, None).whole_choice(choice, text, [], [], finish)
+    shape, chunks = ChatShape(request, None), []
+    for start in range(0, len(text), 7):
+        last = start + 7 >= len(text)
+        event = {"text": text[start : start + 7], "finish_reason": finish if last else None}
+        chunks += shape.chunk_choices(choice, event, first=start == 0)
+    assert [chunk["finish_reason"] for chunk in chunks] == [None] * (len(chunks) - 1) + [said]
+    assert whole["finish_reason"] == said
+    for written in (json.dumps(whole), json.dumps(chunks[-1])):
+        assert f'"finish_reason": "{said}"' in written
+    assert (whole["message"]["content"] is None) == text.startswith("<tool_call>")

@@ -16,6 +16,7 @@ from json_tokenizer import EOS, json_tokenizer
 
 from aotc_runtime.decode_engine import DecodeEngine
 from aotc_runtime.errors import GenerationInputError
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling import GREEDY, RowSampler, Sampling, allowed_tokens
 from aotc_runtime.token_grammar import GrammarError, TokenGrammar, Vocabulary
@@ -131,10 +132,10 @@ def test_a_constrained_row_answers_json_valid_against_its_schema_beside_a_free_r
         },
     )
     tokens, finish = done["held"]
-    assert finish == "stop", (shape, tokenizer.decode(tokens))
+    assert finish is FinishReason.STOP, (shape, tokenizer.decode(tokens))
     jsonschema.validate(answer_of(tokenizer, tokens), schema)
     # the constrained neighbour changes nothing of the free row's tokens
-    assert done["free"] == (greedy_alone(free_prompt, free_tokens, VOCAB), "length")
+    assert done["free"] == (greedy_alone(free_prompt, free_tokens, VOCAB), FinishReason.LENGTH)
 
 
 def test_the_fakes_own_choice_is_not_json_so_the_mask_is_what_made_it_valid(tokenizer):
@@ -173,7 +174,7 @@ def test_a_json_object_grammar_takes_any_object(vocabulary, tokenizer):
     tokens, finish = run_all(
         engine_for(tokenizer=tokenizer), {0: GenerationRequest((3,), 200, GREEDY, grammar=grammar)}
     )[0]
-    assert finish == "stop" and isinstance(answer_of(tokenizer, tokens), dict)
+    assert finish is FinishReason.STOP and isinstance(answer_of(tokenizer, tokens), dict)
 
 
 def test_a_constrained_row_cut_at_its_last_token_ends_with_length(vocabulary, tokenizer):
@@ -181,7 +182,7 @@ def test_a_constrained_row_cut_at_its_last_token_ends_with_length(vocabulary, to
     tokens, finish = run_all(
         engine_for(tokenizer=tokenizer), {0: GenerationRequest((3,), 4, GREEDY, grammar=grammar)}
     )[0]
-    assert finish == "length" and len(tokens) == 4
+    assert finish is FinishReason.LENGTH and len(tokens) == 4
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])

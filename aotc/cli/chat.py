@@ -30,14 +30,7 @@ def chat(
     package,
     system,
     max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    min_p,
-    presence_penalty,
-    frequency_penalty,
-    repetition_penalty,
+    sampling,
     threads,
     require_signature,
     public_key,
@@ -72,20 +65,12 @@ def chat(
             f"aotc export MODEL_DIR --task text-generation, then aotc build; or run "
             f'`aotc generate {package} --prompt "TEXT"` for plain text'
         )
-    sampling = with_model_defaults(
-        loaded.generation,
-        {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-         "repetition_penalty": repetition_penalty},
-    )  # fmt: skip
     session = ChatSession(
         loaded,
         template,
         system=system,
         max_new_tokens=max_new_tokens,
-        seed=seed,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        **sampling,
+        **with_model_defaults(loaded.generation, sampling),
     )
     converse(session, threads)
 

@@ -1,22 +1,25 @@
 """The sampling options `aotc generate` and `aotc chat` share: one list, one set of ranges (the
-runtime checks the values, aotc_runtime.sampling.Sampling.check)."""
+runtime's Sampling checks the values when it is made), reaching the command as one `sampling`
+dict keyed by Sampling's field names."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import click
 
-from aotc_runtime.sampling_settings import MAX_SEED  # torch-free: --help stays fast
+# torch-free: --help stays fast
+from aotc_runtime.sampling_settings import MAX_SEED, SAMPLING_FIELDS
 
 MODEL_DEFAULT = "[default: the model's, from its generation_config]"
 
 
 def sampling_options(model_defaults: bool) -> Callable:
-    """The options temperature, top-k, top-p, seed, min-p and the three penalties. With
-    `model_defaults` an option left out takes the package's recorded default
-    (Generation.default_sampling: what /v1/chat/completions uses too) and arrives as None;
-    without, greedy and no penalties."""
+    """The options temperature, top-k, top-p, seed, min-p and the three penalties, given to the
+    command as `sampling`: {Sampling field: value}. With `model_defaults` an option left out
+    takes the package's recorded default (Generation.default_sampling: what
+    /v1/chat/completions uses too) and arrives as None; without, greedy and no penalties."""
 
     def shown(default: float, words: str) -> dict:
         if model_defaults:
@@ -71,9 +74,14 @@ def sampling_options(model_defaults: bool) -> Callable:
     ]
 
     def apply(command: Callable) -> Callable:
+        @functools.wraps(command)
+        def gathered(*args, **kwargs):
+            sampling = {name: kwargs.pop(name) for name in SAMPLING_FIELDS}
+            return command(*args, sampling=sampling, **kwargs)
+
         for option in reversed(options):
-            command = option(command)
-        return command
+            gathered = option(gathered)
+        return gathered
 
     return apply
 

@@ -330,7 +330,7 @@ def sampling_defaults(generation: Any) -> dict:
     the folder's generation_config.json for a saved folder): greedy unless `do_sample`, then its
     temperature, top-k, top-p and min-p; its repetition penalty either way. A value outside the
     runtime's ranges is left out (its default stands)."""
-    from aotc_runtime.sampling import Sampling
+    from aotc_runtime.sampling_settings import InvalidSampling, Sampling
 
     if generation is None:
         return {}
@@ -350,8 +350,11 @@ def sampling_defaults(generation: Any) -> dict:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         value = int(value) if key == "top_k" else float(value)
-        if Sampling(**{key: value}).check() is None:
-            kept[key] = value
+        try:
+            Sampling(**{key: value})
+        except InvalidSampling:
+            continue  # a value the runtime refuses: the request's default is used instead
+        kept[key] = value
     if kept.get("repetition_penalty") == 1.0:
         del kept["repetition_penalty"]  # none
     return kept

@@ -20,6 +20,7 @@ from typing import Any
 
 from aotc.serve.completions import DONE_EVENT, sse_event
 from aotc.serve.protocol import DEFAULT_MAX_ANSWER_BYTES, RequestError, answer_too_large
+from aotc_runtime.finish_reason import FinishReason
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def usage(request: Any, completion_tokens: int, cached: dict) -> dict:
     """OpenAI's usage: each prompt counted once (the first of its `n` answers), and of its tokens
     those a row of the KV cache already held (`cached`: choice index -> the count its first event
     gave), as `prompt_tokens_details.cached_tokens`."""
-    firsts = [choice for choice in request.choices if choice.index % request.n == 0]
+    firsts = [choice for choice in request.choices if choice.index % request.decoding.n == 0]
     prompt_tokens = sum(len(choice.request.prompt) for choice in firsts)
     return {
         "prompt_tokens": prompt_tokens,
@@ -64,7 +65,7 @@ class Made:
     texts: list = field(default_factory=list)
     ids: list = field(default_factory=list)
     events: list = field(default_factory=list)
-    finish: str = "length"
+    finish: FinishReason = FinishReason.LENGTH  # the engine's, from the choice's last event
     cached: int = 0  # its prompt's tokens the KV cache held (the first event says)
 
 
@@ -120,7 +121,7 @@ async def server_sent(
     answer = envelope(shape, model, chunks=True)
     by_index = {choice.index: choice for choice in request.choices}
     started: set = set()
-    extra = {"usage": None} if request.include_usage else {}
+    extra = {"usage": None} if request.decoding.include_usage else {}
     total, size = 0, 0
     failure: RequestError | None = None
     cached: dict = {}
@@ -148,6 +149,6 @@ async def server_sent(
         yield data
         if failure is not None:
             break  # the caller closes the engine's events: the request's rows are freed
-    if request.include_usage and failure is None:
+    if request.decoding.include_usage and failure is None:
         yield sse_event(answer.body([], usage=usage(request, total, cached)))
     yield DONE_EVENT

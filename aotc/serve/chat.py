@@ -42,12 +42,12 @@ from aotc.serve.structured import (
     tool_call_text,
     tools_system_text,
 )
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
-FIELDS = ("messages", "model", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
-          "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "seed", "n", "stop", "ignore_eos", "stream", "stream_options",
-          "user", "response_format", "tools", "tool_choice", "parallel_tool_calls")  # fmt: skip
+FIELDS = ("messages", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
+          *fields.SHARED_FIELDS, "response_format", "tools", "tool_choice",
+          "parallel_tool_calls")  # fmt: skip
 # OpenAI's fields this server leaves out, and the values each may still carry (or null)
 NEUTRAL = {
     "logit_bias": ({},),
@@ -63,7 +63,8 @@ NO_TEMPLATE = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChatRequest(Decoding):
+class ChatRequest:
+    decoding: Decoding  # how its answers are decoded and sent
     prompt_ids: tuple = ()
     choices: tuple = ()  # request_fields.Choice, in OpenAI's order
     structure: Structure = Structure()
@@ -88,7 +89,6 @@ def parse_chat(
     if asked is None:
         asked = fields.integer(data, "max_tokens", None, low=1)
     max_tokens = asked if asked is not None else max(room, 1)
-    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation)
     wants = fields.boolean(data, "logprobs", False)
     top = fields.integer(data, "top_logprobs", None, low=0, high=MAX_LOGPROBS)
     if top is not None and not wants:
@@ -96,14 +96,15 @@ def parse_chat(
             400, "'top_logprobs' needs \"logprobs\": true; send both, or leave it out",
             param="top_logprobs",
         )  # fmt: skip
-    known = fields.decoding_fields(decoding)
-    known["logprobs"] = (top or 0) if wants else None
-    decoding = Decoding(**known)
+    logprobs = (top or 0) if wants else None
+    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation, logprobs)
     grammar = structure.grammar(_vocabulary(vocabulary)) if structure.constrained else None
     choices = fields.make_choices(
         [prompt], decoding, [max_tokens], generation, "messages", grammar=grammar
     )
-    return ChatRequest(**known, prompt_ids=tuple(prompt), choices=choices, structure=structure)
+    return ChatRequest(
+        decoding=decoding, prompt_ids=tuple(prompt), choices=choices, structure=structure
+    )
 
 
 def _vocabulary(vocabulary: Any) -> Any:
@@ -203,11 +204,23 @@ def _text_part(number: int, part: Any) -> str:
     )  # fmt: skip
 
 
+# OpenAI's chat finish_reason of an answer that ended (FinishReason.STOP) holding tool calls
+TOOL_CALLS = "tool_calls"
+
+
+def chat_finish_reason(finish: FinishReason | None, called: bool) -> FinishReason | str | None:
+    """The chat answer's finish_reason: the engine's, but "tool_calls" for an answer that stopped
+    holding tool calls (one cut at its last token stays "length", its complete calls given). The
+    engine knows no tools (finish_reason.py): this is the one place that says it."""
+    return TOOL_CALLS if called and finish is FinishReason.STOP else finish
+
+
 class ChatShape:
     """How the chat endpoint writes what the engine made (answers.py collects it). An answer of a
     request that may call tools is read for its calls (structured.py): a whole answer's calls go
     in `tool_calls`, a streamed answer's each in one delta once it is complete (with its `index`,
-    as OpenAI streams them), and either ends with finish_reason "tool_calls"."""
+    as OpenAI streams them), and either ends with finish_reason "tool_calls"
+    (chat_finish_reason)."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
@@ -215,18 +228,19 @@ class ChatShape:
         self.request, self.tokenizer = request, tokenizer
         self._streams: dict = {}  # choice index -> its CallStream, with tools
 
-    def whole_choice(self, choice: Choice, text: str, ids: list, tokens: list, finish: str) -> dict:
+    def whole_choice(
+        self, choice: Choice, text: str, ids: list, tokens: list, finish: FinishReason
+    ) -> dict:
         message: dict = {"role": "assistant", "content": text}
         calls = read_calls(text) if self.request.structure.calls_tools else None
         if calls:  # those complete, when the answer was cut at its last token
             whole = [{k: v for k, v in call.items() if k != "index"} for call in calls]
             message = {"role": "assistant", "content": None, "tool_calls": whole}
-            finish = "tool_calls" if finish == "stop" else finish
         return {
             "index": choice.index,
             "message": message,
             "logprobs": self._logprobs(tokens),
-            "finish_reason": finish,
+            "finish_reason": chat_finish_reason(finish, bool(calls)),
         }
 
     def chunk_choices(self, choice: Choice, event: dict, first: bool) -> list:
@@ -236,8 +250,7 @@ class ChatShape:
             content, calls = stream.add(event["text"])
             if finish is not None:
                 content += stream.rest()
-                if stream.calls and finish == "stop":
-                    finish = "tool_calls"
+                finish = chat_finish_reason(finish, bool(stream.calls))
         delta: dict = {"role": "assistant"} if first else {}
         if calls:
             delta["tool_calls"] = calls
@@ -253,6 +266,6 @@ class ChatShape:
         ]
 
     def _logprobs(self, events: list) -> dict | None:
-        if self.request.logprobs is None:
+        if self.request.decoding.logprobs is None:
             return None
         return chat_logprobs(events, self.tokenizer)

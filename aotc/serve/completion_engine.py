@@ -6,12 +6,13 @@ way).
 `complete(body, chat=False)` is an async generator. Its first item is the refusal of the request
 (`{"refused": RequestError}`: answered as JSON) or its acceptance (`{"accepted": True, "request":
 the parsed request}`); then items `{"events": [...]}` holding one event per new token of any of its
-answers, `{"index": choice, "token_ids": [id], "text": delta, "finish_reason": None | "length" |
-"stop", "logprob", "top_logprobs", "time"}` (an answer's last event with its finish_reason; its
-first with "cached_tokens", its prompt's tokens a row of the cache already held; "time" the
-perf_counter when it was made): as many as were made since
-the previous item was taken, until every answer has finished. A request the package
-failed on ends with `{"error": 500, "message": ...}` instead.
+answers, `{"index": choice, "token_ids": [id], "text": delta, "finish_reason": None | a
+FinishReason, "logprob", "top_logprobs", "time"}` (the engine's Made as it came: an answer's last
+event with its finish_reason, STOP or LENGTH, which json writes "stop" or "length"; its first with
+"cached_tokens", its prompt's tokens a row of the cache already held; "time" the perf_counter when
+it was made): as many as were made since the previous item was taken, until every answer has
+finished. A request the package failed on (an answer whose finish is ERROR among them) ends with
+`{"error": 500, "message": ...}` instead.
 
 Batching: the package holds one KV cache of B rows (`aotc export --batch-size B`). Every answer a
 request asks for (a prompt of a list, one of `n`) is one sequence in the runtime's decode engine
@@ -45,7 +46,7 @@ from aotc.serve.protocol import RequestError, said_whole
 from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
 from aotc.serve.request_fields import Choice, shown_name
 from aotc.serve.shipping import PackageSource, load_package, release_when_read
-from aotc_runtime.decode_engine import ERROR
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.prefix_cache import PrefixCache
 
 logger = logging.getLogger("ray.serve")
@@ -189,10 +190,10 @@ class CompletionEngine:
                 request = await asyncio.to_thread(
                     parse_completion, body, self.generation, self.tokenizer
                 )
-            if request.model not in (None, self._served):
+            if request.decoding.model not in (None, self._served):
                 raise RequestError(
                     404,
-                    f"model {shown_name(request.model)} is not served here; use '{self._served}'",
+                    f"model {shown_name(request.decoding.model)} is not served here; use '{self._served}'",
                     param="model",
                     code="model_not_found",
                 )
@@ -272,13 +273,9 @@ class CompletionEngine:
                 if not self._pending:
                     return
                 job = min(self._pending, key=lambda each: held[id(each.reply)])  # the earliest
-                request = job.choice.request
-                if not batch.fits(len(request.prompt), request.max_new_tokens):
-                    if batch.active == 0:  # cannot happen (requests are checked against the cache)
-                        raise RuntimeError(
-                            "a request that fits the cache does not fit an empty batch"
-                        )
-                    return  # the chosen answer waits for room; none overtakes it
+                request = job.choice.request  # checked against the package when parsed
+                if not batch.has_free_row:
+                    return  # the chosen answer waits for a row; none overtakes it
                 if batch.waits_for_prefix(request.prompt):
                     return  # a row is being fed its prompt's start: it joins once it can copy it
                 self._pending.remove(job)
@@ -295,7 +292,7 @@ class CompletionEngine:
         if answer.made == 1:
             self._ttft.observe((time.perf_counter() - job.arrived) * 1000)
         job.finished = made.finish is not None
-        if made.finish == ERROR:  # this answer's logits were not finite: its request fails alone
+        if made.finish is FinishReason.ERROR:  # its logits were not finite: its request fails alone
             if not job.gone:
                 job.send({"error": 500, "message": NON_FINITE_MESSAGE})
             return

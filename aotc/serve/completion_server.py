@@ -105,7 +105,7 @@ class CompletionServer:
             raise first["refused"]
         parsed = first["request"]
         shape = (ChatShape if chat else CompletionShape)(parsed, self._engine.tokenizer)
-        if parsed.stream:
+        if parsed.decoding.stream:
             record.stream = True
             return StreamingResponse(
                 self._streamed(events, parsed, shape, record), media_type="text/event-stream"

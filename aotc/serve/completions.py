@@ -35,12 +35,11 @@ from aotc.serve import request_fields as fields
 from aotc.serve.logprobs import completion_logprobs
 from aotc.serve.protocol import RequestError
 from aotc.serve.request_fields import Choice, Decoding
+from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's
-FIELDS = ("prompt", "max_tokens", "echo", "logprobs", "temperature", "top_p", "top_k", "min_p",
-          "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "stop",
-          "ignore_eos", "stream", "stream_options", "model", "user")  # fmt: skip
+FIELDS = ("prompt", "max_tokens", "echo", "logprobs", *fields.SHARED_FIELDS)
 # OpenAI's fields this server leaves out, and the values each may still carry (or null)
 NEUTRAL = {"best_of": (1,), "suffix": ("",), "logit_bias": ({},)}
 # bytes of a request beyond its prompt: every other field at its longest, with room to spare
@@ -49,7 +48,8 @@ MAX_TOKEN_ID = 2**63 - 1  # ids travel as int64: a larger one is no token of any
 
 
 @dataclass(frozen=True, kw_only=True)
-class CompletionRequest(Decoding):
+class CompletionRequest:
+    decoding: Decoding  # how its answers are decoded and sent
     prompts: tuple = ()  # each a list of token ids
     prompt_texts: tuple = ()  # each prompt as text (echo), or None without a tokenizer
     echo: bool = False
@@ -99,9 +99,9 @@ def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> Com
         )
     prompts, texts = _prompts(data["prompt"], generation, tokenizer)
     max_tokens = fields.integer(data, "max_tokens", MAX_TOKENS_DEFAULT, low=1)
-    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation)
-    echo = fields.boolean(data, "echo", False)
     logprobs = fields.integer(data, "logprobs", None, low=0, high=MAX_LOGPROBS)
+    decoding = fields.read_decoding(data, tokenizer, max_tokens, generation, logprobs)
+    echo = fields.boolean(data, "echo", False)
     if echo and tokenizer is None:
         raise RequestError(
             400, "'echo' returns the prompt as text, but this package carries no tokenizer; "
@@ -113,12 +113,11 @@ def parse_completion(body: bytes, generation: Any, tokenizer: Any = None) -> Com
             "not compute (the package's program gives logits for new tokens only); send one of "
             "them", param="echo",
         )  # fmt: skip
-    known = {**fields.decoding_fields(decoding), "logprobs": logprobs}
     choices = fields.make_choices(
-        prompts, Decoding(**known), [max_tokens] * len(prompts), generation, "prompt"
+        prompts, decoding, [max_tokens] * len(prompts), generation, "prompt"
     )
     return CompletionRequest(
-        **known, prompts=tuple(map(tuple, prompts)),
+        decoding=decoding, prompts=tuple(map(tuple, prompts)),
         prompt_texts=tuple(texts), echo=echo, choices=choices,
     )  # fmt: skip
 
@@ -207,7 +206,9 @@ class CompletionShape:
             return ""
         return self.request.prompt_texts[choice.prompt_index] or ""
 
-    def whole_choice(self, choice: Choice, text: str, ids: list, tokens: list, finish: str) -> dict:
+    def whole_choice(
+        self, choice: Choice, text: str, ids: list, tokens: list, finish: FinishReason
+    ) -> dict:
         """One choice of the whole answer: `tokens` its logprob entries (engine events)."""
         return {
             "index": choice.index,
@@ -231,7 +232,7 @@ class CompletionShape:
         ]
 
     def _logprobs(self, choice: Choice, events: list) -> dict | None:
-        if self.request.logprobs is None:
+        if self.request.decoding.logprobs is None:
             return None
         offset = self._offsets.get(choice.index, 0)
         shaped, self._offsets[choice.index] = completion_logprobs(events, self.tokenizer, offset)

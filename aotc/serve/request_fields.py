@@ -2,11 +2,12 @@
 checked: how to decode (max tokens, sampling, penalties, seed, `n`, stops, `ignore_eos`,
 logprobs) and how to answer (`stream`, `stream_options`, `model`). No server and no model here.
 
-Each value is checked where its meaning lives: sampling values by aotc_runtime.sampling (the
-ranges `aotc generate`, the Python API and the C++ runner accept), the prompt and max_tokens
-against the package by the runtime's GenerationRequest.check. A refusal is a 400 naming the field
-(its `param`) and what to send instead. An explicit null means the field's default, as OpenAI
-reads it.
+Each value is checked where its meaning lives, once: the sampling fields (named as the runtime's
+Sampling names them) by making a Sampling of them, which checks itself (the ranges `aotc
+generate`, the Python API and the C++ runner accept); the prompt and max_tokens against the
+package by making the runtime's GenerationRequest and checking it (GenerationRequest.check), which
+the decode engine then does not repeat. A refusal is a 400 naming the field (its `param`) and what
+to send instead. An explicit null means the field's default, as OpenAI reads it.
 
 `n` answers per prompt (OpenAI's, and vLLM's parallel sampling): with a seed, answer j draws from
 seed + j, so the answers differ from each other but repeat run to run, and answer 0 is the
@@ -15,25 +16,25 @@ request's answer with n 1; without one, each answer draws a fresh seed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aotc.serve.protocol import RequestError
+from aotc_runtime.sampling_settings import SAMPLING_FIELDS, InvalidSampling, Sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_N = 128  # OpenAI's limit on `n`
 MAX_CHOICES = 128  # answers of one request in all (prompts x n): each is a row's work
 SEED_SPACE = 2**64
-# sampling fields beyond temperature/top-p/top-k/seed, and the value that leaves the
-# distribution as it is (the request then asks nothing of the runtime for it)
-TUNING = {
-    "min_p": 0.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-}
+# OpenAI's sampling defaults, for a package that records none of its own
+OPENAI_SAMPLING = Sampling(temperature=1.0)
+# the fields both endpoints take: the sampling settings (named as Sampling names them), then how
+# to decode and answer (`user` is taken and not used, as vLLM takes it)
+SHARED_FIELDS = (*SAMPLING_FIELDS, "n", "stop", "ignore_eos", "stream", "stream_options",
+                 "model", "user")  # fmt: skip
 
 
 # The longest value or field name a refusal quotes; a longer one is described instead, never cut
@@ -138,20 +139,17 @@ def text(data: dict, key: str) -> str | None:
     return given
 
 
-def sampling_value(data: dict, key: str, default: Any) -> Any:
-    """A sampling field, checked by aotc_runtime.sampling: the ranges `aotc generate`, the Python
-    API and the C++ runner accept too."""
-    from aotc_runtime.sampling import Sampling
-
-    given = value(data, key, default)
-    if given is None:
-        return None
-    why = Sampling(**{key: given}).check()
-    if why is not None:
-        if len(repr(given)) > SHOWN_MAX:  # the runtime's words quote it whole (its repr)
-            why = why.replace(repr(given), shown(given))
-        raise RequestError(400, f"'{key}': {why}", param=key)
-    return given if key in ("seed", "top_k") else float(given)
+def read_sampling(data: dict, defaults: Sampling) -> Sampling:
+    """The request's sampling fields over `defaults` (those it leaves out or sends as null), as one
+    Sampling: made, so checked, once. A refusal names the field the Sampling names."""
+    given = {key: data[key] for key in SAMPLING_FIELDS if data.get(key) is not None}
+    try:
+        return dataclasses.replace(defaults, **given)
+    except InvalidSampling as exc:
+        why, value = str(exc), given.get(exc.field)
+        if len(repr(value)) > SHOWN_MAX:  # the runtime's words quote it whole (its repr)
+            why = why.replace(repr(value), shown(value))
+        raise RequestError(400, f"'{exc.field}': {why}", param=exc.field) from None
 
 
 def check_unicode(string: str, key: str) -> None:
@@ -213,12 +211,8 @@ def include_usage(data: dict, stream: bool) -> bool:
 class Decoding:
     """How a request's answers are decoded and sent, whichever endpoint took it."""
 
-    max_tokens: int | None  # None: the endpoint's default
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    tuning: dict = field(default_factory=dict)  # TUNING's fields the request changed
+    max_tokens: int
+    sampling: Sampling  # the request's, the model's defaults where it named none
     n: int = 1
     stop: tuple = ()
     ignore_eos: bool = False
@@ -227,61 +221,36 @@ class Decoding:
     include_usage: bool = False
     model: str | None = None
 
-    def sampling(self, seed: int | None = None) -> Any:
-        """How the runtime picks this request's tokens (with `seed` instead of the request's)."""
-        from aotc_runtime.sampling import Sampling  # torch: imported where a model runs
-
-        top_p = None if self.top_p == 1.0 else self.top_p
-        chosen = self.seed if seed is None else seed
-        return Sampling(self.temperature, self.top_k, top_p, chosen, **self.tuning)
-
     def seeds(self) -> list:
         """Each of the n answers' seed (see the module's text); None for greedy answers."""
-        if self.sampling().greedy:
+        if self.sampling.greedy:
             return [None] * self.n
-        if self.seed is None:
+        if self.sampling.seed is None:
             return [secrets.randbits(63) for _ in range(self.n)]
-        return [(self.seed + j) % SEED_SPACE for j in range(self.n)]
-
-
-def decoding_fields(decoding: Decoding) -> dict:
-    """The Decoding fields of a request (to build another request type from them)."""
-    import dataclasses
-
-    return {f.name: getattr(decoding, f.name) for f in dataclasses.fields(Decoding)}
+        return [(self.sampling.seed + j) % SEED_SPACE for j in range(self.n)]
 
 
 def read_decoding(
-    data: dict, tokenizer: Any, max_tokens: int | None, generation: Any = None
+    data: dict, tokenizer: Any, max_tokens: int, generation: Any, logprobs: int | None
 ) -> Decoding:
-    """The shared fields of `data`; `max_tokens` is the value the endpoint read (its own names
-    and default). A sampling field the request leaves out takes the model's default
-    (`generation.default_sampling()`: its generation_config, greedy when it does not sample, as
-    transformers' `generate`), so `aotc serve` and `aotc chat` answer alike; OpenAI's (temperature
-    1.0) without a package's record."""
-    from aotc_runtime.sampling import Sampling
-
+    """The shared fields of `data`; `max_tokens` and `logprobs` are the values the endpoint read
+    (its own names and defaults). A sampling field the request leaves out takes the model's
+    default (`generation.default_sampling()`: its generation_config, greedy when it does not
+    sample, as transformers' `generate`), so `aotc serve` and `aotc chat` answer alike; OpenAI's
+    (temperature 1.0) without a package's record."""
     defaults = (
         generation.default_sampling()
         if hasattr(generation, "default_sampling")
-        else Sampling(temperature=1.0)
+        else OPENAI_SAMPLING
     )
-    tuning = {}
-    for key, neutral in TUNING.items():
-        given = sampling_value(data, key, getattr(defaults, key))
-        if given is not None and given != neutral:
-            tuning[key] = given
     stream = boolean(data, "stream", False)
     return Decoding(
         max_tokens=max_tokens,
-        temperature=sampling_value(data, "temperature", defaults.temperature),
-        top_p=sampling_value(data, "top_p", defaults.top_p or 1.0),
-        top_k=sampling_value(data, "top_k", defaults.top_k),
-        seed=sampling_value(data, "seed", None),
-        tuning=tuning,
+        sampling=read_sampling(data, defaults),
         n=integer(data, "n", 1, low=1, high=MAX_N),
         stop=stops(data.get("stop"), tokenizer),
         ignore_eos=boolean(data, "ignore_eos", False),
+        logprobs=logprobs,
         stream=stream,
         include_usage=include_usage(data, stream),
         model=text(data, "model"),
@@ -329,16 +298,16 @@ def make_choices(
     choices = []
     for i, (prompt, most) in enumerate(zip(prompts, max_tokens)):
         for j, seed in enumerate(decoding.seeds()):
-            sampling = decoding.sampling(seed)
-            request = GenerationRequest(tuple(prompt), most, sampling, stop=decoding.stop, **extra)
-            if j == 0:
-                try:
-                    request.check(generation)
-                except GenerationInputError as exc:
-                    words = str(exc)
-                    at_prompt = words.startswith(("token id", "the prompt is empty"))
-                    raise RequestError(
-                        400, words, param=prompt_param if at_prompt else "max_tokens"
-                    ) from None
+            sampling = dataclasses.replace(decoding.sampling, seed=seed)
+            try:  # made and checked against the package: the engine checks it no more
+                request = GenerationRequest(
+                    tuple(prompt), most, sampling, stop=decoding.stop, **extra
+                ).check(generation)
+            except GenerationInputError as exc:
+                words = str(exc)
+                at_prompt = words.startswith(("token id", "the prompt is empty"))
+                raise RequestError(
+                    400, words, param=prompt_param if at_prompt else "max_tokens"
+                ) from None
             choices.append(Choice(i * decoding.n + j, i, request))
     return tuple(choices)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .chat_template import ChatTemplate
 from .errors import GenerationInputError
+from .finish_reason import FinishReason
 from .prefix_cache import PrefixCache
 
 
@@ -35,7 +36,7 @@ class ChatSession:
         self.system, self.max_new_tokens, self.sampling = system, max_new_tokens, sampling
         self.turns: list[tuple[str, str]] = []  # (the user's message, the reply)
         self.dropped = 0  # turns the last reply() dropped to fit the cache
-        self.cut = False  # the last reply ended at max_new_tokens, not at an end-of-sequence id
+        self.cut = False  # the last reply ended at max_new_tokens (FinishReason.LENGTH)
         self.prompt_tokens = 0  # the last reply's prompt, in tokens (the conversation so far)
         self.made = 0  # the last reply's new tokens
         # each turn's prompt starts with the one before and its reply: fed only what is new
@@ -93,18 +94,17 @@ class ChatSession:
             prefix_cache=self.prefix_cache,
             **self.sampling,
         )
-        eos = set(self.package.generation.eos_token_ids)
-        made, ended = 0, False
+        made, finish = 0, None
         self.cut = False
         try:
             for step in steps:
                 made += 1
-                ended = ended or int(step.ids[0]) in eos
+                finish = step.finish[0]  # the engine's: None until the reply's last token
                 if step.text[0]:
                     answer.append(step.text[0])
                     yield step.text[0]
         finally:
             steps.close()
-        self.cut = made == self.max_new_tokens and not ended
+        self.cut = finish is FinishReason.LENGTH
         self.made = made
         self.turns.append((user, "".join(answer)))

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import sys
 import threading
+from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+from .sampling import GREEDY_ONLY
+
 WARMUP_CALLS = 2  # the first calls allocate workspaces and pick algorithms; capture after them
+
+T = TypeVar("T")
 
 
 class _Graph:
@@ -48,6 +53,46 @@ def _warmup_stream(device: torch.device) -> Any:
     if index not in _WARMUP_STREAMS:
         _WARMUP_STREAMS[index] = torch.cuda.Stream(device)
     return _WARMUP_STREAMS[index]
+
+
+class _GraphPool:
+    """How every graph here is made, and the one memory pool the graphs of an owner (a package's
+    runner, a decode graph) share: only one of them replays at a time, so one's temporaries may be
+    another's. `make` is the usual order; a caller that needs what its warm-up made before it
+    captures calls `warm_up` and `capture` itself."""
+
+    def __init__(self, device: torch.device):
+        self._device = device
+        self._handle: Any = None  # made at the first capture
+
+    def make(
+        self, warm: Callable[[], object], work: Callable[[], T]
+    ) -> tuple[torch.cuda.CUDAGraph, T]:
+        """(a graph of `work`, what `work` returned during its capture) after `warm`'s calls."""
+        self.warm_up(warm)
+        return self.capture(work)
+
+    def warm_up(self, work: Callable[[], T]) -> T:
+        """`work` run on the device's warm-up stream, after what the current stream queued before
+        and before what it queues next: the first calls allocate workspaces and pick algorithms,
+        which a capture must not do."""
+        current = torch.cuda.current_stream(self._device)
+        side = _warmup_stream(self._device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            done = work()
+        current.wait_stream(side)
+        return done
+
+    def capture(self, work: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+        """(a CUDA graph of `work` in the pool, what `work` returned: tensors of the pool, which
+        each replay writes anew)."""
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._handle):
+            done = work()
+        return graph, done
 
 
 def _capture_failed(device: torch.device, what: str, exc: Exception, instead: str) -> None:
@@ -76,7 +121,7 @@ class CudaGraphRunner:
         self._written_inputs = written_inputs
         self._graphs: dict = {}
         self._uncapturable: set = set()
-        self._pool: Any = None  # one memory pool shared by every graph of this package
+        self._pool = _GraphPool(device)  # one memory pool shared by every graph of this package
         # A graph replays into static input and output buffers: one call at a time. Calls from
         # threads on other CUDA streams are ordered after the previous call's work on its stream.
         self._lock = threading.Lock()
@@ -117,18 +162,15 @@ class CudaGraphRunner:
 
     def _capture(self, key: tuple, flat: list[torch.Tensor]) -> _Graph | None:
         static_inputs = [t.detach().clone() for t in flat]
+
+        def warm() -> None:
+            for _ in range(WARMUP_CALLS):
+                self._run_flat(static_inputs)
+
         try:
-            side = _warmup_stream(self._device)
-            side.wait_stream(torch.cuda.current_stream(self._device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_CALLS):
-                    self._run_flat(static_inputs)
-            torch.cuda.current_stream(self._device).wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                static_outputs = list(self._run_flat(static_inputs))
+            graph, static_outputs = self._pool.make(
+                warm, lambda: list(self._run_flat(static_inputs))
+            )
         except Exception as exc:  # capture is an optimisation: never fail the call because of it
             self._uncapturable.add(key)
             inputs = [list(s) for s, _ in key]
@@ -148,7 +190,7 @@ JOIN_BUCKETS = (32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 2560, 3072, 4096)
 class _JoinGraph:
     """One join bucket's graph: its inputs are views of one device buffer, filled from one pinned
     host buffer per replay: ids, rows, positions (the bucket's tokens), picks (one per row of the
-    batch) and the rows that draw a token (read by the sampler, outside the graph)."""
+    batch) and the rows that draw a token (which the graph copies to the join sampler's input)."""
 
     def __init__(self, tokens: int, batch: int, max_len: int, device: torch.device):
         self.tokens, self.batch, self.max_len = tokens, batch, max_len
@@ -160,7 +202,6 @@ class _JoinGraph:
         self.ids, self.rows, self.positions, self.picks, self.drawing = self.flat.split(sizes)
         self.copied = torch.cuda.Event()  # the host buffer may be written again after it
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
 
     @property
     def inputs(self) -> list[torch.Tensor]:
@@ -168,26 +209,29 @@ class _JoinGraph:
 
     def load(
         self,
-        ids: torch.Tensor,
-        rows: torch.Tensor,
-        positions: torch.Tensor,
-        picks: torch.Tensor,
-        drawing: torch.Tensor,
+        ids: list[int],
+        rows: list[int],
+        positions: list[int],
+        picks: list[int],
+        drawing: list[int],
     ) -> None:
-        """The step's inputs (host tensors; `picks` and `drawing` one per row of the batch), the
-        bucket's other tokens no row's, in one copy."""
-        used, tokens = ids.shape[0], self.tokens
+        """The step's inputs (its packed tokens; `picks` and `drawing` one per row of the batch),
+        the bucket's other tokens no row's, in one copy. The host buffer's contents are built as
+        one int64 array from the lists: a torch op per part (or a tensor per list) cost the
+        host several times as much."""
+        pad = self.tokens - len(ids)
+        no_row = array("q", [0]) * pad
+        values = array("q", ids)
+        values += no_row
+        values.fromlist(rows)
+        values += no_row
+        values.fromlist(positions)
+        values += array("q", [self.max_len]) * pad
+        values.fromlist(picks)
+        values.fromlist(drawing)
         self.copied.synchronize()
-        host = self.host
-        host[:used] = ids
-        host[used:tokens] = 0
-        host[tokens : tokens + used] = rows
-        host[tokens + used : 2 * tokens] = 0
-        host[2 * tokens : 2 * tokens + used] = positions
-        host[2 * tokens + used : 3 * tokens] = self.max_len
-        host[3 * tokens : 3 * tokens + self.batch] = picks
-        host[3 * tokens + self.batch :] = drawing
-        self.flat.copy_(host, non_blocking=True)
+        self.host.copy_(torch.frombuffer(values, dtype=torch.int64))
+        self.flat.copy_(self.host, non_blocking=True)
         self.copied.record()
 
 
@@ -213,9 +257,14 @@ class DecodeGraph:
 
     A join step (prompts fed beside the running rows' tokens: `join`) is replayed too, its tokens
     padded up to the smallest of JOIN_BUCKETS with tokens that are no row's, each bucket captured
-    the first time a step needs it: the program only, its logits picked one per row; the sampler
-    runs after it. A join step launched kernel by kernel spent more time on the host than on the
-    GPU (docs/benchmarks.md, "Packed prefill").
+    the first time a step needs it: the program, its logits picked one per row, and a copy of
+    those logits and of the rows' drawing flags into two buffers every bucket shares. The
+    sampler's work on those buffers is a graph of its own per mode (captured at a mode's first
+    join step, the greedy one when the engine takes the package), so a join step is two replays,
+    the bucket's then its mode's sampler, and the sampler's state advances as in a decode step. A
+    join step launched kernel by kernel spent more time on the host than on the GPU
+    (docs/benchmarks.md, "Packed prefill"), and so did its sampler called op by op after the
+    replay ("Join steps replayed as CUDA graphs").
 
     ExecuTorch's CUDA backend captures its decode method the same way (static inputs, the cache as
     the model's own buffers); the difference here is that the inputs' advance and the choice of the
@@ -240,15 +289,29 @@ class DecodeGraph:
         self._run_flat, self._device, self._settings = run_flat, device, settings
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._failed: set[str] = set()
-        self._pool: Any = None
+        self._pool = _GraphPool(device)  # one pool for every mode's and bucket's graph
         self._warm_logits: torch.Tensor | None = None  # the warm-up's, for each mode's warm-up
         self._joins: dict[int, _JoinGraph] = {}  # join steps' graphs, by bucket
         self._failed_joins: set[int] = set()
+        # The join sampler's inputs, one pair for every bucket, whose graph copies its logits and
+        # drawing flags there: [B, vocab] in the program's logits' dtype (made at the first
+        # bucket's capture) and [B]. Made outside inference mode, as `state` is: a capture outside
+        # it (prepare_joins) writes them.
+        self._join_logits: torch.Tensor | None = None
+        with torch.inference_mode(False):
+            self._join_drawing = torch.zeros_like(step.fed)
+        self._join_samplers: dict[str, torch.cuda.CUDAGraph] = {}  # by sampler mode
+        self._failed_join_samplers: set[str] = set()
 
     @property
     def captured_modes(self) -> set:
         """The sampler modes whose step replays as a graph."""
         return set(self._graphs)
+
+    @property
+    def captured_join_modes(self) -> set:
+        """The sampler modes whose join steps' sampler replays as a graph."""
+        return set(self._join_samplers)
 
     def replay(self, mode: str) -> bool:
         """Runs the step on what the step's buffers hold, its tokens left in `sampler.tokens` and
@@ -278,49 +341,49 @@ class DecodeGraph:
         # The program on the step's inputs, once: it writes the cache positions the next replay
         # writes, with the same values. Then the sampler's work in this mode, which changes
         # nothing it keeps (its counts and draws advance only in `__call__`).
-        side = _warmup_stream(self._device)
-        side.wait_stream(torch.cuda.current_stream(self._device))
-        with torch.cuda.stream(side):
+        def warm() -> None:
             if self._warm_logits is None:
                 for _ in range(WARMUP_CALLS):
                     logits = self._run_flat(flat)[0]
                 self._warm_logits = logits
             self.sampler.warm_up(self._warm_logits, mode)
-        torch.cuda.current_stream(self._device).wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+
+        def whole_step() -> None:
             logits = self._run_flat(flat)[0]
             self.step.advance()
             self.step.ids.copy_(self.sampler(logits, self.step.fed, mode))
+
+        graph, _ = self._pool.make(warm, whole_step)
         self._graphs[mode] = graph
         return graph
 
     def prepare_joins(self, tokens: int) -> None:
-        """Capture the join buckets up to the one that holds `tokens` (a step's most), so that no
-        request waits for a capture later (as vLLM captures its sizes at start)."""
+        """Capture the join buckets up to the one that holds `tokens` (a step's most), and the
+        join sampler of a batch of greedy rows, so that no request waits for a capture later (as
+        vLLM captures its sizes at start)."""
         for bucket in self._join_buckets():
             if bucket not in self._joins and bucket not in self._failed_joins:
                 self._capture_join(bucket)
             if bucket >= tokens:
                 break
+        self._join_sampler(GREEDY_ONLY)
 
     def join(
         self,
-        ids: torch.Tensor,
-        rows: torch.Tensor,
-        positions: torch.Tensor,
-        picks: torch.Tensor,
-        drawing: torch.Tensor,
-    ) -> tuple | None:
-        """A join step (host tensors: its packed tokens, one pick and one drawing flag per row of
-        the batch) replayed at the smallest bucket that holds its tokens: (logits [B, vocab], the
-        drawing flags on the device), or None when no bucket holds them or its capture failed (the
-        caller runs the step without a graph). The step's inputs and outputs are the bucket's
-        buffers: the next join of the same bucket overwrites them."""
-        used = ids.shape[0]
-        bucket = next((b for b in self._join_buckets() if b >= used), None)
+        ids: list[int],
+        rows: list[int],
+        positions: list[int],
+        picks: list[int],
+        drawing: list[int],
+        mode: str,
+    ) -> torch.Tensor | None:
+        """A join step (its packed tokens, one pick and one drawing flag per row of the batch)
+        replayed at the smallest bucket that holds its tokens, then the sampler in `mode` on its
+        logits (replayed, or called where its graph cannot be captured): its tokens, in
+        `sampler.tokens` as a decode step leaves them (with `failed` and, in a mode with them,
+        the log-probabilities). None when no bucket holds the step or its capture failed: nothing
+        ran, and the caller runs the step without a graph."""
+        bucket = next((b for b in self._join_buckets() if b >= len(ids)), None)
         if bucket is None or bucket in self._failed_joins:
             return None
         entry = self._joins.get(bucket)
@@ -328,10 +391,14 @@ class DecodeGraph:
             entry = self._capture_join(bucket)
             if entry is None:
                 return None
+        sampler = self._join_sampler(mode)  # captured (at its first need) before the step runs
         entry.load(ids, rows, positions, picks, drawing)
-        assert entry.graph is not None and entry.logits is not None
+        assert entry.graph is not None and self._join_logits is not None
         entry.graph.replay()
-        return entry.logits, entry.drawing
+        if sampler is None:
+            return self.sampler(self._join_logits, self._join_drawing, mode)
+        sampler.replay()
+        return self.sampler.tokens
 
     def _join_buckets(self) -> list[int]:
         """JOIN_BUCKETS within the step's tokens (at most every row's whole cache), that most
@@ -341,29 +408,70 @@ class DecodeGraph:
 
     def _capture_join(self, bucket: int) -> _JoinGraph | None:
         """The program over `bucket` tokens, captured on inputs that are all no row's (what the
-        warm-up and the capture write goes to the padding's slot, never read)."""
+        warm-up and the capture write goes to the padding's slot, never read), then its logits
+        and the drawing flags copied to the join sampler's inputs."""
         batch = self.step.ids.shape[0]
         entry = _JoinGraph(bucket, batch, self.step.max_len, self._device)
         flat = entry.inputs + self.state
+
+        def warm() -> torch.Tensor:
+            for _ in range(WARMUP_CALLS):
+                logits = self._run_flat(flat)[0]
+            return logits
+
+        def program() -> None:
+            assert self._join_logits is not None  # made after the warm-up, before the capture
+            self._join_logits.copy_(self._run_flat(flat)[0])
+            self._join_drawing.copy_(entry.drawing)
+
         try:
             with self._settings():
-                side = _warmup_stream(self._device)
-                side.wait_stream(torch.cuda.current_stream(self._device))
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_CALLS):
-                        self._run_flat(flat)
-                torch.cuda.current_stream(self._device).wait_stream(side)
-                if self._pool is None:
-                    self._pool = torch.cuda.graph_pool_handle()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    entry.logits = self._run_flat(flat)[0]
+                warm_logits = self._pool.warm_up(warm)
+                if self._join_logits is None:
+                    # the logits' dtype is known now. Made outside the capture: made inside, it
+                    # would be the pool's, maybe where an earlier graph keeps its temporaries
+                    with torch.inference_mode(False):
+                        self._join_logits = torch.zeros_like(warm_logits)
+                entry.graph, _ = self._pool.capture(program)
         except Exception as exc:  # capture is an optimisation: never fail the step because of it
             self._failed_joins.add(bucket)
             _capture_failed(
                 self._device, f"of a join step of {bucket} tokens", exc, "joining without graphs"
             )
             return None
-        entry.graph = graph
         self._joins[bucket] = entry
         return entry
+
+    def _join_sampler(self, mode: str) -> torch.cuda.CUDAGraph | None:
+        """The join steps' sampler in `mode` as a graph, captured at its first need; None where it
+        cannot be (one warning), or before a bucket's capture made its inputs."""
+        graph = self._join_samplers.get(mode)
+        if graph is None and mode not in self._failed_join_samplers:
+            graph = self._capture_join_sampler(mode)
+        return graph
+
+    def _capture_join_sampler(self, mode: str) -> torch.cuda.CUDAGraph | None:
+        """`sampler(join logits, join drawing flags, mode)` captured, as the decode step captures
+        it: every value the call reads or advances (settings, seeds and draw counts, penalty
+        counts, masks) is a sampler buffer and its random numbers a hash of a row's seed and
+        count (no generator state), so a replay does what the call would on the buffers as they
+        are then. Its warm-up on what the buffers hold changes nothing (RowSampler.warm_up)."""
+        logits, drawing = self._join_logits, self._join_drawing
+        if logits is None:
+            return None
+        try:
+            graph, _ = self._pool.make(
+                lambda: self.sampler.warm_up(logits, mode),
+                lambda: self.sampler(logits, drawing, mode),
+            )
+        except Exception as exc:  # capture is an optimisation: never fail the step because of it
+            self._failed_join_samplers.add(mode)
+            _capture_failed(
+                self._device,
+                f"of the join steps' sampler ({mode})",
+                exc,
+                "sampling join steps without a graph",
+            )
+            return None
+        self._join_samplers[mode] = graph
+        return graph

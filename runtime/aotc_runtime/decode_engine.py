@@ -16,7 +16,8 @@ join to its finish, and a step costs the tokens it feeds, whichever rows they ar
   every running row its next token: a long prompt joins without stalling the batch, a join costs
   the running rows no step, and a joining prompt's tokens cost the step only themselves (no row is
   padded to the longest chunk). With CUDA graphs a join step is a replay too, its tokens padded
-  to one of a few counts with tokens that are no row's (cuda_graphs.JOIN_BUCKETS).
+  to one of a few counts with tokens that are no row's (cuda_graphs.JOIN_BUCKETS), and so is its
+  sampler.
 - A sequence joins whenever a row is free and its prompt and new tokens fit a row's cache. Given
   a PrefixCache (prefix_cache.py), it starts from the longest start of its prompt that a row
   already holds (that row if it is free, else a copy into the row it takes) and is fed the rest.
@@ -29,7 +30,8 @@ join to its finish, and a step costs the tokens it feeds, whichever rows they ar
   finishes as soon as its grammar is complete.
 - A row finishes at an end-of-sequence id or its last token (GenerationRequest.finish_reason),
   when its grammar is complete, or, given the package's tokenizer, at a stop string in its text
-  (text_delta.py); its slot is free from the next step.
+  (text_delta.py); its slot is free from the next step. Why it finished (finish_reason.py) and the
+  text each token adds travel in its Made events, which every front end passes on as they are.
 
 A decode step is one replay of the package's DecodeGraph on CUDA with CUDA graphs (the program,
 the inputs' advance and the sampler captured together), one call of the package otherwise. On CUDA
@@ -54,8 +56,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
-from .decode_step import DecodeStep, pack
+from .decode_step import DecodeStep, pack, pack_lists
 from .errors import GenerationInputError
+from .finish_reason import FinishReason
 from .generation_request import GenerationRequest
 from .prefix_cache import PrefixCache, common_start
 from .sampling import GREEDY, LOGPROBS, RowSampler
@@ -117,22 +120,20 @@ class HostCopy:
 # queued on the device
 STEPS_AHEAD = 1
 
-# A sequence's finish when the package's logits for it were not finite: it ends at once, its
-# token (0) is not a pick, and its neighbours go on (sampling.greedy_pick's `failed`)
-ERROR = "error"
-
 
 class Made(NamedTuple):
-    """One new token of a sequence: its key, the token, why it ended the sequence (None while it
-    goes on, "stop" at an end-of-sequence id or a stop string, "length" at its last token, ERROR
-    when its logits were not finite: its token is then no answer), the
-    text it adds (with a tokenizer; "" without), and, when its request asked for them, the token's
-    log-probability and the request's count of most likely tokens at this step as (token id,
-    log-probability) pairs, most likely first (the log-softmax of the package's raw logits)."""
+    """One new token of a sequence, the engine's event that every front end consumes: its key, the
+    token, why it ended the sequence (None while it goes on; FinishReason.STOP at an
+    end-of-sequence id, a stop string or a complete grammar, LENGTH at its last token, ERROR when
+    its logits were not finite: its token (0) is then no pick, and its neighbours go on, as
+    sampling.greedy_pick's `failed` says), the text it adds (with a tokenizer; "" without), and,
+    when its request asked for them, the token's log-probability and the request's count of most
+    likely tokens at this step as (token id, log-probability) pairs, most likely first (the
+    log-softmax of the package's raw logits)."""
 
     key: Hashable
     token: int
-    finish: str | None
+    finish: FinishReason | None
     text: str = ""
     logprob: float | None = None
     top_logprobs: tuple = ()
@@ -220,22 +221,25 @@ class DecodeEngine:
     def active(self) -> int:
         return sum(row is not None for row in self.rows)
 
-    def fits(self, prompt_length: int, max_new_tokens: int) -> bool:
-        """Whether a sequence can join at the next step: a free row, and a row's cache holds it."""
-        return None in self.rows and prompt_length + max_new_tokens <= self.max_len
+    @property
+    def has_free_row(self) -> bool:
+        """Whether a sequence can join at the next step. Whether a row's cache holds it is the
+        request's own check against the package (GenerationRequest.check), made once."""
+        return None in self.rows
 
     def join(self, key: Hashable, request: GenerationRequest) -> int:
-        """Queue a sequence for the next step (check `fits` first); the number of its prompt's
-        tokens a row already held (with a prefix cache; 0 without), which are not fed again. The
-        request is checked against the package (GenerationInputError names what it cannot run)."""
+        """Queue a sequence for the next step (check `has_free_row` first); the number of its
+        prompt's tokens a row already held (with a prefix cache; 0 without), which are not fed
+        again. The request is checked against the package unless it was already
+        (GenerationInputError names what it cannot run)."""
         request.check(self.generation)
         if request.stop and self.tokenizer is None:
             raise GenerationInputError(
                 "stop strings are text: they need the package's tokenizer (export with "
                 "--tokenizer DIR), or give end-of-sequence ids instead"
             )
-        if not self.fits(len(request.prompt), request.max_new_tokens):
-            raise ValueError("the sequence does not fit the running batch; check fits() first")
+        if not self.has_free_row:
+            raise ValueError("every row of the batch is taken; check has_free_row first")
         if not self._held_gate:
             self.package.generation_gate.acquire()
             self._held_gate = True
@@ -355,18 +359,19 @@ class DecodeEngine:
             if self.prefix_cache is not None:
                 row.made_token(token)
             if failed_rows[slot]:  # its logits were not finite: it ends here, alone
-                made.append(Made(key, token, ERROR))
+                made.append(Made(key, token, FinishReason.ERROR))
                 self._free(slot, keep=False)  # what it holds may be what made them so
                 continue
             finish = row.request.finish_reason(self.generation, token, row.made)
             if row.matcher is not None:
                 row.mask_stale = True
                 if not row.matcher.take(token) or row.matcher.done:
-                    finish = finish or "stop"  # complete (or, past a bug, out of its grammar)
+                    # complete (or, past a bug, out of its grammar)
+                    finish = finish or FinishReason.STOP
             delta = ""
             if row.text is not None:
                 delta, stopped = row.text.add(token, last=finish is not None)
-                finish = "stop" if stopped else finish
+                finish = FinishReason.STOP if stopped else finish
             made.append(Made(key, token, finish, delta, *self._logprobs(row, slot, listed)))
             if finish is not None:
                 self._free(slot)
@@ -474,7 +479,7 @@ class DecodeEngine:
 
     def _worth_a_step_ahead(self) -> bool:
         """No sequence waits to join, and a running row needs a token beyond those of the steps
-        queued (which also keeps the steps inside the row's cache: `fits` counted those tokens;
+        queued (which also keeps the steps inside the row's cache: the request's check counted those tokens;
         a row that ends sooner is fed past its end, into the padding's slot)."""
         if any(row is not None and (row.prompt or row.matcher) for row in self.rows):
             return False
@@ -503,6 +508,9 @@ class DecodeEngine:
                 row.fed_tokens.extend(chunks[slot])
         feeds = []
         keys: list = [None] * self.size
+        # read once as lists, written once: a tensor op per row cost a join step tens of µs
+        held, last = self.held.tolist(), self.last.tolist()
+        added = [0] * self.size
         for slot, row in enumerate(self.rows):
             if row is None:
                 continue
@@ -510,25 +518,28 @@ class DecodeEngine:
             if chunk is None:
                 if row.prompt:  # its turn comes in a later step
                     continue
-                chunk = [int(self.last[slot])]
-            feeds.append((slot, int(self.held[slot]), chunk))
-            self.held[slot] += len(chunk)
+                chunk = [last[slot]]
+            feeds.append((slot, held[slot], chunk))
+            added[slot] = len(chunk)
             if not row.prompt:  # a running row, or one whose prompt is all in now: it has a token
                 keys[slot] = row.key
+        self.held += torch.tensor(added, dtype=torch.int64)
         slots = [slot for slot, _, _ in feeds]
-        drawing = torch.tensor([key is not None for key in keys], dtype=torch.int64)
+        drawing = [int(key is not None) for key in keys]
         self._fresh = True
         if self.graph is not None:  # replayed at a padded token count, its picks one per row
-            ids, rows, positions, picks = pack(feeds)
-            by_row = torch.zeros(self.size, dtype=torch.int64)
-            by_row[slots] = picks
-            replayed = self.graph.join(ids, rows, positions, by_row, drawing)
-            if replayed is not None:
-                return keys, self.sampler(*replayed)
+            ids, rows, positions, picks = pack_lists(feeds)
+            by_row = [0] * self.size
+            for slot, pick in zip(slots, picks):
+                by_row[slot] = pick
+            tokens = self.graph.join(ids, rows, positions, by_row, drawing, self.sampler.mode)
+            if tokens is not None:  # the sampler replayed (or ran) after the program
+                return keys, tokens
         inputs = pack(feeds, self.package.fixed_picks)
-        *inputs, index, drawing = self._on_device([*inputs, torch.tensor(slots), drawing])
+        parts = [*inputs, torch.tensor(slots), torch.tensor(drawing, dtype=torch.int64)]
+        *inputs, index, drawing_flags = self._on_device(parts)
         logits = self._call(inputs, slots, index)
-        return keys, self.sampler(logits, drawing)
+        return keys, self.sampler(logits, drawing_flags)
 
     def _on_device(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
         """1-D int64 tensors on the host, on the device in one copy (from pinned memory on CUDA:

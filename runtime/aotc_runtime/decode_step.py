@@ -6,9 +6,9 @@ token t fed to cache row rows[t] at position positions[t], a row's tokens at con
 and one after another in the list, the logits those of tokens picks[r]. A token at position
 max_seq_len (or past it) is no row's: written where nothing reads, it reads nothing.
 
-`pack` makes a step's inputs from what each row is fed; `DecodeStep` holds a decode step's
-inputs as buffers on the device, shared by the decode engine (decode_engine.py) and the CUDA graph
-that replays the step (cuda_graphs.DecodeGraph)."""
+`pack` makes a step's inputs from what each row is fed (`pack_lists` the same as lists);
+`DecodeStep` holds a decode step's inputs as buffers on the device, shared by the decode engine
+(decode_engine.py) and the CUDA graph that replays the step (cuda_graphs.DecodeGraph)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,23 @@ from collections.abc import Sequence
 
 import torch
 
+Feeds = Sequence[tuple[int, int, Sequence[int]]]  # (row, tokens the row holds, tokens to feed)
 
-def pack(feeds: Sequence[tuple[int, int, Sequence[int]]], picks: int | None = None) -> list:
+
+def pack(feeds: Feeds, picks: int | None = None) -> list:
     """The step's inputs [ids, rows, positions, picks] (int64, on the CPU) that feed each
     (row, tokens the row holds, tokens) of `feeds` its tokens from that position, and pick the
     logits of each feed's last token, in the order of `feeds`. `picks`: the number of picks the
     package takes when it is fixed (its batch), the first feed's last token repeated to fill."""
+    ids, rows, positions, chosen = pack_lists(feeds)
+    if picks is not None:
+        chosen = (chosen + [chosen[0]] * picks)[:picks]
+    return [torch.tensor(values, dtype=torch.int64) for values in (ids, rows, positions, chosen)]
+
+
+def pack_lists(feeds: Feeds) -> tuple[list[int], list[int], list[int], list[int]]:
+    """`pack`'s ids, rows, positions and picks (one per feed) as lists, for a caller that lays
+    them out itself (cuda_graphs.DecodeGraph.join)."""
     ids: list[int] = []
     rows: list[int] = []
     positions: list[int] = []
@@ -31,9 +42,7 @@ def pack(feeds: Sequence[tuple[int, int, Sequence[int]]], picks: int | None = No
         rows.extend([row] * len(tokens))
         positions.extend(range(held, held + len(tokens)))
         chosen.append(len(ids) - 1)
-    if picks is not None:
-        chosen = (chosen + [chosen[0]] * picks)[:picks]
-    return [torch.tensor(values, dtype=torch.int64) for values in (ids, rows, positions, chosen)]
+    return ids, rows, positions, chosen
 
 
 class DecodeStep:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from .decode_engine import ERROR, DecodeEngine
+from .decode_engine import DecodeEngine, Made
 from .decode_step import pack
 from .errors import (
     GenerationInputError,
@@ -25,11 +25,9 @@ from .errors import (
     NonFiniteLogitsError,
     PackageError,
 )
+from .finish_reason import FinishReason
 from .generation_request import (
     GenerationRequest,
-    check_eos,
-    check_logprobs,
-    check_room,
     eos_tuple,
     pad_id,
 )
@@ -95,15 +93,12 @@ def load_tokenizer(package: GeneratingPackage) -> Any:  # a tokenizers.Tokenizer
 
 
 def check_request(
-    generation: Generation,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    max_new_tokens: int,
-    sampling: Sampling,
+    generation: Generation, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
 ) -> None:
-    """One line naming what the package cannot serve, and the fix. Every id the loop feeds the
-    model (the prompts, the mask's positions, the pad and end-of-sequence ids it feeds back) is
-    checked here: the compiled model's own bounds checks end the process."""
+    """One line naming what of the tensors the package cannot serve, and the fix: their shape and
+    type, the batch, the mask. Each prompt's ids, its room in the cache and its sampling are its
+    GenerationRequest's to check (once, as every front end's): the compiled model's own bounds
+    checks end the process."""
     if not isinstance(input_ids, torch.Tensor):
         raise GenerationInputError(
             f"input_ids must be a 2-D tensor of token ids [prompts, tokens], got a "
@@ -124,16 +119,6 @@ def check_request(
         )
     if attention_mask is not None:
         check_mask(attention_mask, input_ids)
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= generation.vocab_size:
-        bad = low if low < 0 else high
-        raise GenerationInputError(
-            f"token id {bad} is outside the vocabulary (0..{generation.vocab_size - 1})"
-        )
-    check_room(generation, length, max_new_tokens)
-    problem = sampling.check()
-    if problem:
-        raise GenerationInputError(problem)
 
 
 def check_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
@@ -168,8 +153,26 @@ class StepLogprobs(NamedTuple):
 
     @property
     def ids(self) -> torch.Tensor:
-        """The new tokens, by the name text_stream.TextStep gives them."""
+        """The new tokens, by the name TextStep gives them."""
         return self.tokens
+
+
+class TextStep(NamedTuple):
+    """A step of `stream(..., text=True)`, as the decode engine made it (its Made events): the new
+    tokens [prompts] (the pad id for a prompt that had ended), each prompt's new text ("" while a
+    character is unfinished, and after its end), with `logprobs` the step's StepLogprobs (else
+    None), and why each prompt ended (a FinishReason at its last token, else None)."""
+
+    ids: torch.Tensor
+    text: list[str]
+    logprobs: StepLogprobs | None = None
+    finish: list[FinishReason | None] | None = None
+
+
+def stop_strings(stop: str | Sequence[str]) -> tuple:
+    """`stop`, a string or a sequence of them, as the tuple a GenerationRequest holds (which
+    refuses an empty one)."""
+    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 def stream(
@@ -183,22 +186,26 @@ def stream(
     ignore_eos: bool = False,
     logprobs: int | None = None,
     prefix_cache: PrefixCache | None = None,
-) -> Iterator[Any]:  # torch.Tensor, or StepLogprobs with logprobs
+    tokenizer: Any = None,  # a tokenizers.Tokenizer: the engine reads the text with it
+    text: bool = False,
+    stop: str | Sequence[str] = (),
+) -> Iterator[Any]:  # torch.Tensor, StepLogprobs with logprobs, TextStep with text
     """Yields each step's new tokens [prompts] (on the CPU) as they come: each prompt a
     GenerationRequest joining the decode engine at its first step (the prompts' prefill is one
     step), then one token a step for every prompt still going, the pad id for one that ended. At
     most the package's batch of prompts; fewer are answered as if the others were not there.
     `ignore_eos` goes on past end-of-sequence ids to `max_new_tokens`; with `logprobs` (0 to
     sampling.MAX_LOGPROBS) each step is a StepLogprobs. With a `prefix_cache` (kept across calls,
-    as a chat keeps one), a prompt that starts as a row of the cache holds is fed the rest."""
+    as a chat keeps one), a prompt that starts as a row of the cache holds is fed the rest. With
+    the package's `tokenizer` a prompt also ends at a `stop` string in its text, and with `text`
+    each step is a TextStep. Where each prompt ends, and its text, are the engine's (its Made
+    events), as in every other front end."""
     generation = package.generation
-    check_request(generation, input_ids, attention_mask, max_new_tokens, sampling)
+    check_request(generation, input_ids, attention_mask)
     eos = eos_tuple(eos_token_ids)
-    if eos is not None:
-        check_eos(generation, eos)
-    problem = check_logprobs(logprobs)
-    if problem:
-        raise GenerationInputError(problem)
+    stops = stop_strings(stop)
+    if text and tokenizer is None:
+        raise ValueError("text steps are the engine's text: give the package's tokenizer")
     top_count = min(logprobs or 0, generation.vocab_size)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     # a row's prompt is its tokens the mask marks 1, in order (prefill_inputs's reading)
@@ -207,7 +214,7 @@ def stream(
     whole = generation.max_seq_len  # every prompt in one step
     engine = DecodeEngine(
         package, prefill_chunk=whole, step_tokens=whole * generation.batch_size,
-        prefix_cache=prefix_cache,
+        tokenizer=tokenizer, prefix_cache=prefix_cache,
     )  # fmt: skip
     try:
         for row, prompt in enumerate(prompts):
@@ -216,6 +223,7 @@ def stream(
                 max_new_tokens,
                 sampling,
                 eos,
+                stop=stops,
                 ignore_eos=ignore_eos,
                 logprobs=logprobs,
             )
@@ -224,18 +232,31 @@ def stream(
             new = torch.full((len(prompts),), pad, dtype=torch.int64)
             steps = engine.step()
             for made in steps:
-                if made.finish == ERROR:
+                if made.finish is FinishReason.ERROR:
                     raise NonFiniteLogitsError(
                         f"the package's logits for prompt {made.key} were not finite (NaN or "
                         "infinite) at one of its steps: its weights, its dtype's range or its "
                         "inputs; check the package with `aotc verify`, or build it in float32"
                     )
                 new[made.key] = made.token  # type: ignore[index]  # the keys are row numbers
-            step = new if logprobs is None else with_logprobs(new, steps, top_count)
+            step: Any = new if logprobs is None else with_logprobs(new, steps, top_count)
+            if text:
+                step = text_step(new, steps, None if logprobs is None else step)
             with package.generation_gate.paused():
                 yield step
     finally:  # read to the end, or closed: the package is free again
         engine.release()
+
+
+def text_step(tokens: torch.Tensor, steps: Sequence[Made], logprobs: Any) -> TextStep:
+    """A step's tokens [prompts] with the text and the finish its Made rows carry (keyed by row):
+    a prompt that had ended has none."""
+    texts: list[str] = [""] * len(tokens)
+    finishes: list[FinishReason | None] = [None] * len(tokens)
+    for made in steps:
+        row: int = made.key  # type: ignore[assignment]  # the keys are row numbers
+        texts[row], finishes[row] = made.text, made.finish
+    return TextStep(tokens, texts, logprobs, finishes)
 
 
 def with_logprobs(tokens: torch.Tensor, steps: Sequence[Any], count: int) -> StepLogprobs:

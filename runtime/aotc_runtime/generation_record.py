@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .errors import PackageError
 from .fields import Fields, inside_package
-from .sampling import Sampling
+from .sampling_settings import InvalidSampling, Sampling
 from .signature import Signature
 
 STEP_INPUTS = ("input_ids", "rows", "positions", "picks")
@@ -138,9 +138,10 @@ def _sampling_defaults(fields: Fields) -> dict:
     defaults = fields.value("sampling_defaults", {})
     if not isinstance(defaults, dict) or not set(defaults) <= set(SAMPLING_DEFAULTS):
         fields.fail("sampling_defaults", f"is not an object of {', '.join(SAMPLING_DEFAULTS)}")
-    problem = Sampling(**defaults).check()
-    if problem:
-        fields.fail("sampling_defaults", f"holds a value out of range: {problem}")
+    try:
+        Sampling(**defaults)
+    except InvalidSampling as exc:
+        fields.fail("sampling_defaults", f"holds a value out of range: {exc}")
     return dict(defaults)
 
 

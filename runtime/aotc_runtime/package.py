@@ -218,12 +218,13 @@ class Package:
         frequency_penalty: float = 0.0,
         repetition_penalty: float = 1.0,
         ignore_eos: bool = False,
+        stop: str | Sequence[str] = (),
     ) -> torch.Tensor:
         """A text-generation package's prompts followed by their new tokens, as transformers'
         `generate` returns them: greedy with temperature 0 (the default), sampled otherwise (top-k,
-        top-p, min-p, a seed for repeatable runs); penalties and `ignore_eos` as in `stream`. See
-        aotc_runtime/generation.py and sampling.py. `input_ids` may also be lists of token ids
-        (prompts.py): `generate([[5, 17, 42]], max_new_tokens=8)`."""
+        top-p, min-p, a seed for repeatable runs); penalties, `ignore_eos` and `stop` as in
+        `stream`. See aotc_runtime/generation.py and sampling.py. `input_ids` may also be lists of
+        token ids (prompts.py): `generate([[5, 17, 42]], max_new_tokens=8)`."""
         from .generation import with_prompts
         from .prompts import prompt_tensors
 
@@ -242,6 +243,7 @@ class Package:
             frequency_penalty=frequency_penalty,
             repetition_penalty=repetition_penalty,
             ignore_eos=ignore_eos,
+            stop=stop,
         )
         return with_prompts(ids, steps)
 
@@ -322,6 +324,7 @@ class Package:
         logprobs: int | None = None,
         text: bool = False,
         prefix_cache: Any = None,  # prefix_cache.PrefixCache
+        stop: str | Sequence[str] = (),
     ) -> Iterator[Any]:
         """`generate`'s new tokens, one step [prompts] at a time as they come. min-p as
         transformers' MinPLogitsWarper, the repetition penalty as its
@@ -329,17 +332,23 @@ class Package:
         frequency penalties as OpenAI's (-2 to 2, over the new tokens); `ignore_eos` goes on past
         end-of-sequence ids; `logprobs=k` (0 to 20) makes each step a generation.StepLogprobs,
         the new tokens with their log-probabilities and the k most likely tokens'. `text=True`
-        (with the package's tokenizer) makes each step a text_stream.TextStep: the new tokens and
-        the text each prompt gains, never half a character. `input_ids` may be lists of token ids,
-        as in `generate`. A `prefix_cache` kept across calls (prefix_cache.PrefixCache) feeds a
-        prompt only what follows the start a row of the cache already holds (a chat's turns)."""
+        (with the package's tokenizer) makes each step a generation.TextStep: the new tokens, the
+        text each prompt gains (never half a character) and why a prompt ended, as the decode
+        engine made them. `stop` (a string or several, with the package's tokenizer) ends a
+        prompt at the token whose text completes one, the text before it kept (as `stop` in
+        `aotc serve`). `input_ids` may be lists of token ids, as in `generate`. A `prefix_cache`
+        kept across calls (prefix_cache.PrefixCache) feeds a prompt only what follows the start a
+        row of the cache already holds (a chat's turns)."""
         from .generation import stream
         from .prompts import prompt_tensors
         from .sampling import Sampling
 
         ids, mask = prompt_tensors(input_ids, attention_mask)
-        tokenizer = self.tokenizer if text else None  # before the stream starts: refused at once
-        steps = stream(
+        # before the stream starts: refused at once (stop strings without one: by the engine,
+        # which says what they need)
+        reads_text = text or (stop and self.generation.tokenizer is not None)
+        tokenizer = self.tokenizer if reads_text else None
+        return stream(
             self,
             ids,
             mask,
@@ -358,15 +367,10 @@ class Package:
             ignore_eos=ignore_eos,
             logprobs=logprobs,
             prefix_cache=prefix_cache,
+            tokenizer=tokenizer,
+            text=text,
+            stop=stop,
         )
-        if not text:
-            return steps
-        from .generation_request import eos_tuple
-        from .text_stream import with_text
-
-        eos = eos_tuple(eos_token_ids)
-        eos = self.generation.eos_token_ids if eos is None else eos
-        return with_text(steps, tokenizer, eos, ignore_eos, max_new_tokens)
 
     def copy_cache_rows(self, source: int, target: int, positions: int) -> None:
         """A text-generation package: row `source`'s first `positions` cache positions copied into
