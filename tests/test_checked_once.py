@@ -20,10 +20,10 @@ from fake_generation import FakeGeneration
 
 from aotc.cli.chat import chat
 from aotc.cli.generate import generate
-from aotc.serve import chat as chat_endpoint
-from aotc.serve import completions
-from aotc.serve.completions import parse_completion
-from aotc.serve.protocol import RequestError
+from aotc_runtime.serve import chat as chat_endpoint
+from aotc_runtime.serve import completions
+from aotc_runtime.serve.completions import parse_completion
+from aotc_runtime.serve.protocol import RequestError
 from aotc_runtime import Generation, generation_request
 from aotc_runtime.decode_engine import DecodeEngine
 from aotc_runtime.errors import GenerationInputError

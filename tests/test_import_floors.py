@@ -24,7 +24,7 @@ RUNTIME = ROOT / "runtime" / "aotc_runtime"
 FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
     "cli": (("aotc.cli", "aotc.__main__"),),
     # serve beside api: only the CLI starts it, and it needs nothing but the runtime and the base
-    "api": (("aotc.api",), ("aotc.serve",)),
+    "api": (("aotc.api",), ("aotc_runtime.serve",)),
     "tune": (("aotc.tune",),),
     "bench": (("aotc.bench",),),
     "deploy": (("aotc.deploy",),),

@@ -26,8 +26,8 @@ pytest.importorskip("ray.serve")
 from test_serve_http import assert_line_is_the_usage, request_lines  # noqa: E402
 
 import aotc_runtime  # noqa: E402
-from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
-from aotc.serve.request_log import LOGGER_NAME  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, start, stop  # noqa: E402
+from aotc_runtime.serve.request_log import LOGGER_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 60
@@ -261,8 +261,8 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     import collections
 
     import aotc_runtime.decode_engine
-    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
-    from aotc.serve.request_fields import Choice
+    from aotc_runtime.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc_runtime.serve.request_fields import Choice
     from aotc_runtime.generation_request import GenerationRequest
 
     class Gauge:
@@ -358,8 +358,8 @@ def test_waiting_requests_join_the_running_batch_in_order_while_rows_are_free():
     import asyncio
     import collections
 
-    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
-    from aotc.serve.request_fields import Choice
+    from aotc_runtime.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc_runtime.serve.request_fields import Choice
     from aotc_runtime.generation_request import GenerationRequest
     from aotc_runtime.sampling import Sampling
 
@@ -415,8 +415,8 @@ def test_a_request_with_many_answers_takes_turns_with_the_requests_behind_it():
     import asyncio
     import collections
 
-    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
-    from aotc.serve.request_fields import Choice
+    from aotc_runtime.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc_runtime.serve.request_fields import Choice
     from aotc_runtime.generation_request import GenerationRequest
 
     class Batch:
@@ -463,7 +463,7 @@ def test_a_generating_cpu_replica_leaves_a_core_to_its_http_side(monkeypatch):
     from types import SimpleNamespace
 
     import aotc_runtime.threads
-    from aotc.serve import app
+    from aotc_runtime.serve import app
 
     monkeypatch.setattr(aotc_runtime.threads, "default_threads", lambda: 8)
     cpu = SimpleNamespace(type="cpu")

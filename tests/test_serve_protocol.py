@@ -1,4 +1,4 @@
-"""The request/response format of `aotc serve` (aotc/serve/protocol.py), without a server: each
+"""The request/response format of `aotc serve` (runtime/aotc_runtime/serve/protocol.py), without a server: each
 refusal's HTTP status and message, JSON and .npz round trips against known tensors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy
 import pytest
 import torch
 
-from aotc.serve.protocol import (
+from aotc_runtime.serve.protocol import (
     NPZ_TYPE,
     SAID_MAX,
     RequestError,

@@ -26,8 +26,8 @@ pytest.importorskip("ray.serve")
 
 from conftest import free_port  # noqa: E402
 
-from aotc.serve.app import ServeOptions, descendants, start, stop  # noqa: E402
-from aotc.serve.client import Client  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, descendants, start, stop  # noqa: E402
+from aotc_runtime.serve.client import Client  # noqa: E402
 from aotc_runtime import load  # noqa: E402
 from tests.test_serve import request_rows  # noqa: E402
 
@@ -89,7 +89,7 @@ HANGING_STOP = """
 import json, sys, time
 from pathlib import Path
 from aotc.cli.serve import end_after
-from aotc.serve.app import ServeOptions, descendants, start
+from aotc_runtime.serve.app import ServeOptions, descendants, start
 import os
 start(ServeOptions(package=Path(sys.argv[1]), port=int(sys.argv[2])))
 print(json.dumps(descendants(os.getpid())), flush=True)

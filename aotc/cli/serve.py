@@ -1,4 +1,4 @@
-"""`aotc serve`: a package behind HTTP on Ray Serve, with dynamic batching (aotc/serve/)."""
+"""`aotc serve`: a package behind HTTP on Ray Serve, with dynamic batching (runtime/aotc_runtime/serve/)."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def serve(
     from aotc.optional import require
 
     require("ray.serve", "serve", "aotc serve")
-    from aotc.serve.app import ServeOptions, start
+    from aotc_runtime.serve.app import ServeOptions, start
 
     options = ServeOptions(
         package=package,
@@ -194,7 +194,7 @@ def serve_until_stopped(server, check: bool) -> None:
     import os
     import socket
 
-    from aotc.serve.app import stop
+    from aotc_runtime.serve.app import stop
 
     options = server.options
     package, address, metrics_port = options.package, options.address, options.metrics_port
@@ -246,7 +246,7 @@ def serve_until_stopped(server, check: bool) -> None:
 
 @contextlib.contextmanager
 def request_lines_on_stderr(enabled: bool) -> Iterator[None]:
-    """The request log's lines (aotc/serve/request_log.py) on stderr, each after its time, while
+    """The request log's lines (runtime/aotc_runtime/serve/request_log.py) on stderr, each after its time, while
     the server runs (`--no-request-log`: none)."""
     if not enabled:
         yield
@@ -254,7 +254,7 @@ def request_lines_on_stderr(enabled: bool) -> Iterator[None]:
     import logging
     import sys
 
-    from aotc.serve.request_log import LOGGER_NAME
+    from aotc_runtime.serve.request_log import LOGGER_NAME
 
     log = logging.getLogger(LOGGER_NAME)
     handler = logging.StreamHandler(sys.stderr)  # this command's stderr (CliRunner swaps it)
@@ -274,8 +274,8 @@ def request_lines_on_stderr(enabled: bool) -> Iterator[None]:
 def check_once(server) -> int:
     """One request of seeded random inputs at the example sizes (a text-generation package: a
     4-token completion of token 1); prints the answer; 0 if it was 200."""
-    from aotc.serve.client import Client
-    from aotc.serve.protocol import JSON_TYPE
+    from aotc_runtime.serve.client import Client
+    from aotc_runtime.serve.protocol import JSON_TYPE
     from aotc_runtime import Signature
 
     if "generation" in server.metadata:
@@ -322,7 +322,7 @@ def end_after(seconds: float) -> None:
     import threading
     import time
 
-    from aotc.serve.app import kill_everything_started
+    from aotc_runtime.serve.app import kill_everything_started
 
     def watchdog() -> None:
         time.sleep(seconds)

@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.serve.protocol import RequestError
+from aotc_runtime.serve.protocol import RequestError
 from aotc_runtime.sampling_settings import SAMPLING_FIELDS, InvalidSampling, Sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
