@@ -109,9 +109,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
 
+    from aotc_runtime import Signature
     from aotc_runtime.serve.app import ServeOptions, start, stop
     from aotc_runtime.serve.client import Client
-    from aotc_runtime import Signature
 
     results = []
     for replicas in map(int, args.replicas.split(",")):

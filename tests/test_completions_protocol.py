@@ -1,5 +1,6 @@
-"""The OpenAI completions protocol of `aotc serve` (runtime/aotc_runtime/serve/completions.py), without a server:
-what a request may say, the one-line 4xx of each refusal, and the shape of answers and events."""
+"""The OpenAI completions protocol of `aotc serve` (runtime/aotc_runtime/serve/completions.py),
+without a server: what a request may say, the one-line 4xx of each refusal, and the shape of answers
+and events."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import json
 
 import pytest
 
-from aotc_runtime.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
-from aotc_runtime.serve.protocol import RequestError
 from aotc_runtime import Generation
 from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling import Sampling
+from aotc_runtime.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
+from aotc_runtime.serve.protocol import RequestError
 from aotc_runtime.text_delta import cut_at_stop
 
 GENERATION = Generation(batch_size=4, max_seq_len=32, vocab_size=512)

@@ -19,10 +19,10 @@ from conftest import free_port
 
 pytest.importorskip("ray.serve")
 
+from aotc_runtime import PackageError, load  # noqa: E402
 from aotc_runtime.serve.app import ServeOptions, check_package, start, stop  # noqa: E402
 from aotc_runtime.serve.client import Client  # noqa: E402
 from aotc_runtime.serve.protocol import NPZ_TYPE  # noqa: E402
-from aotc_runtime import PackageError, load  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CLIENT_THREADS = 16

@@ -25,11 +25,17 @@ import numpy
 import pytest
 import torch
 
-from aotc_runtime.serve import codec
-from aotc_runtime.serve.codec import Codec, CodecBusyError
-from aotc_runtime.serve.protocol import JSON_TYPE, NPZ_TYPE, RequestError, decode_request, encode_response
 from aotc_runtime import Signature
 from aotc_runtime.manifest import read_manifest
+from aotc_runtime.serve import codec
+from aotc_runtime.serve.codec import Codec, CodecBusyError
+from aotc_runtime.serve.protocol import (
+    JSON_TYPE,
+    NPZ_TYPE,
+    RequestError,
+    decode_request,
+    encode_response,
+)
 
 pytestmark = pytest.mark.slow
 needs_ray = pytest.mark.skipif(

@@ -1,8 +1,8 @@
 """What a hostile chat template or a greedy request can do to a serving replica, in-process through
-an ASGI test client (runtime/aotc_runtime/serve/completion_server.py, no Ray): a template stopped by its bounds is
-an OpenAI-shaped 500 for its request alone, it renders off the event loop (health and other
-requests go on), its memory is its own process's, and an answer past --max-answer-mb ends in a 400
-with its rows freed. The package is GPT-2 from the zoo with the word-level tokenizer ("w7" is
+an ASGI test client (runtime/aotc_runtime/serve/completion_server.py, no Ray): a template stopped by
+its bounds is an OpenAI-shaped 500 for its request alone, it renders off the event loop (health and
+other requests go on), its memory is its own process's, and an answer past --max-answer-mb ends in a
+400 with its rows freed. The package is GPT-2 from the zoo with the word-level tokenizer ("w7" is
 token 7), as in test_serve_openai_fields.py.
 """
 

@@ -1,7 +1,7 @@
 """The HTTP side of `aotc serve` for a text-generation package, in-process: the completion server's
-routes (runtime/aotc_runtime/serve/completion_server.py) on a real package through an ASGI test client, without
-Ray. What a client sees of an error (OpenAI's shape, whole and streamed), of a body too large, and
-of the server's health and metadata.
+routes (runtime/aotc_runtime/serve/completion_server.py) on a real package through an ASGI test
+client, without Ray. What a client sees of an error (OpenAI's shape, whole and streamed), of a body
+too large, and of the server's health and metadata.
 """
 
 from __future__ import annotations
@@ -343,9 +343,9 @@ def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_sha
     on: test_decode_engine.py): its request hears a 500 in OpenAI's shape, as JSON or as the
     stream's last event before [DONE], never a token outside the vocabulary."""
     import aotc_runtime.decode_engine
-    from aotc_runtime.serve.completion_engine import NON_FINITE_MESSAGE
     from aotc_runtime.decode_engine import Made
     from aotc_runtime.finish_reason import FinishReason
+    from aotc_runtime.serve.completion_engine import NON_FINITE_MESSAGE
 
     class NonFinite:
         """A running batch whose row's logits turn non-finite at its second token."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aotc.errors import ServeError, UserInputError
+from aotc_runtime.errors import OptionError, ServeError
 from aotc_runtime.serve.protocol import (
     COMPLETIONS_DEPLOYMENT,
     DEFAULT_MAX_ANSWER_BYTES,
@@ -69,7 +69,9 @@ class ServeOptions:
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
     public_key: Path | None = None  # `--require-signature`: the package must be signed by its key
     prefix_cache: bool = True  # text generation: reuse the prompt starts the KV cache holds
-    request_log: bool = True  # one line per request, logged here (runtime/aotc_runtime/serve/request_log.py)
+    request_log: bool = (
+        True  # one line per request, logged here (runtime/aotc_runtime/serve/request_log.py)
+    )
 
 
 @dataclass
@@ -179,7 +181,7 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise UserInputError(
+            raise OptionError(
                 f"cannot listen on {host}:{port} ({exc.strerror}); pick another with --port or --host"
             ) from None
 
@@ -207,7 +209,7 @@ def _resources(options: ServeOptions, manifest) -> tuple[int, float]:
 
         have = torch.cuda.device_count()
         if gpus * options.replicas > have:
-            raise UserInputError(
+            raise OptionError(
                 f"{options.replicas} replica(s) x {gpus:g} GPU need {gpus * options.replicas:g} GPUs, "
                 f"this machine has {have}; lower --replicas or share GPUs with --gpus-per-replica "
                 f"{max(have, 1) / options.replicas:g}"
@@ -270,7 +272,7 @@ def start(options: ServeOptions) -> Server:
     if problem:
         if started_ray:
             _shutdown_ray(print_before_ray)
-        raise UserInputError(problem)
+        raise OptionError(problem)
     server = Server(
         f"http://{reachable_host(options)}:{options.port}",
         options,

@@ -10,12 +10,14 @@ tokens -> a `chat.completion` or its `chat.completion.chunk` events. No server a
 - `max_completion_tokens` (or its older name `max_tokens`): default, what the KV cache holds after
   the prompt (OpenAI's default is the model's context too).
 - `logprobs` (true: each new token's logprob) and `top_logprobs` (0 to 20 alternatives).
-- The fields completions share (runtime/aotc_runtime/serve/request_fields.py): `temperature`, `top_p`, `top_k`,
-  `min_p`, the penalties, `seed`, `n`, `stop`, `ignore_eos`, `stream`, `stream_options`, `model`,
-  `user`. Logit biases and the older `functions` are accepted only at their neutral values.
-- `response_format`, `tools`, `tool_choice`, `parallel_tool_calls` (runtime/aotc_runtime/serve/structured.py): the
-  answers held to a JSON schema, or to calls of the tools. Messages may carry an assistant's
-  `tool_calls` and a tool's answer (role "tool", `tool_call_id`).
+- The fields completions share (runtime/aotc_runtime/serve/request_fields.py): `temperature`,
+  `top_p`, `top_k`, `min_p`, the penalties, `seed`, `n`, `stop`, `ignore_eos`, `stream`,
+  `stream_options`, `model`, `user`. Logit biases and the older `functions` are accepted only at
+  their neutral values.
+- `response_format`, `tools`, `tool_choice`, `parallel_tool_calls`
+  (runtime/aotc_runtime/serve/structured.py): the answers held to a JSON schema, or to calls of
+  the tools. Messages may carry an assistant's `tool_calls` and a tool's answer (role "tool",
+  `tool_call_id`).
 - The answer: {"id": "chatcmpl-...", "object": "chat.completion", "created", "model", "choices":
   [{"index", "message": {"role": "assistant", "content", "tool_calls" when it called tools},
   "logprobs", "finish_reason": "stop" | "length" | "tool_calls"}], "usage"}. Streamed:
@@ -29,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aotc_runtime.finish_reason import FinishReason
+from aotc_runtime.sampling_settings import MAX_LOGPROBS
 from aotc_runtime.serve import request_fields as fields
 from aotc_runtime.serve.completions import check_body_size
 from aotc_runtime.serve.logprobs import chat_logprobs
@@ -42,8 +46,6 @@ from aotc_runtime.serve.structured import (
     tool_call_text,
     tools_system_text,
 )
-from aotc_runtime.finish_reason import FinishReason
-from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
 FIELDS = ("messages", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
           *fields.SHARED_FIELDS, "response_format", "tools", "tool_choice",

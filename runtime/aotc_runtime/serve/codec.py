@@ -131,8 +131,8 @@ class Codec:
 
 
 class _Worker:
-    """One worker process (`python -m aotc_runtime.serve.codec`) and its pipes; used by one thread at a
-    time. One that dies is started again for the next job."""
+    """One worker process (`python -m aotc_runtime.serve.codec`) and its pipes; used by one thread
+    at a time. One that dies is started again for the next job."""
 
     def __init__(self, settings: dict):
         self._settings = settings
