@@ -200,7 +200,7 @@ def serve(
         serve_until_stopped(start(options), check)
 
 
-INSTALL = "pip install 'aotc-runtime[serve]' (or 'aotc[serve]' beside the compiler)"
+INSTALL = "pip install 'aotc-runtime[serve]'"  # aotc[serve] installs the same
 
 
 def require_ray_serve() -> None:
@@ -213,7 +213,8 @@ def require_ray_serve() -> None:
         # exc.name: the module not found, ray's own or one of its imports
         if exc.name is None or exc.name in ("ray", "ray.serve"):
             raise MissingDependencyError(
-                f"aotc serve needs ray.serve, which is not installed; {INSTALL}"
+                f"aotc serve needs ray.serve, which is not installed; {INSTALL} (or 'aotc[serve]' "
+                "beside the compiler)"
             ) from None
         raise MissingDependencyError(
             f"aotc serve needs ray.serve, which is installed but fails to import ({exc}); "
