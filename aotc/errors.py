@@ -2,12 +2,21 @@
 
 Every error message says what went wrong, where, and the flag or change that fixes it. The CLI
 prints `error: <message>` on one line and exits with the class's code; the traceback only with
---verbose. Runtime errors come from aotc_runtime so the runtime never imports aotc.
+--verbose. Runtime errors and the table come from aotc_runtime so the runtime never imports aotc.
 """
 
 from __future__ import annotations
 
-from aotc_runtime import AotcRuntimeError, InputMismatchError, PackageError
+# The exit-code table and serve's errors live with the runtime too: `aotc-serve` runs without aotc.
+from aotc_runtime import (
+    EXIT_CODES,
+    INTERRUPTED_EXIT_CODE,
+    AotcRuntimeError,
+    InputMismatchError,
+    OptionError,
+    PackageError,
+    ServeError,
+)
 
 
 class AotcError(Exception):
@@ -52,34 +61,11 @@ class NumericMismatchError(AotcError):
     exit_code = 6
 
 
-class ServeError(AotcError):
-    """`aotc serve` could not start: Ray would not start or join its cluster, or no replica came up."""
-
-    exit_code = 9
-
-
 class InternalError(AotcError):
     """A bug in aotc itself; the message asks for --verbose and a report."""
 
     exit_code = 1
 
-
-INTERRUPTED_EXIT_CODE = 130
-
-# The documented table (README and `aotc --help` are generated from the same rows).
-EXIT_CODES = (
-    (0, "success"),
-    (1, "internal error in aotc (a bug: rerun with --verbose and report it)"),
-    (2, "bad command line or input file (flags, shapes, paths, configs)"),
-    (3, "the model cannot be loaded, constructed, or fails on its example inputs"),
-    (4, "torch.export cannot capture the model (see `aotc explain`)"),
-    (5, "build failed: compilation error, or the package crashed when loaded"),
-    (6, "numeric check failed: package output differs from eager beyond tolerance"),
-    (7, "package refused: not a package, damaged, or built for another torch/GPU"),
-    (8, "run-time inputs do not match the package signature"),
-    (9, "aotc serve could not start: Ray, its cluster, or no replica answered"),
-    (130, "interrupted (Ctrl-C or SIGTERM); nothing half-written is left"),
-)
 
 __all__ = [
     "AotcError",
@@ -95,4 +81,5 @@ __all__ = [
     "EXIT_CODES",
     "INTERRUPTED_EXIT_CODE",
     "ServeError",
+    "OptionError",
 ]

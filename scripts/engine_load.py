@@ -1,8 +1,9 @@
 """Load on the decode engine in-process, as `aotc serve` drives it but without HTTP: closed-loop
 streams of requests of mixed prompt lengths and max_tokens, each stream sending its next request
 when the previous one ends, every request admitted in arrival order when a row is free
-(aotc/serve/completion_engine.py's admission). Each stream count runs twice on the same requests:
-all greedy, and all at OpenAI's default sampling (temperature 1.0, a seed of their own).
+(runtime/aotc_runtime/serve/completion_engine.py's admission). Each stream count runs twice on the
+same requests: all greedy, and all at OpenAI's default sampling (temperature 1.0, a seed of their
+own).
 
 Reports per run: aggregate tokens/s, and time to first token (arrival to first token) p50/p99,
 for all requests and for those that arrived while every other stream was running (a request

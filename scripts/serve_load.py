@@ -38,7 +38,7 @@ def percentile(values: list, q: float) -> float:
 
 
 def run_level(url: str, inputs: dict, concurrency: int, seconds: float, as_npz: bool) -> dict:
-    from aotc.serve.client import Client
+    from aotc_runtime.serve.client import Client
 
     latencies: list = []
     stages: dict = {}
@@ -109,9 +109,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
 
-    from aotc.serve.app import ServeOptions, start, stop
-    from aotc.serve.client import Client
     from aotc_runtime import Signature
+    from aotc_runtime.serve.app import ServeOptions, start, stop
+    from aotc_runtime.serve.client import Client
 
     results = []
     for replicas in map(int, args.replicas.split(",")):

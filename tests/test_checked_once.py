@@ -20,15 +20,15 @@ from fake_generation import FakeGeneration
 
 from aotc.cli.chat import chat
 from aotc.cli.generate import generate
-from aotc.serve import chat as chat_endpoint
-from aotc.serve import completions
-from aotc.serve.completions import parse_completion
-from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation, generation_request
 from aotc_runtime.decode_engine import DecodeEngine
 from aotc_runtime.errors import GenerationInputError
 from aotc_runtime.generation_request import GenerationRequest
 from aotc_runtime.sampling_settings import SAMPLING_FIELDS, InvalidSampling, Sampling
+from aotc_runtime.serve import chat as chat_endpoint
+from aotc_runtime.serve import completions
+from aotc_runtime.serve.completions import parse_completion
+from aotc_runtime.serve.protocol import RequestError
 
 GENERATION = Generation(batch_size=2, max_seq_len=32, vocab_size=128)
 

@@ -1,5 +1,6 @@
-"""The OpenAI completions protocol of `aotc serve` (aotc/serve/completions.py), without a server:
-what a request may say, the one-line 4xx of each refusal, and the shape of answers and events."""
+"""The OpenAI completions protocol of `aotc serve` (runtime/aotc_runtime/serve/completions.py),
+without a server: what a request may say, the one-line 4xx of each refusal, and the shape of answers
+and events."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import json
 
 import pytest
 
-from aotc.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
-from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
 from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling import Sampling
+from aotc_runtime.serve.completions import DONE_EVENT, max_body_bytes, parse_completion, sse_event
+from aotc_runtime.serve.protocol import RequestError
 from aotc_runtime.text_delta import cut_at_stop
 
 GENERATION = Generation(batch_size=4, max_seq_len=32, vocab_size=512)
@@ -114,8 +115,8 @@ def test_stop_cuts_the_text_before_the_first_stop_string():
 def test_answers_and_events_have_openais_shape():
     import asyncio
 
-    from aotc.serve.answers import server_sent, whole_answer
-    from aotc.serve.completions import CompletionShape
+    from aotc_runtime.serve.answers import server_sent, whole_answer
+    from aotc_runtime.serve.completions import CompletionShape
 
     request = parse({"prompt": [1, 2, 3], "max_tokens": 2})
     made = [  # the engine's events, as completion_engine passes them on
@@ -242,7 +243,7 @@ def test_the_413_names_the_prompt_limit_and_its_real_fix():
 
 
 def test_errors_have_openais_shape():
-    from aotc.serve.protocol import error_body
+    from aotc_runtime.serve.protocol import error_body
 
     with pytest.raises(RequestError) as caught:
         parse({"prompt": [1], "top_p": 2})

@@ -23,8 +23,7 @@ RUNTIME = ROOT / "runtime" / "aotc_runtime"
 # stand side by side: neither imports the other.
 FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
     "cli": (("aotc.cli", "aotc.__main__"),),
-    # serve beside api: only the CLI starts it, and it needs nothing but the runtime and the base
-    "api": (("aotc.api",), ("aotc.serve",)),
+    "api": (("aotc.api",),),
     "tune": (("aotc.tune",),),
     "bench": (("aotc.bench",),),
     "deploy": (("aotc.deploy",),),

@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from numpy.lib import format as npy_format
 
-from aotc.serve.protocol import NPZ_TYPE, RequestError, decode_request
 from aotc_runtime import InputMismatchError, Signature, read_inputs
+from aotc_runtime.serve.protocol import NPZ_TYPE, RequestError, decode_request
 
 AOTC = Path(sys.executable).parent / "aotc"
 MIB = 1 << 20

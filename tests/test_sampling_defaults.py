@@ -18,7 +18,7 @@ from aotc_runtime.generation_record import Generation
 from aotc_runtime.sampling import Sampling
 
 pytest.importorskip("ray.serve")
-from aotc.serve.completions import parse_completion  # noqa: E402
+from aotc_runtime.serve.completions import parse_completion  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_serve_takes_the_models_defaults_for_what_a_request_leaves_out():
 
 def test_a_built_package_records_its_models_defaults_and_serve_says_them(chat_lm):
     """The zoo's GPT-2 does not sample by default: greedy, in the manifest and /v1/metadata."""
-    from aotc.serve.app import ServeOptions, check_package, metadata
+    from aotc_runtime.serve.app import ServeOptions, check_package, metadata
 
     package = aotc_runtime.load(chat_lm)
     assert package.generation.sampling_defaults == {"temperature": 0.0}

@@ -12,11 +12,11 @@ import sys
 import pytest
 from conftest import invoke
 
-from aotc.serve.completions import parse_completion
-from aotc.serve.protocol import RequestError
 from aotc_runtime import Generation
 from aotc_runtime.generation_request import check_logprobs
 from aotc_runtime.sampling_settings import MAX_LOGPROBS, MAX_SEED, InvalidSampling, Sampling
+from aotc_runtime.serve.completions import parse_completion
+from aotc_runtime.serve.protocol import RequestError
 
 GENERATION = Generation(batch_size=4, max_seq_len=32, vocab_size=512)
 

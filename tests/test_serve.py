@@ -19,10 +19,10 @@ from conftest import free_port
 
 pytest.importorskip("ray.serve")
 
-from aotc.serve.app import ServeOptions, check_package, start, stop  # noqa: E402
-from aotc.serve.client import Client  # noqa: E402
-from aotc.serve.protocol import NPZ_TYPE  # noqa: E402
 from aotc_runtime import PackageError, load  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, check_package, start, stop  # noqa: E402
+from aotc_runtime.serve.client import Client  # noqa: E402
+from aotc_runtime.serve.protocol import NPZ_TYPE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CLIENT_THREADS = 16
@@ -188,8 +188,8 @@ def test_a_replica_that_cannot_load_the_package_refuses_with_the_reason(server, 
     say why (constructed directly: the driver's own check would refuse this package first)."""
     import shutil
 
-    from aotc.serve.replica import ModelReplica, ReplicaSettings
-    from aotc.serve.shipping import PackageSource
+    from aotc_runtime.serve.replica import ModelReplica, ReplicaSettings
+    from aotc_runtime.serve.shipping import PackageSource
 
     damaged = tmp_path / "damaged"
     shutil.copytree(mlp, damaged)

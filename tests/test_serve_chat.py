@@ -19,7 +19,7 @@ from test_serve_openai_fields import PROMPT, chat_prompt, generated
 pytest.importorskip("ray.serve")
 
 import aotc_runtime  # noqa: E402
-from aotc.serve.app import ServeOptions, _ask, start, stop  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, _ask, start, stop  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 60

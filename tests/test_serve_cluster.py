@@ -143,7 +143,7 @@ class FlakyRay:
 
 
 def test_a_client_server_that_fails_to_start_is_connected_to_again(monkeypatch):
-    from aotc.serve import app
+    from aotc_runtime.serve import app
 
     monkeypatch.setattr(app.time, "sleep", lambda _s: None)
     ray = FlakyRay(failures=2)

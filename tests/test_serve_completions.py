@@ -26,8 +26,8 @@ pytest.importorskip("ray.serve")
 from test_serve_http import assert_line_is_the_usage, request_lines  # noqa: E402
 
 import aotc_runtime  # noqa: E402
-from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
-from aotc.serve.request_log import LOGGER_NAME  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, start, stop  # noqa: E402
+from aotc_runtime.serve.request_log import LOGGER_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 60
@@ -261,9 +261,9 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
     import collections
 
     import aotc_runtime.decode_engine
-    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
-    from aotc.serve.request_fields import Choice
     from aotc_runtime.generation_request import GenerationRequest
+    from aotc_runtime.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc_runtime.serve.request_fields import Choice
 
     class Gauge:
         def set(self, _value):
@@ -329,7 +329,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name, c
 
 
 def test_serve_check_sends_a_completion(server, capsys):
-    from aotc.cli.serve import check_once
+    from aotc_runtime.serve.command import check_once
 
     assert check_once(server) == 0
     printed = json.loads(capsys.readouterr().out.splitlines()[-1])
@@ -358,10 +358,10 @@ def test_waiting_requests_join_the_running_batch_in_order_while_rows_are_free():
     import asyncio
     import collections
 
-    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
-    from aotc.serve.request_fields import Choice
     from aotc_runtime.generation_request import GenerationRequest
     from aotc_runtime.sampling import Sampling
+    from aotc_runtime.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc_runtime.serve.request_fields import Choice
 
     def job(prompt_tokens: int, max_tokens: int, temperature: float = 0.0) -> Job:
         sampling = Sampling(temperature, seed=7 if temperature else None)
@@ -415,9 +415,9 @@ def test_a_request_with_many_answers_takes_turns_with_the_requests_behind_it():
     import asyncio
     import collections
 
-    from aotc.serve.completion_engine import CompletionEngine, Job, Reply
-    from aotc.serve.request_fields import Choice
     from aotc_runtime.generation_request import GenerationRequest
+    from aotc_runtime.serve.completion_engine import CompletionEngine, Job, Reply
+    from aotc_runtime.serve.request_fields import Choice
 
     class Batch:
         def __init__(self):
@@ -463,7 +463,7 @@ def test_a_generating_cpu_replica_leaves_a_core_to_its_http_side(monkeypatch):
     from types import SimpleNamespace
 
     import aotc_runtime.threads
-    from aotc.serve import app
+    from aotc_runtime.serve import app
 
     monkeypatch.setattr(aotc_runtime.threads, "default_threads", lambda: 8)
     cpu = SimpleNamespace(type="cpu")

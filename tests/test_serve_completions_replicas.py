@@ -16,7 +16,7 @@ pytest.importorskip("ray.serve")
 from conftest import free_port  # noqa: E402
 from test_serve_completions import expected_ids, get, post  # noqa: E402
 
-from aotc.serve.app import ServeOptions, start, stop  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, start, stop  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

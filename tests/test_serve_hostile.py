@@ -1,7 +1,7 @@
 """`aotc serve` against hostile bodies (issue 24): a body that does not arrive in time gets 408 and
 its connection is closed, /v1/health answers while large bodies decode, an .npz bomb is refused
 fast with bounded memory, and a local Ray listens on loopback only. The decoding pool
-(aotc/serve/codec.py) is also tested on its own, without Ray.
+(runtime/aotc_runtime/serve/codec.py) is also tested on its own, without Ray.
 
 One server for the module (loopback, a short body timeout); every wait is bounded.
 """
@@ -25,11 +25,17 @@ import numpy
 import pytest
 import torch
 
-from aotc.serve import codec
-from aotc.serve.codec import Codec, CodecBusyError
-from aotc.serve.protocol import JSON_TYPE, NPZ_TYPE, RequestError, decode_request, encode_response
 from aotc_runtime import Signature
 from aotc_runtime.manifest import read_manifest
+from aotc_runtime.serve import codec
+from aotc_runtime.serve.codec import Codec, CodecBusyError
+from aotc_runtime.serve.protocol import (
+    JSON_TYPE,
+    NPZ_TYPE,
+    RequestError,
+    decode_request,
+    encode_response,
+)
 
 pytestmark = pytest.mark.slow
 needs_ray = pytest.mark.skipif(
@@ -53,7 +59,7 @@ def signature_json(mlp) -> dict:
 def server(mlp):
     from conftest import free_port
 
-    from aotc.serve.app import ServeOptions, start, stop
+    from aotc_runtime.serve.app import ServeOptions, start, stop
 
     running = start(ServeOptions(package=mlp, port=free_port(), body_timeout_s=BODY_TIMEOUT_S))
     yield running
@@ -179,7 +185,7 @@ def test_an_npz_bomb_is_refused_fast_with_bounded_memory(server):
     """2.5 MB that inflates to 2.5 GB: before, the ingress inflated it all (10 s, +2.4 GB of peak
     RSS), then refused its shape. Peak RSS is the ingress's and its decoding workers', reset
     before the request (clear_refs 5) where the kernel lets us."""
-    from aotc.serve.client import Client
+    from aotc_runtime.serve.client import Client
 
     bomb = npz_bomb()
     assert len(bomb) < 3 * MIB
@@ -209,7 +215,7 @@ def test_health_answers_within_1s_while_60mb_json_bodies_decode(server):
     One at a time, as the issue's finding: three at once put 180 MB through Ray Serve's proxy,
     whose streaming alone held health 1.0-1.3 s on the 2-core VM before any decoding started
     (docs/reliability.md)."""
-    from aotc.serve.client import Client
+    from aotc_runtime.serve.client import Client
 
     body = heavy_json(60_000_000)
     probes: list[tuple[float, float, int]] = []  # (sent at, seconds, status)
@@ -248,7 +254,7 @@ def test_health_answers_within_1s_while_60mb_json_bodies_decode(server):
 def test_a_body_that_does_not_arrive_in_time_gets_408_and_its_connection_closed(server):
     """Eight connections declare 1 MB and send 64 KB: before, they were held without end (75 s and
     more); now each gets 408 when the body timeout expires, and is closed."""
-    from aotc.serve.client import Client
+    from aotc_runtime.serve.client import Client
 
     port = int(server.url.rsplit(":", 1)[1])
     head = (
@@ -381,7 +387,7 @@ def test_a_worker_killed_mid_decode_gives_500_and_is_started_again(signature_jso
         return [
             pid
             for pid, parent in process_tree().items()
-            if parent == os.getpid() and "aotc.serve.codec" in title(pid)
+            if parent == os.getpid() and "aotc_runtime.serve.codec" in title(pid)
         ]
 
     async def check() -> None:

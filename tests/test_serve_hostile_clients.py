@@ -1,8 +1,8 @@
 """What a hostile chat template or a greedy request can do to a serving replica, in-process through
-an ASGI test client (aotc/serve/completion_server.py, no Ray): a template stopped by its bounds is
-an OpenAI-shaped 500 for its request alone, it renders off the event loop (health and other
-requests go on), its memory is its own process's, and an answer past --max-answer-mb ends in a 400
-with its rows freed. The package is GPT-2 from the zoo with the word-level tokenizer ("w7" is
+an ASGI test client (runtime/aotc_runtime/serve/completion_server.py, no Ray): a template stopped by
+its bounds is an OpenAI-shaped 500 for its request alone, it renders off the event loop (health and
+other requests go on), its memory is its own process's, and an answer past --max-answer-mb ends in a
+400 with its rows freed. The package is GPT-2 from the zoo with the word-level tokenizer ("w7" is
 token 7), as in test_serve_openai_fields.py.
 """
 
@@ -105,7 +105,7 @@ def test_health_and_other_requests_answer_while_a_template_renders(client, short
 @pytest.fixture(scope="module")
 def bounded_client(lm):
     """A server whose answers are held to 2 KiB (`aotc serve --max-answer-mb`)."""
-    from aotc.serve.completion_server import CompletionServer
+    from aotc_runtime.serve.completion_server import CompletionServer
 
     server = completion_server(lm)
     server._max_answer = 2048

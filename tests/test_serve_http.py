@@ -1,7 +1,7 @@
 """The HTTP side of `aotc serve` for a text-generation package, in-process: the completion server's
-routes (aotc/serve/completion_server.py) on a real package through an ASGI test client, without
-Ray. What a client sees of an error (OpenAI's shape, whole and streamed), of a body too large, and
-of the server's health and metadata.
+routes (runtime/aotc_runtime/serve/completion_server.py) on a real package through an ASGI test
+client, without Ray. What a client sees of an error (OpenAI's shape, whole and streamed), of a body
+too large, and of the server's health and metadata.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ pytest.importorskip("ray.serve")
 from starlette.requests import Request  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from aotc.serve.app import ServeOptions, check_package, metadata  # noqa: E402
-from aotc.serve.completion_server import CompletionServer  # noqa: E402
-from aotc.serve.completions import max_body_bytes  # noqa: E402
-from aotc.serve.ingress import refusals_counter, route  # noqa: E402
-from aotc.serve.protocol import decode_request  # noqa: E402
-from aotc.serve.replica import ReplicaSettings  # noqa: E402
-from aotc.serve.request_log import LOGGER_NAME  # noqa: E402
-from aotc.serve.shipping import PackageSource  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, check_package, metadata  # noqa: E402
+from aotc_runtime.serve.completion_server import CompletionServer  # noqa: E402
+from aotc_runtime.serve.completions import max_body_bytes  # noqa: E402
+from aotc_runtime.serve.ingress import refusals_counter, route  # noqa: E402
+from aotc_runtime.serve.protocol import decode_request  # noqa: E402
+from aotc_runtime.serve.replica import ReplicaSettings  # noqa: E402
+from aotc_runtime.serve.request_log import LOGGER_NAME  # noqa: E402
+from aotc_runtime.serve.shipping import PackageSource  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
 
@@ -71,7 +71,7 @@ def client(server):
         yield client
 
 
-# a request's line (aotc/serve/request_log.py), every field it may have
+# a request's line (runtime/aotc_runtime/serve/request_log.py), every field it may have
 REQUEST_LINE = re.compile(
     r"(?P<endpoint>[A-Z]+ \S+) (?P<status>\d{3}|-)(?P<stream> stream)?"
     r"( code=(?P<code>\S+))?( param=(?P<param>\S+))?"
@@ -343,9 +343,9 @@ def test_an_answer_with_non_finite_logits_fails_its_request_alone_in_openais_sha
     on: test_decode_engine.py): its request hears a 500 in OpenAI's shape, as JSON or as the
     stream's last event before [DONE], never a token outside the vocabulary."""
     import aotc_runtime.decode_engine
-    from aotc.serve.completion_engine import NON_FINITE_MESSAGE
     from aotc_runtime.decode_engine import Made
     from aotc_runtime.finish_reason import FinishReason
+    from aotc_runtime.serve.completion_engine import NON_FINITE_MESSAGE
 
     class NonFinite:
         """A running batch whose row's logits turn non-finite at its second token."""

@@ -1,8 +1,8 @@
 """The OpenAI fields of `aotc serve`'s /v1/completions and /v1/chat/completions, each against its
-meaning: the completion server's routes (aotc/serve/completion_server.py) in-process through an
-ASGI test client, no Ray, on GPT-2 from the zoo with the word-level tokenizer ("w7" is token 7)
-and a chat template in the same words. Answers are compared with the runtime's own `generate` and
-with the package's logits; the protocol's refusals are checked without a server.
+meaning: the completion server's routes (runtime/aotc_runtime/serve/completion_server.py) in-process
+through an ASGI test client, no Ray, on GPT-2 from the zoo with the word-level tokenizer ("w7" is
+token 7) and a chat template in the same words. Answers are compared with the runtime's own
+`generate` and with the package's logits; the protocol's refusals are checked without a server.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from starlette.testclient import TestClient  # noqa: E402
 from test_serve_http import asgi, completion_server  # noqa: E402
 
 import aotc_runtime  # noqa: E402
-from aotc.serve.chat import parse_chat  # noqa: E402
-from aotc.serve.completions import parse_completion  # noqa: E402
-from aotc.serve.protocol import RequestError  # noqa: E402
 from aotc_runtime.decode_step import pack  # noqa: E402
+from aotc_runtime.serve.chat import parse_chat  # noqa: E402
+from aotc_runtime.serve.completions import parse_completion  # noqa: E402
+from aotc_runtime.serve.protocol import RequestError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
 

@@ -1,5 +1,5 @@
-"""The request/response format of `aotc serve` (aotc/serve/protocol.py), without a server: each
-refusal's HTTP status and message, JSON and .npz round trips against known tensors."""
+"""The request/response format of `aotc serve` (runtime/aotc_runtime/serve/protocol.py), without a
+server: each refusal's HTTP status and message, JSON and .npz round trips against known tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy
 import pytest
 import torch
 
-from aotc.serve.protocol import (
+from aotc_runtime import Signature
+from aotc_runtime.serve.protocol import (
     NPZ_TYPE,
     SAID_MAX,
     RequestError,
@@ -19,7 +20,6 @@ from aotc.serve.protocol import (
     media_type,
     said_whole,
 )
-from aotc_runtime import Signature
 
 SIGNATURE = Signature.from_json(
     {

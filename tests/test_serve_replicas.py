@@ -26,9 +26,9 @@ pytest.importorskip("ray.serve")
 
 from conftest import free_port  # noqa: E402
 
-from aotc.serve.app import ServeOptions, descendants, start, stop  # noqa: E402
-from aotc.serve.client import Client  # noqa: E402
 from aotc_runtime import load  # noqa: E402
+from aotc_runtime.serve.app import ServeOptions, descendants, start, stop  # noqa: E402
+from aotc_runtime.serve.client import Client  # noqa: E402
 from tests.test_serve import request_rows  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -88,8 +88,8 @@ def test_sigterm_stops_the_server_cleanly(mlp):
 HANGING_STOP = """
 import json, sys, time
 from pathlib import Path
-from aotc.cli.serve import end_after
-from aotc.serve.app import ServeOptions, descendants, start
+from aotc_runtime.serve.command import end_after
+from aotc_runtime.serve.app import ServeOptions, descendants, start
 import os
 start(ServeOptions(package=Path(sys.argv[1]), port=int(sys.argv[2])))
 print(json.dumps(descendants(os.getpid())), flush=True)

@@ -17,8 +17,8 @@ from conftest import free_port, invoke
 
 pytest.importorskip("ray.serve")
 
-from aotc.serve.replica import REFUSED, ReplicaSettings  # noqa: E402
-from aotc.serve.shipping import PackageSource  # noqa: E402
+from aotc_runtime.serve.replica import REFUSED, ReplicaSettings  # noqa: E402
+from aotc_runtime.serve.shipping import PackageSource  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
 
@@ -95,7 +95,7 @@ def test_serve_refuses_an_unsigned_or_altered_package_before_ray_starts(
 
 
 def engine_for(package, key) -> object:
-    from aotc.serve.completion_engine import CompletionEngine
+    from aotc_runtime.serve.completion_engine import CompletionEngine
 
     settings = ReplicaSettings(public_key_pem=key.read_bytes())
     return CompletionEngine(PackageSource(path=str(package)), settings, package.name)
@@ -135,16 +135,16 @@ def test_serve_exits_7_with_the_reason_when_its_replica_refuses_the_package(
     comes back through Ray as one line, exit 7, and everything started is taken down."""
     import ray
 
-    import aotc.serve.app
+    import aotc_runtime.serve.app
 
-    checked = aotc.serve.app.check_package
+    checked = aotc_runtime.serve.app.check_package
 
     def check_then_swap(options):
         manifest = checked(options)
         swap_tokenizer(signed)
         return manifest
 
-    monkeypatch.setattr(aotc.serve.app, "check_package", check_then_swap)
+    monkeypatch.setattr(aotc_runtime.serve.app, "check_package", check_then_swap)
     result = invoke(
         "serve", signed, "--require-signature", "--public-key", keys.mine.public,
         "--port", free_port(), "--check",

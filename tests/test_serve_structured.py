@@ -22,8 +22,8 @@ pytest.importorskip("llguidance")
 from starlette.testclient import TestClient  # noqa: E402
 from test_serve_http import asgi, completion_server  # noqa: E402
 
-from aotc.serve.chat import parse_chat  # noqa: E402
-from aotc.serve.protocol import RequestError  # noqa: E402
+from aotc_runtime.serve.chat import parse_chat  # noqa: E402
+from aotc_runtime.serve.protocol import RequestError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds the package
 

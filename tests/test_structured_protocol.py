@@ -1,7 +1,7 @@
-"""The tool-call form of aotc/serve/structured.py on texts, no model: a streamed answer split at
-any point gives the calls and content of the whole, text that only looks like a call's start
-flows on, the grammar a request asks for is the one its tools and format name, and an answer
-with calls ends with finish_reason "tool_calls" (aotc/serve/chat.py)."""
+"""The tool-call form of runtime/aotc_runtime/serve/structured.py on texts, no model: a streamed
+answer split at any point gives the calls and content of the whole, text that only looks like a
+call's start flows on, the grammar a request asks for is the one its tools and format name, and an
+answer with calls ends with finish_reason "tool_calls" (runtime/aotc_runtime/serve/chat.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from aotc.serve.chat import ChatShape
-from aotc.serve.structured import CallStream, Structure, Tool, read_calls, read_structure
 from aotc_runtime.finish_reason import FinishReason
+from aotc_runtime.serve.chat import ChatShape
+from aotc_runtime.serve.structured import CallStream, Structure, Tool, read_calls, read_structure
 
 CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'

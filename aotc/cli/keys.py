@@ -1,6 +1,7 @@
 """`aotc keygen` and `aotc sign`: ed25519 keys, and a package's signature (manifest.json.sig).
 
-Also the `--require-signature` / `--public-key` pair that `aotc run` and `aotc verify` share.
+The `--require-signature` / `--public-key` pair that `aotc run`, `aotc verify` and `aotc serve`
+share lives with the serve command in the runtime (aotc_runtime/serve/cli_options.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from pathlib import Path
 import click
 
 from aotc.cli.types import exit_codes_epilog
+from aotc_runtime.serve.cli_options import required_key as required_key
+from aotc_runtime.serve.cli_options import signature_options as signature_options
 
 
 @click.command(epilog=exit_codes_epilog())
@@ -68,28 +71,3 @@ def sign(package, private_key):
     written = sign_package(package, private_key)
     click.echo(f"signed {package}: {written}")
     click.echo(f"check it: aotc verify {package} --require-signature --public-key PUBLIC_KEY.pem")
-
-
-def signature_options(command):
-    """--require-signature and --public-key, as `aotc run` and `aotc verify` take them."""
-    command = click.option(
-        "--public-key",
-        "public_key",
-        type=click.Path(path_type=Path),
-        default=None,
-        help="ed25519 public key (PEM, `aotc keygen`); the package must be signed by its private key.",
-    )(command)
-    return click.option(
-        "--require-signature",
-        is_flag=True,
-        help="Refuse the package unless it is signed (`aotc sign`) by --public-key's private key.",
-    )(command)
-
-
-def required_key(require_signature: bool, public_key: Path | None) -> Path | None:
-    """The key a package must be signed with, or None: --public-key alone asks for the check too."""
-    if require_signature and public_key is None:
-        raise click.UsageError(
-            "--require-signature needs --public-key PEM: the public key the package must be signed with"
-        )
-    return public_key

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import click
 
-
-def exit_codes_epilog() -> str:
-    """The exit-code table under every command's --help (the same rows as README's table)."""
-    from aotc.errors import EXIT_CODES
-
-    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES)
+# shared with `aotc-serve`, which runs without aotc: they live beside it in the runtime
+from aotc_runtime.serve.cli_options import ThreadsType
+from aotc_runtime.serve.cli_options import exit_codes_epilog as exit_codes_epilog
 
 
 class ParsedType(click.ParamType):
@@ -114,24 +111,6 @@ def parse_duration(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError(f"'{text}' is not a duration; give one like 20m, 90s or 1h")
     return value
-
-
-class ThreadsType(click.ParamType):
-    """`--threads N`, the CPU threads of a package's calls: a bad value is the one line of
-    aotc_runtime.threads.parse_threads (exit 2), not click's usage block."""
-
-    name = "N"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from aotc.errors import UserInputError
-        from aotc_runtime.threads import parse_threads
-
-        try:
-            return parse_threads(value)
-        except ValueError as exc:
-            raise UserInputError(str(exc)) from None
 
 
 def threads_option(help_text: str):

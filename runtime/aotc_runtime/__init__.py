@@ -15,6 +15,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .errors import (
+    EXIT_CODES,
+    INTERRUPTED_EXIT_CODE,
     AotcRuntimeError,
     GenerationBusyError,
     GenerationInputError,
@@ -22,7 +24,9 @@ from .errors import (
     InputTooLargeError,
     MissingDependencyError,
     NonFiniteLogitsError,
+    OptionError,
     PackageError,
+    ServeError,
 )
 
 __version__ = "0.1.0"
@@ -101,6 +105,10 @@ __all__ = [
     "InputMismatchError",
     "InputTooLargeError",
     "MissingDependencyError",
+    "OptionError",
+    "ServeError",
+    "EXIT_CODES",
+    "INTERRUPTED_EXIT_CODE",
     "__version__",
     "load",
     "Package",

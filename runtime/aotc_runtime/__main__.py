@@ -6,11 +6,10 @@ argparse, not click: the runtime depends on torch alone.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import sys
 
-from .errors import AotcRuntimeError
+from .exits import exit_code_of, terminate_like_interrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from .runner import format_report, run_package
 
-    _terminate_like_interrupt()
-    try:
+    def run() -> int:
         report = run_package(
             args.package,
             args.input,
@@ -59,39 +57,11 @@ def main(argv: list[str] | None = None) -> int:
             public_key=args.public_key,
             threads=args.threads,
         )
-    except AotcRuntimeError as exc:
-        if args.verbose:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        # exit handlers run from here: the model's unpacked copy is removed (extraction.py)
-        print("error: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
-        return 130
-    except OSError as exc:
-        if args.verbose or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        where = exc.filename or "the output folder"
-        print(
-            f"error: no space left on the device holding {where}; free space or write elsewhere",
-            file=sys.stderr,
-        )
-        return 2
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
 
-
-def _terminate_like_interrupt() -> None:
-    """SIGTERM (what `timeout`, Docker and Kubernetes send) ends a run as Ctrl-C does, so exit
-    handlers run; by default it ends the process on the spot."""
-    import signal
-    import threading
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
+    terminate_like_interrupt()
+    return exit_code_of(run, verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ end passes it on as it is: `Package.stream(..., text=True)`'s steps, `aotc chat`
   answers that request with a 500).
 
 OpenAI's chat also says "tool_calls": that is a STOP whose answer holds tool calls, which only the
-chat endpoint reads (aotc/serve/chat.py, `chat_finish_reason`); the engine knows no tools.
+chat endpoint reads (runtime/aotc_runtime/serve/chat.py, `chat_finish_reason`); the engine knows no
+tools.
 
 A member is its value as a string: `==` "stop", `str()` and `format()` give "stop" (Python 3.12
 made format() of a mixed-in enum follow str()), and json.dumps writes "stop", as OpenAI's clients

@@ -1,7 +1,8 @@
 """Reading .npy and .npz inputs without trusting them: what a file declares (entry count, names,
 each array's shape and dtype, their bytes) is checked against the package's signature before any
 array data is decompressed or allocated. `aotc run --input` (tensor_io.read_inputs) and
-`aotc serve` (aotc/serve/protocol.py) read through here; the C++ runner follows the same rules.
+`aotc serve` (runtime/aotc_runtime/serve/protocol.py) read through here; the C++ runner follows the
+same rules.
 
 An .npz, in this order:
 1. Its end-of-central-directory record (in the last 22 bytes + 64 KiB) is read first: one disk,

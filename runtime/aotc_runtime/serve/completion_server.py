@@ -1,13 +1,13 @@
 """The HTTP side of `aotc serve` for a text-generation package: OpenAI's completions, chat
 completions and models, health and metadata, answered by the replica that generates
-(aotc/serve/completion_engine.py).
+(runtime/aotc_runtime/serve/completion_engine.py).
 
 A package that answers one call per request has an ingress deployment in front of its model
-replicas (aotc/serve/ingress.py): a refusal costs no model time, and a request whose replica dies
-is sent to another. A completion streams one event per token, and every process a token crosses
-costs it a Ray round trip (about 0.4 ms each on the 2-core VM, more than a small model's token):
-so here the replica answers HTTP itself, and Ray Serve's proxy sends each request straight to it.
-Bodies are small (a prompt), so they are read and checked in the replica; a completion is not
+replicas (runtime/aotc_runtime/serve/ingress.py): a refusal costs no model time, and a request whose
+replica dies is sent to another. A completion streams one event per token, and every process a token
+crosses costs it a Ray round trip (about 0.4 ms each on the 2-core VM, more than a small model's
+token): so here the replica answers HTTP itself, and Ray Serve's proxy sends each request straight
+to it. Bodies are small (a prompt), so they are read and checked in the replica; a completion is not
 retried on another replica (its tokens were already streamed).
 
 Every error, whole or streamed, is OpenAI's shape (protocol.error_body): `{"error": {"message":
@@ -25,19 +25,23 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from aotc.serve.answers import server_sent, whole_answer
-from aotc.serve.chat import ChatShape
-from aotc.serve.completion_engine import CompletionEngine
-from aotc.serve.completions import CompletionShape, body_too_large_for_prompt, max_body_bytes
-from aotc.serve.ingress import json_response, read_body, refusals_counter, route
-from aotc.serve.protocol import (
+from aotc_runtime.serve.answers import server_sent, whole_answer
+from aotc_runtime.serve.chat import ChatShape
+from aotc_runtime.serve.completion_engine import CompletionEngine
+from aotc_runtime.serve.completions import (
+    CompletionShape,
+    body_too_large_for_prompt,
+    max_body_bytes,
+)
+from aotc_runtime.serve.ingress import json_response, read_body, refusals_counter, route
+from aotc_runtime.serve.protocol import (
     COMPLETIONS_DEPLOYMENT,
     DEFAULT_MAX_ANSWER_BYTES,
     body_too_large,
 )
-from aotc.serve.replica import ReplicaSettings
-from aotc.serve.request_log import RequestLog, Tally
-from aotc.serve.shipping import PackageSource
+from aotc_runtime.serve.replica import ReplicaSettings
+from aotc_runtime.serve.request_log import RequestLog, Tally
+from aotc_runtime.serve.shipping import PackageSource
 
 # the routes a text-generation package serves: `aotc serve` lists them and waits until each answers
 ROUTES = {

@@ -9,8 +9,9 @@ The ingress is its own Ray Serve deployment in front of the model replicas:
 
 A body must arrive within the body timeout (`--body-timeout-s`), or the request gets 408 and its
 connection is closed: a client that declares a length and sends part of it holds a connection and a
-task until then, no longer. Bodies are decoded (and answers encoded) by aotc/serve/codec.py: large
-ones in worker processes, so that a slow decode never holds up the event loop and /v1/health.
+task until then, no longer. Bodies are decoded (and answers encoded) by
+runtime/aotc_runtime/serve/codec.py: large ones in worker processes, so that a slow decode never
+holds up the event loop and /v1/health.
 
 Every refusal is JSON in OpenAI's error shape, with its status: `{"error": {"message": "<one line:
 what is wrong and what to do>", "type": "invalid_request_error" (4xx) or "server_error" (5xx),
@@ -34,10 +35,16 @@ from ray.serve.metrics import Counter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from aotc.serve.codec import Codec
-from aotc.serve.protocol import NPZ_TYPE, RequestError, body_too_large, media_type, said_whole
-from aotc.serve.replica import ReplicaRefusedError
-from aotc.serve.request_log import RequestLog, RequestRecord
+from aotc_runtime.serve.codec import Codec
+from aotc_runtime.serve.protocol import (
+    NPZ_TYPE,
+    RequestError,
+    body_too_large,
+    media_type,
+    said_whole,
+)
+from aotc_runtime.serve.replica import ReplicaRefusedError
+from aotc_runtime.serve.request_log import RequestLog, RequestRecord
 
 logger = logging.getLogger("ray.serve")
 
@@ -72,8 +79,8 @@ async def route(
 ) -> Response:
     """The answer of the handler `routes` names for the request's path and method, or the
     refusal (counted) its RequestError gives: path -> (method, async handler). The request's
-    line goes to `log` (aotc/serve/request_log.py); a handler finds its RequestRecord in
-    `request.state.record`, and a stream writes it when it ends."""
+    line goes to `log` (runtime/aotc_runtime/serve/request_log.py); a handler finds its
+    RequestRecord in `request.state.record`, and a stream writes it when it ends."""
     path = request.url.path.rstrip("/")
     record = request.state.record = RequestRecord(f"{request.method} {path or '/'}")
     try:

@@ -30,8 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from aotc.serve.answers import usage
-from aotc.serve.protocol import RequestError
+from aotc_runtime.serve.answers import usage
+from aotc_runtime.serve.protocol import RequestError
 
 LOGGER_NAME = "aotc.serve.requests"
 logger = logging.getLogger(LOGGER_NAME)
@@ -44,8 +44,9 @@ MAX_HELD = 10_000  # lines the sink holds for `aotc serve`; past it the oldest a
 
 
 class Tally:
-    """The engine's items of one request (aotc/serve/completion_engine.py), passed on as they
-    come and counted: the usage the answer reports, and when its first and last tokens came."""
+    """The engine's items of one request (runtime/aotc_runtime/serve/completion_engine.py), passed
+    on as they come and counted: the usage the answer reports, and when its first and last tokens
+    came."""
 
     def __init__(self, events: Any):
         self._events = events
@@ -92,8 +93,8 @@ class Tally:
 
 @dataclass
 class RequestRecord:
-    """What one request's line says; `route` (aotc/serve/ingress.py) makes it, the handler adds
-    what it knows."""
+    """What one request's line says; `route` (runtime/aotc_runtime/serve/ingress.py) makes it, the
+    handler adds what it knows."""
 
     endpoint: str  # "POST /v1/completions"
     started: float = field(default_factory=time.perf_counter)

@@ -2,8 +2,8 @@
 model replicas on Ray Serve, wait until a replica answers, and take it all down again.
 
 Two Ray Serve deployments (model composition, as Ray Serve's docs build it):
-  HTTP proxy -> aotc-ingress (routes, checks, retries; aotc/serve/ingress.py)
-             -> aotc-model (the package, dynamic batching; aotc/serve/replica.py)
+  HTTP proxy -> aotc-ingress (routes, checks, retries; runtime/aotc_runtime/serve/ingress.py)
+             -> aotc-model (the package, dynamic batching; runtime/aotc_runtime/serve/replica.py)
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aotc.errors import ServeError, UserInputError
-from aotc.serve.protocol import (
+from aotc_runtime.errors import OptionError, ServeError
+from aotc_runtime.serve.protocol import (
     COMPLETIONS_DEPLOYMENT,
     DEFAULT_MAX_ANSWER_BYTES,
     DEFAULT_MAX_BODY_BYTES,
@@ -69,7 +69,9 @@ class ServeOptions:
     metrics_port: int | None = None  # local Ray's Prometheus endpoint (a cluster has its own)
     public_key: Path | None = None  # `--require-signature`: the package must be signed by its key
     prefix_cache: bool = True  # text generation: reuse the prompt starts the KV cache holds
-    request_log: bool = True  # one line per request, logged here (aotc/serve/request_log.py)
+    request_log: bool = (
+        True  # one line per request, logged here (runtime/aotc_runtime/serve/request_log.py)
+    )
 
 
 @dataclass
@@ -127,7 +129,7 @@ def default_max_batch_size(manifest) -> int:
 
 def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
     """GET /v1/metadata: what is served and how."""
-    from aotc.serve.batching import batch_dim, batch_limit
+    from aotc_runtime.serve.batching import batch_dim, batch_limit
 
     signature = manifest.signature
     dim = batch_dim(signature) if max_batch_size > 1 else None
@@ -179,7 +181,7 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise UserInputError(
+            raise OptionError(
                 f"cannot listen on {host}:{port} ({exc.strerror}); pick another with --port or --host"
             ) from None
 
@@ -207,7 +209,7 @@ def _resources(options: ServeOptions, manifest) -> tuple[int, float]:
 
         have = torch.cuda.device_count()
         if gpus * options.replicas > have:
-            raise UserInputError(
+            raise OptionError(
                 f"{options.replicas} replica(s) x {gpus:g} GPU need {gpus * options.replicas:g} GPUs, "
                 f"this machine has {have}; lower --replicas or share GPUs with --gpus-per-replica "
                 f"{max(have, 1) / options.replicas:g}"
@@ -220,11 +222,11 @@ def start(options: ServeOptions) -> Server:
     import ray
     from ray import serve
 
-    from aotc.serve.completion_server import completion_deployment
-    from aotc.serve.ingress import ingress_deployment
-    from aotc.serve.replica import ModelReplica, ReplicaSettings
-    from aotc.serve.request_log import RequestLogFollower
-    from aotc.serve.shipping import PackageSource, ship
+    from aotc_runtime.serve.completion_server import completion_deployment
+    from aotc_runtime.serve.ingress import ingress_deployment
+    from aotc_runtime.serve.replica import ModelReplica, ReplicaSettings
+    from aotc_runtime.serve.request_log import RequestLogFollower
+    from aotc_runtime.serve.shipping import PackageSource, ship
 
     manifest = check_package(options)
     threads, gpus = _resources(options, manifest)
@@ -270,7 +272,7 @@ def start(options: ServeOptions) -> Server:
     if problem:
         if started_ray:
             _shutdown_ray(print_before_ray)
-        raise UserInputError(problem)
+        raise OptionError(problem)
     server = Server(
         f"http://{reachable_host(options)}:{options.port}",
         options,

@@ -26,8 +26,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.serve.protocol import RequestError
-from aotc.serve.request_fields import shown, shown_name
+from aotc_runtime.serve.protocol import RequestError
+from aotc_runtime.serve.request_fields import shown, shown_name
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 MAX_TOOLS = 128  # OpenAI's limit

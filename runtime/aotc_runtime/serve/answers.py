@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from aotc.serve.completions import DONE_EVENT, sse_event
-from aotc.serve.protocol import DEFAULT_MAX_ANSWER_BYTES, RequestError, answer_too_large
 from aotc_runtime.finish_reason import FinishReason
+from aotc_runtime.serve.completions import DONE_EVENT, sse_event
+from aotc_runtime.serve.protocol import DEFAULT_MAX_ANSWER_BYTES, RequestError, answer_too_large
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What generates the answers of `aotc serve` for a text-generation package: OpenAI completions
 and chat completions, streamed token by token, every answer joining one running batch. The HTTP
-side is aotc/serve/completion_server.py, in the same process (a token crosses no process on its
-way).
+side is runtime/aotc_runtime/serve/completion_server.py, in the same process (a token crosses no
+process on its way).
 
 `complete(body, chat=False)` is an async generator. Its first item is the refusal of the request
 (`{"refused": RequestError}`: answered as JSON) or its acceptance (`{"accepted": True, "request":
@@ -40,14 +40,14 @@ from typing import Any
 
 from ray.serve import metrics
 
-from aotc.serve.chat import parse_chat
-from aotc.serve.completions import parse_completion
-from aotc.serve.protocol import RequestError, said_whole
-from aotc.serve.replica import REFUSED, ReplicaSettings, refusal_reason
-from aotc.serve.request_fields import Choice, shown_name
-from aotc.serve.shipping import PackageSource, load_package, release_when_read
 from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.prefix_cache import PrefixCache
+from aotc_runtime.serve.chat import parse_chat
+from aotc_runtime.serve.completions import parse_completion
+from aotc_runtime.serve.protocol import RequestError, said_whole
+from aotc_runtime.serve.replica import REFUSED, ReplicaSettings, refusal_reason
+from aotc_runtime.serve.request_fields import Choice, shown_name
+from aotc_runtime.serve.shipping import PackageSource, load_package, release_when_read
 
 logger = logging.getLogger("ray.serve")
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from aotc.serve.protocol import JSON_TYPE, NPZ_TYPE
+from aotc_runtime.serve.protocol import JSON_TYPE, NPZ_TYPE
 
 
 @dataclass

@@ -30,7 +30,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
-from aotc.serve.protocol import RequestError, decode_request, encode_response, said_whole
+from aotc_runtime.serve.protocol import RequestError, decode_request, encode_response, said_whole
 
 if TYPE_CHECKING:
     import torch
@@ -131,8 +131,8 @@ class Codec:
 
 
 class _Worker:
-    """One worker process (`python -m aotc.serve.codec`) and its pipes; used by one thread at a
-    time. One that dies is started again for the next job."""
+    """One worker process (`python -m aotc_runtime.serve.codec`) and its pipes; used by one thread
+    at a time. One that dies is started again for the next job."""
 
     def __init__(self, settings: dict):
         self._settings = settings
@@ -155,7 +155,7 @@ class _Worker:
         # replica's sys.path, and `-m` puts the working folder first (here: aotc's own root)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         process = subprocess.Popen(
-            [sys.executable, "-m", "aotc.serve.codec"],
+            [sys.executable, "-m", "aotc_runtime.serve.codec"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=root,

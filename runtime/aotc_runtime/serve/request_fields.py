@@ -22,8 +22,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.serve.protocol import RequestError
 from aotc_runtime.sampling_settings import SAMPLING_FIELDS, InvalidSampling, Sampling
+from aotc_runtime.serve.protocol import RequestError
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_N = 128  # OpenAI's limit on `n`

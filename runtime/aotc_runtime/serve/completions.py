@@ -2,16 +2,17 @@
 what to generate, checked against the package; the engine's tokens -> OpenAI's answer or its
 server-sent chunks. No server and no model here, so every check is tested without one.
 
-`POST /v1/completions` (served by aotc/serve/completion_server.py with completion_engine.py):
+`POST /v1/completions` (served by runtime/aotc_runtime/serve/completion_server.py with
+completion_engine.py):
 - `prompt`: text (with the package's tokenizer), a list of token ids, or a list of either (one
   answer per prompt, as LangChain sends a batch); `max_tokens` (16); `echo` (the answer's text
   starts with the prompt's); `logprobs` (0 to 20: each new token's logprob and that many
   alternatives, in OpenAI's legacy shape); `suffix` only null.
-- The fields chat shares (aotc/serve/request_fields.py): `temperature` (0 is greedy; left out, the model's default),
-  `top_p`, `top_k`, `min_p`, `presence_penalty`, `frequency_penalty`, `repetition_penalty`,
-  `seed`, `n`, `stop` (a string or up to 4), `ignore_eos`, `stream`, `stream_options`
-  (`include_usage`), `model`, `user`. Any other field is refused, naming it; `best_of` and
-  `logit_bias` only at their neutral values.
+- The fields chat shares (runtime/aotc_runtime/serve/request_fields.py): `temperature` (0 is
+  greedy; left out, the model's default), `top_p`, `top_k`, `min_p`, `presence_penalty`,
+  `frequency_penalty`, `repetition_penalty`, `seed`, `n`, `stop` (a string or up to 4),
+  `ignore_eos`, `stream`, `stream_options` (`include_usage`), `model`, `user`. Any other field is
+  refused, naming it; `best_of` and `logit_bias` only at their neutral values.
 - The answer: {"id", "object": "text_completion", "created", "model", "choices": [{"index",
   "text", "token_ids", "logprobs", "finish_reason": "length" | "stop"}], "usage"}; choice i * n + j
   is prompt i's answer j. `token_ids` is aotc's addition (the new tokens, with the
@@ -31,12 +32,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.serve import request_fields as fields
-from aotc.serve.logprobs import completion_logprobs
-from aotc.serve.protocol import RequestError
-from aotc.serve.request_fields import Choice, Decoding
 from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.sampling_settings import MAX_LOGPROBS
+from aotc_runtime.serve import request_fields as fields
+from aotc_runtime.serve.logprobs import completion_logprobs
+from aotc_runtime.serve.protocol import RequestError
+from aotc_runtime.serve.request_fields import Choice, Decoding
 
 MAX_TOKENS_DEFAULT = 16  # OpenAI's
 FIELDS = ("prompt", "max_tokens", "echo", "logprobs", *fields.SHARED_FIELDS)

@@ -2,7 +2,7 @@
 body -> the prompt the template makes of its messages, checked against the package; the engine's
 tokens -> a `chat.completion` or its `chat.completion.chunk` events. No server and no model here.
 
-`POST /v1/chat/completions` (served by aotc/serve/completion_server.py):
+`POST /v1/chat/completions` (served by runtime/aotc_runtime/serve/completion_server.py):
 - `messages`: a list of {"role", "content"} (content as text, or a list of {"type": "text",
   "text"} parts, joined; `name` passed on), rendered by the package's template
   (aotc_runtime.chat_template, in a sandbox) with the generation prompt, as transformers'
@@ -10,12 +10,14 @@ tokens -> a `chat.completion` or its `chat.completion.chunk` events. No server a
 - `max_completion_tokens` (or its older name `max_tokens`): default, what the KV cache holds after
   the prompt (OpenAI's default is the model's context too).
 - `logprobs` (true: each new token's logprob) and `top_logprobs` (0 to 20 alternatives).
-- The fields completions share (aotc/serve/request_fields.py): `temperature`, `top_p`, `top_k`,
-  `min_p`, the penalties, `seed`, `n`, `stop`, `ignore_eos`, `stream`, `stream_options`, `model`,
-  `user`. Logit biases and the older `functions` are accepted only at their neutral values.
-- `response_format`, `tools`, `tool_choice`, `parallel_tool_calls` (aotc/serve/structured.py): the
-  answers held to a JSON schema, or to calls of the tools. Messages may carry an assistant's
-  `tool_calls` and a tool's answer (role "tool", `tool_call_id`).
+- The fields completions share (runtime/aotc_runtime/serve/request_fields.py): `temperature`,
+  `top_p`, `top_k`, `min_p`, the penalties, `seed`, `n`, `stop`, `ignore_eos`, `stream`,
+  `stream_options`, `model`, `user`. Logit biases and the older `functions` are accepted only at
+  their neutral values.
+- `response_format`, `tools`, `tool_choice`, `parallel_tool_calls`
+  (runtime/aotc_runtime/serve/structured.py): the answers held to a JSON schema, or to calls of
+  the tools. Messages may carry an assistant's `tool_calls` and a tool's answer (role "tool",
+  `tool_call_id`).
 - The answer: {"id": "chatcmpl-...", "object": "chat.completion", "created", "model", "choices":
   [{"index", "message": {"role": "assistant", "content", "tool_calls" when it called tools},
   "logprobs", "finish_reason": "stop" | "length" | "tool_calls"}], "usage"}. Streamed:
@@ -29,12 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.serve import request_fields as fields
-from aotc.serve.completions import check_body_size
-from aotc.serve.logprobs import chat_logprobs
-from aotc.serve.protocol import RequestError
-from aotc.serve.request_fields import Choice, Decoding, shown_name
-from aotc.serve.structured import (
+from aotc_runtime.finish_reason import FinishReason
+from aotc_runtime.sampling_settings import MAX_LOGPROBS
+from aotc_runtime.serve import request_fields as fields
+from aotc_runtime.serve.completions import check_body_size
+from aotc_runtime.serve.logprobs import chat_logprobs
+from aotc_runtime.serve.protocol import RequestError
+from aotc_runtime.serve.request_fields import Choice, Decoding, shown_name
+from aotc_runtime.serve.structured import (
     CallStream,
     Structure,
     read_calls,
@@ -42,8 +46,6 @@ from aotc.serve.structured import (
     tool_call_text,
     tools_system_text,
 )
-from aotc_runtime.finish_reason import FinishReason
-from aotc_runtime.sampling_settings import MAX_LOGPROBS
 
 FIELDS = ("messages", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
           *fields.SHARED_FIELDS, "response_format", "tools", "tool_choice",

@@ -1,10 +1,10 @@
 """The model replica of `aotc serve`: one loaded package behind Ray Serve, with dynamic batching.
 
-Requests arrive already checked against the signature (aotc/serve/ingress.py). With a batch dim,
-Ray Serve's `@serve.batch` queues them and hands over as many as fit in `max_batch_size` rows; they
-are joined into one call and the outputs split back. The wait adapts to load: a request that finds
-the model idle runs at once; one that arrives while a call runs waits up to `batch_wait_ms` for
-others to share the next call. The package runs
+Requests arrive already checked against the signature (runtime/aotc_runtime/serve/ingress.py). With
+a batch dim, Ray Serve's `@serve.batch` queues them and hands over as many as fit in
+`max_batch_size` rows; they are joined into one call and the outputs split back. The wait adapts to
+load: a request that finds the model idle runs at once; one that arrives while a call runs waits up
+to `batch_wait_ms` for others to share the next call. The package runs
 in one worker thread, so the event loop keeps collecting the next batch while a call runs.
 
 A replica that cannot load the package (another torch, GPU or platform, damaged files, a signature
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from ray import serve
 from ray.serve import metrics
 
-from aotc.serve.batching import batch_dim, batch_limit, groups, join, rows, split
-from aotc.serve.shipping import PackageSource, load_package, release_when_read
+from aotc_runtime.serve.batching import batch_dim, batch_limit, groups, join, rows, split
+from aotc_runtime.serve.shipping import PackageSource, load_package, release_when_read
 
 logger = logging.getLogger("ray.serve")
 
@@ -57,8 +57,8 @@ class ReplicaSettings:
     # text generation: a joining prompt starts from what a row of the KV cache holds
     # (aotc_runtime/prefix_cache.py); `--no-prefix-cache` turns it off
     prefix_cache: bool = True
-    # the actor `aotc serve` takes the requests' lines from (aotc/serve/request_log.py); None:
-    # `--no-request-log`
+    # the actor `aotc serve` takes the requests' lines from
+    # (runtime/aotc_runtime/serve/request_log.py); None: `--no-request-log`
     request_log: str | None = None
 
 
