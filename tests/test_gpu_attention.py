@@ -143,6 +143,7 @@ def test_a_compiled_package_tiles_steps_of_other_token_counts(tmp_path):
     """AOTInductor compiles the op's three kernels with the token count dynamic (the tiled
     kernel's grid is its blocks, a size of T): traced at 264 tokens that tile nothing, the package
     attends as the reference at 529 tokens with four tiled blocks and at 197 with none."""
+    from aotc.compiler.toolchain import compiler_options, use_compiler
     from aotc.export.cached_attention import reference
     from aotc.kernels.attention import OP  # also registers the kernel's op
 
@@ -159,7 +160,13 @@ def test_a_compiled_package_tiles_steps_of_other_token_counts(tmp_path):
     tokens = torch.export.Dim("T", min=2, max=2048)
     dims = ({1: tokens}, None, None, {0: tokens}, {0: tokens})
     program = torch.export.export(Attention(), inputs(65, 31, 3), dynamic_shapes=dims)
-    path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "a.pt2"))
+    # compiled with the g++ aotc's builds use: one beside another libstdc++ than torch's makes a
+    # package that crashes on load (aotc/compiler/toolchain.py)
+    options, _record = compiler_options(bsymbolic=True)
+    with use_compiler(options["cpp.cxx"][1]):
+        path = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(tmp_path / "a.pt2"), inductor_configs=options
+        )
     package = torch._inductor.aoti_load_package(path)
     for join in [(300, 90, 33), (1, 0, 0)]:
         step = inputs(*join)
