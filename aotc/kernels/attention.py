@@ -30,8 +30,9 @@ BLOCK_M consecutive queries of one row (`_in_tiled_block`, the one rule every ke
 per-token kernels skip a tiled block's tokens; the rest (decode tokens, a chunk's ragged edges, a
 block across two rows, tokens that are no row's) take the per-token path as before. Every grid
 depends on the token count alone and each program decides on the device, so a CUDA graph still
-replays a step whatever it feeds; a step with no tiled block (a decode step) pays one more launch,
-whose programs end once they have read their block's first and last tokens.
+replays a step whatever it feeds. The tiled kernel's grid is the step's whole blocks, so a step of
+fewer tokens than a block (a decode step of up to 63 rows) launches nothing more: Triton's and
+AOTInductor's launchers skip an empty grid.
 """
 
 from __future__ import annotations
@@ -273,7 +274,9 @@ def attend(
     block_d = max(16, triton.next_power_of_2(dim))
     if block_m:
         block_n, warps = _tile_shape(block_d, keys.element_size())
-        launch(_tiled_attention_kernel)[(triton.cdiv(tokens, block_m), heads)](
+        # whole blocks only (a tiled block is whole): a step of fewer tokens than a block (a
+        # decode step) has an empty grid, which Triton's and AOTInductor's launchers skip
+        launch(_tiled_attention_kernel)[(tokens // block_m, heads)](
             query, keys, values, rows, positions, out,
             query.stride(1), query.stride(2), query.stride(3),
             keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
