@@ -39,7 +39,9 @@ def inputs(batch: int, heads: int, kv_heads: int, dim: int, context: int):
     return query, keys.to(torch.bfloat16), values.to(torch.bfloat16), starts
 
 
-def graph_time_us(call, replays: int) -> float:
+def graph_time_us(call, replays: int, layers: int = LAYERS) -> float:
+    """The median µs of one `call`, `layers` calls captured in one CUDA graph and replayed
+    `replays` times (scripts/attention_tiles.py times its kernels this way too)."""
     import torch
 
     for _ in range(3):  # compile and warm up outside the graph
@@ -47,7 +49,7 @@ def graph_time_us(call, replays: int) -> float:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
+        for _ in range(layers):
             call()
     times = []
     for _ in range(replays):
@@ -55,7 +57,7 @@ def graph_time_us(call, replays: int) -> float:
         started = time.perf_counter()
         graph.replay()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - started) / LAYERS * 1e6)
+        times.append((time.perf_counter() - started) / layers * 1e6)
     return statistics.median(times)
 
 

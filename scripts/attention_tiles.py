@@ -14,8 +14,11 @@ usage: python scripts/attention_tiles.py [--replays 50] [--before 16] [--block-m
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from attention_splits import graph_time_us  # noqa: E402  (the same timing as the split sweep)
 
 SHAPES = {  # name: (query heads, key/value heads, head dim)
     "gpt2-124m": (12, 12, 64),
@@ -47,26 +50,6 @@ def step(heads: int, kv_heads: int, dim: int, chunk: int, before: int):
     return query.transpose(1, 2), keys, values, rows, positions
 
 
-def graph_time_us(call, replays: int) -> float:
-    import torch
-
-    for _ in range(3):  # compile and warm up outside the graph
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
-            call()
-    times = []
-    for _ in range(replays):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - started) / LAYERS * 1e6)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replays", type=int, default=50)
@@ -89,10 +72,10 @@ def main() -> None:
             def call(block_m: int, inputs=inputs, splits=splits):
                 return attend(*inputs, splits, block_m=block_m)
 
-            old = graph_time_us(lambda: call(0), args.replays)
+            old = graph_time_us(lambda: call(0), args.replays, LAYERS)
             times = []
             for block_m in heights:
-                us = graph_time_us(lambda block_m=block_m: call(block_m), args.replays)
+                us = graph_time_us(lambda block_m=block_m: call(block_m), args.replays, LAYERS)
                 error = float((call(block_m).float() - call(0).float()).abs().max())
                 times.append(f"tiled {block_m:3d}: {us:7.2f} us (max diff {error:.1e})")
             print(f"{name:12s} {label:8s} per token {old:7.2f} us  " + "  ".join(times), flush=True)

@@ -479,8 +479,8 @@ class DecodeEngine:
 
     def _worth_a_step_ahead(self) -> bool:
         """No sequence waits to join, and a running row needs a token beyond those of the steps
-        queued (which also keeps the steps inside the row's cache: the request's check counted those tokens;
-        a row that ends sooner is fed past its end, into the padding's slot)."""
+        queued (which also keeps the steps inside the row's cache: the request's check counted
+        those tokens; a row that ends sooner is fed past its end, into the padding's slot)."""
         if any(row is not None and (row.prompt or row.matcher) for row in self.rows):
             return False
         queued = len(self._queued)
