@@ -29,6 +29,7 @@ from aotc_runtime.serve.protocol import (
     COMPLETIONS_DEPLOYMENT,
     DEFAULT_MAX_ANSWER_BYTES,
     DEFAULT_MAX_BODY_BYTES,
+    DRAIN_CHECK_S,
     MODEL_DEPLOYMENT,
 )
 
@@ -317,6 +318,7 @@ def start(options: ServeOptions) -> Server:
                 # accept them
                 max_ongoing_requests=max(32, 2 * max_batch),
                 health_check_period_s=2,
+                graceful_shutdown_wait_loop_s=DRAIN_CHECK_S,
                 logging_config=QUIET_LOGS,
             ).bind(source, settings)
             retry = not manifest.signature.state
@@ -480,7 +482,7 @@ def wait_until_answering(server: Server) -> dict:
                 last = f"{waiting[0]} does not answer yet"
         except OSError as exc:
             last = str(exc)
-        time.sleep(0.5)
+        time.sleep(0.1)  # a replica answers within seconds: each poll is a cheap GET
     raise ServeError(
         f"the server at {server.url} did not answer within {START_TIMEOUT_S:.0f} s ({last}); "
         f"see {REPLICA_LOGS}"
@@ -540,7 +542,7 @@ def stop(server: Server) -> None:
     from ray import serve
 
     try:
-        serve.delete(APP_NAME)  # on a cluster, other applications of its Serve stay
+        _delete_application(serve)  # on a cluster, other applications of its Serve stay
         if server.store is not None:
             ray.kill(server.store)
     finally:
@@ -550,6 +552,22 @@ def stop(server: Server) -> None:
         finally:
             if server.started_ray:
                 _shutdown_ray(server.print_before_ray)
+
+
+def _delete_application(serve: Any, timeout_s: float = 60.0) -> None:
+    """serve.delete, then wait until the application is gone, asking every 50 ms. serve.delete's
+    own wait asks once a second, so each stop idled up to a second after its replicas had ended.
+    A timeout raises as serve.delete's would."""
+    from ray.serve.schema import ApplicationStatus
+
+    serve.delete(APP_NAME, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        application = serve.status().applications.get(APP_NAME)
+        if application is None or application.status == ApplicationStatus.NOT_STARTED:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"Ray Serve did not delete {APP_NAME} within {timeout_s:.0f} s")
 
 
 def _shutdown_ray(print_before_ray: Any) -> None:

@@ -37,6 +37,7 @@ from aotc_runtime.serve.ingress import json_response, read_body, refusals_counte
 from aotc_runtime.serve.protocol import (
     COMPLETIONS_DEPLOYMENT,
     DEFAULT_MAX_ANSWER_BYTES,
+    DRAIN_CHECK_S,
     body_too_large,
 )
 from aotc_runtime.serve.replica import ReplicaSettings
@@ -176,5 +177,6 @@ def completion_deployment(replicas: int, num_cpus: float, num_gpus: float, loggi
         # many are open at once)
         max_ongoing_requests=256,
         health_check_period_s=2,
+        graceful_shutdown_wait_loop_s=DRAIN_CHECK_S,
         logging_config=logging_config,
     )

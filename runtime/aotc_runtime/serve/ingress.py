@@ -37,6 +37,7 @@ from starlette.responses import Response
 
 from aotc_runtime.serve.codec import Codec
 from aotc_runtime.serve.protocol import (
+    DRAIN_CHECK_S,
     NPZ_TYPE,
     RequestError,
     body_too_large,
@@ -256,5 +257,6 @@ def ingress_deployment(replicas: int):
         # decoding and checking a request is light next to the model: it takes no CPU of its own
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=1024,
+        graceful_shutdown_wait_loop_s=DRAIN_CHECK_S,
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
