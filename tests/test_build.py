@@ -429,3 +429,17 @@ def test_a_decoder_lm_builds_in_bf16(tmp_path):
     got = aotc_runtime.load(package)(**inputs)["logits"]
     # against eager in bf16: the same precision, so within bf16 rounding of logits of size ~1
     torch.testing.assert_close(got, reference, atol=5e-2, rtol=5e-2)
+
+
+def test_a_cuda_generation_build_fuses_sibling_kernels_unless_told_otherwise():
+    """A text-generation step on CUDA builds with Inductor's combo kernels (its decode is bound by
+    kernel launches); --option and --config still win, and the CPU and one-call models keep the
+    preset's options."""
+    from aotc.compiler.inductor_options import GENERATION_CUDA_OPTIONS, generation_options
+
+    assert generation_options("cuda", {"max_autotune": True}) == {
+        **GENERATION_CUDA_OPTIONS,
+        "max_autotune": True,
+    }
+    assert generation_options("cuda", {"combo_kernels": False})["combo_kernels"] is False
+    assert generation_options("cpu", {"max_autotune": True}) == {"max_autotune": True}

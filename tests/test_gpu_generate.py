@@ -8,6 +8,7 @@ in bf16 and fp16 against transformers in the same precision for as long as two r
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -468,3 +469,26 @@ def test_a_row_held_to_a_schema_beside_a_free_row_on_the_gpu(built, no_tf32):
         jsonschema.validate(json.loads(tokenizer.decode(tokens)), schema)
         assert done["free"][0] == alone(package, [7, 8, 300], 10)
     assert "greedy+masked" in package.decode_graph().captured_modes
+
+
+def test_combo_kernels_by_default_give_the_tokens_of_a_build_without(built, no_tf32, tmp_path):
+    """A CUDA generation build puts sibling kernels in one launch by default (combo kernels): in
+    fp32 its tokens are those of a build of the same artifact without them."""
+    package, _ = built["llama", "fp32"]
+    options = json.loads((package / "manifest.json").read_text())["inductor_options"]
+    assert options["combo_kernels"] is True
+    artifact, _ = built.artifact("llama")
+    plain = tmp_path / "plain_pkg"
+    done = invoke(
+        "build", artifact, "--device", "cuda", "--mode", "reduce-overhead",
+        "--option", "combo_kernels=false", "-o", plain, "--quiet",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    assert (
+        json.loads((plain / "manifest.json").read_text())["inductor_options"]["combo_kernels"]
+        is False
+    )
+    ids, mask = prompts()
+    fused = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+    unfused = aotc_runtime.load(plain).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+    assert fused.tolist() == unfused.tolist()

@@ -35,6 +35,22 @@ PACKAGING_OPTIONS = {
 }
 
 
+# What a text-generation step builds with on CUDA unless --config or --option says otherwise. A
+# decode step at batch 1 is bound by its kernel launches, not its bytes (SmolLM2-135M's shape: 415
+# kernels, 1.15 ms a step for 65 us of reading), and each layer has independent small kernels side
+# by side (RoPE on the queries beside RoPE and the cache write of the keys, the values' write).
+# Combo kernels put such siblings in one launch: 415 -> 366 kernels and 1.146 -> 1.048 ms a step
+# on an H200 (docs/benchmarks.md). One-call models keep torch.compile's defaults.
+GENERATION_CUDA_OPTIONS = {"combo_kernels": True}
+
+
+def generation_options(device: str, options: dict) -> dict:
+    """`options` with the text-generation defaults of `device` under them (theirs win)."""
+    defaults = GENERATION_CUDA_OPTIONS if device == "cuda" else {}
+    known = known_options()
+    return dict(sorted({**{k: v for k, v in defaults.items() if k in known}, **options}.items()))
+
+
 def packaging_options() -> dict:
     """PACKAGING_OPTIONS this torch knows (an older Inductor keeps its weights in the .so)."""
     known = known_options()

@@ -14,7 +14,11 @@ from pathlib import Path
 from aotc.compiler.cpu_isa import compiled_features, remembered_vec_isa_probes
 from aotc.compiler.disk_space import check_space, full_device
 from aotc.compiler.finish import STAGE_PREFIX, BuildResult, finish
-from aotc.compiler.inductor_options import PACKAGING_OPTIONS, resolve_options
+from aotc.compiler.inductor_options import (
+    PACKAGING_OPTIONS,
+    generation_options,
+    resolve_options,
+)
 from aotc.compiler.manifest import new_manifest
 from aotc.compiler.package_writer import (
     output_lock,
@@ -72,6 +76,8 @@ def _build(
     estimates = planned_stages(cfg, progress)
     with progress.stage(f"loading {cfg.artifact}", key="load"):
         ep, meta = load_artifact(cfg.artifact)
+    if meta.task and meta.task.get("name") == "text-generation":
+        options = generation_options(cfg.device, options)
     nodes = len(ep.graph.nodes)  # what lowering, compiling and checking take time in proportion to
     progress.set_plan(
         {"load": progress.plan.get("load")}
