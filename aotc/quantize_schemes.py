@@ -26,6 +26,7 @@ DEVICES = {
     "fp8": ("cuda",),
     "int8-dynamic": ("cpu",),
 }
+FP8_BLOCK = 128  # input features per fp8 scale, at most (quantized_linear.fp8_blocks)
 FP8_CAPABILITY = (8, 9)  # fp8 support: Ada (8.9) and Hopper (9.0) onwards
 TINYGEMM_CAPABILITY = (8, 0)
 
@@ -45,7 +46,9 @@ class Quantization:
         worst = max(self.layers, key=lambda layer: layer["error"], default=None)
         return {
             "scheme": self.scheme,
-            "group_size": self.group_size,
+            # fp8: input features per scale (a layer whose input features it does not divide
+            # takes the largest power of two that does: quantized_linear.fp8_block_size)
+            "group_size": FP8_BLOCK if self.scheme == "fp8" else self.group_size,
             "skip": list(self.skip),
             "error_bound": ERROR_BOUNDS[self.scheme],
             "worst_layer": {"name": worst["name"], "error": worst["error"]} if worst else None,

@@ -243,9 +243,10 @@ class SimulatedModel(EagerModel):
     """The transformers model run eagerly with each weight replaced by what `aotc build --quantize
     fp8` stores of it, dequantized: the scheme's rounding, measured on a machine its kernel cannot
     run on (fp8 needs a CUDA GPU of compute capability 8.9 or more). Every linear layer the
-    scheme takes (fp8_refusal) takes float8 e4m3 with a scale per output row; an embedding tied to the
-    output layer keeps its own int8 rows, as the package stores it. The activations stay fp32, as
-    the package's do in its base precision, and the CUDA GEMV sums the same products in fp32."""
+    scheme takes (fp8_refusal) takes float8 e4m3 with a scale per output row and block of input
+    features (fp8_blocks); the output layer (and an embedding tied to it) stays as it is, as the
+    package keeps it. The activations stay fp32, as the package's do in its base precision, and
+    the CUDA GEMV sums the same products in fp32."""
 
     def __init__(self, folder: Path, device: str):
         from aotc.export import quantized_linear as ql
@@ -253,19 +254,15 @@ class SimulatedModel(EagerModel):
 
         super().__init__(folder, device)
         model = self.model
+        output = model.get_output_embeddings()
         with torch.no_grad():
-            embedding = model.get_input_embeddings()
-            output = model.get_output_embeddings()
-            if output is not None and output.weight is embedding.weight:  # tied: stored twice
-                output.weight = torch.nn.Parameter(output.weight.detach().clone())
-                embedding.weight.copy_(
-                    ql.int8_rows_dequantized(*ql.int8_rows(embedding.weight, torch.float32))
-                )
             for module in model.modules():
-                if isinstance(module, torch.nn.Linear) and not fp8_refusal(
-                    module.out_features, module.in_features
+                if (
+                    isinstance(module, torch.nn.Linear)
+                    and module is not output
+                    and not fp8_refusal(module.out_features, module.in_features)
                 ):
-                    back = ql.fp8_rows_dequantized(*ql.fp8_rows(module.weight))
+                    back = ql.fp8_blocks_dequantized(*ql.fp8_blocks(module.weight))
                     module.weight.copy_(back.to(module.weight.dtype))
 
 

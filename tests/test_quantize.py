@@ -234,3 +234,55 @@ def test_a_layer_the_scheme_breaks_fails_the_build_naming_it(tmp_path):
     assert re.search(r"breaks layer (\S+\.)?proj: ", done.stderr), done.stderr
     assert "--quantize-skip proj" in done.stderr
     assert not (tmp_path / "pkg").exists()
+
+
+def test_fp8_scales_each_block_of_input_features_on_its_own():
+    """fp8 stores a scale per output row and block of input features (the largest power of two
+    up to 128 that divides them: 64 for 576). A large weight sets the scale of its own block only:
+    with a scale per row it pushed the rest of its row into fp8's subnormals."""
+    torch.manual_seed(0)
+    w = torch.randn(32, 576) * 1e-4
+    w[:, 5] = 10.0  # one large input feature in every row's first block
+    q, scale = ql.fp8_blocks(w)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (32, 576 // 64)
+    blocks = q.float().reshape(32, 9, 64)
+    assert torch.equal(blocks.abs().amax(-1), torch.full((32, 9), ql.FP8_MAX))  # each block full
+    rest = (slice(None), slice(64, None))  # the blocks without the large feature
+
+    def error(back):
+        return float((back - w)[rest].abs().mean() / w[rest].abs().mean())
+
+    by_blocks = error(ql.fp8_blocks_dequantized(q, scale))
+    by_rows = error(ql.fp8_rows_dequantized(*ql.fp8_rows(w)))
+    assert by_blocks < 0.03 < 0.1 < by_rows  # e4m3's rounding alone, against the subnormals'
+    assert ql.fp8_block_size(1536) == 128 and ql.fp8_block_size(2048) == 128
+
+
+def test_fp8_keeps_the_output_layer_and_takes_the_others(llama):
+    """An fp8 package keeps a language model's output layer (tied to its embedding here) in the
+    base precision and quantizes every other linear layer; the manifest's record says why and
+    gives the block of input features its scales cover."""
+    from aotc.config import Precision
+    from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
+    from aotc.export.quantization import FP8_OUTPUT_LAYER
+    from aotc.quantize_schemes import FP8_BLOCK, Quantization
+
+    artifact = llama[0]
+    ep, meta = load_artifact(artifact)
+    quantization = Quantization("fp8")
+    # the build's reference pass: the layers it takes and keeps are the package's (whose CUDA
+    # products the CPU cannot trace), its products dequantized
+    placed = place_program(
+        ep, "cpu", Precision("fp32"), meta.signature, quantization, Precision("bf16")
+    )
+    kept = {entry["name"]: entry["why"] for entry in quantization.kept}
+    assert list(kept.values()) == [FP8_OUTPUT_LAYER] and next(iter(kept)).endswith("lm_head")
+    scales = [name for name, _ in placed.named_buffers() if name.endswith("__scale")]
+    weights = {
+        node.args[1].target
+        for node in ep.module().graph.nodes
+        if node.target is torch.ops.aten.linear.default
+    }  # the exported program's linear weights (its sibling products fused: q/k/v, gate/up)
+    assert len(scales) == len(weights) - 1 > 0  # every other linear layer in fp8
+    assert quantization.record()["group_size"] == FP8_BLOCK
