@@ -114,7 +114,7 @@ async def server_sent(
     model: str,
     max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     errors: list | None = None,
-):
+) -> AsyncIterator[bytes]:
     """The request's chunks as server-sent events, then the usage chunk if asked, then [DONE].
     The error a stream ends with is also added to `errors` (a RequestError), for the request's
     log line."""

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aotc_runtime.errors import OptionError, ServeError
 from aotc_runtime.serve.protocol import (
@@ -32,6 +32,11 @@ from aotc_runtime.serve.protocol import (
     DRAIN_CHECK_S,
     MODEL_DEPLOYMENT,
 )
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from aotc_runtime.manifest import Manifest
 
 APP_NAME = "aotc"
 REPLICA_LOGS = "the replica logs under /tmp/ray/session_latest/logs/serve/"
@@ -82,7 +87,7 @@ class Server:
     url: str
     options: ServeOptions
     metadata: dict
-    store: object | None = None  # the PackageStore actor when the package was shipped
+    store: ActorHandle | None = None  # the PackageStore actor when the package was shipped
     started_ray: bool = False  # this process called ray.init (and disconnects at the end)
     local_ray: bool = False  # ... and that Ray is its own, on this machine (stopped at the end)
     # the process's print() before ray.init: Ray may put its own in place while it runs (seen after
@@ -93,7 +98,7 @@ class Server:
     request_log: Any = None  # request_log.RequestLogFollower, with --request-log
 
 
-def check_package(options: ServeOptions):
+def check_package(options: ServeOptions) -> Manifest:
     """The package's manifest, checked here before Ray starts: one clear error instead of N
     replicas failing. The machine check (torch, GPU) only when the replicas run on this machine.
     With a public key, the signature first (each replica checks it again as it loads: what it
@@ -123,19 +128,19 @@ def check_package(options: ServeOptions):
     return manifest
 
 
-def default_max_batch_size(manifest) -> int:
+def default_max_batch_size(manifest: Manifest) -> int:
     sizes = [size for spec in manifest.specializations for size in spec.dims.values()]
     return max(sizes) if sizes else 16
 
 
-def metadata(manifest, options: ServeOptions, max_batch_size: int) -> dict:
+def metadata(manifest: Manifest, options: ServeOptions, max_batch_size: int) -> dict:
     """GET /v1/metadata: what is served and how."""
     from aotc_runtime.serve.batching import batch_dim, batch_limit
 
     signature = manifest.signature
     dim = batch_dim(signature) if max_batch_size > 1 else None
     # the folder's name, not its path: where the package lies on the server is not a client's business
-    info = {
+    info: dict[str, Any] = {
         "model": Path(options.package).resolve().name,
         "aotc_version": manifest.aotc_version,
         "format_version": manifest.format_version,
@@ -187,7 +192,7 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def _resources(options: ServeOptions, manifest) -> tuple[int, float]:
+def _resources(options: ServeOptions, manifest: Manifest) -> tuple[int, float]:
     """(intra-op threads, GPUs) of each model replica."""
     cuda = manifest.device.type == "cuda"
     gpus = options.gpus_per_replica if options.gpus_per_replica is not None else float(cuda)
@@ -222,6 +227,7 @@ def start(options: ServeOptions) -> Server:
     """Deploy and return once a model replica answers /v1/health (or refused the package)."""
     import ray
     from ray import serve
+    from ray.serve import Deployment
 
     from aotc_runtime.serve.completion_server import completion_deployment
     from aotc_runtime.serve.ingress import ingress_deployment
@@ -309,7 +315,7 @@ def start(options: ServeOptions) -> Server:
                 options.max_answer_bytes,
             )
         else:
-            model = serve.deployment(
+            replica_deployment = serve.deployment(
                 ModelReplica,
                 name=MODEL_DEPLOYMENT,
                 num_replicas=options.replicas,
@@ -320,7 +326,9 @@ def start(options: ServeOptions) -> Server:
                 health_check_period_s=2,
                 graceful_shutdown_wait_loop_s=DRAIN_CHECK_S,
                 logging_config=QUIET_LOGS,
-            ).bind(source, settings)
+            )
+            # given a class, serve.deployment returns a Deployment (Ray's types say a decorator)
+            model = cast(Deployment, replica_deployment).bind(source, settings)
             retry = not manifest.signature.state
             app = ingress_deployment(options.replicas).bind(
                 model, server.metadata, options.max_body_bytes, retry, options.body_timeout_s,

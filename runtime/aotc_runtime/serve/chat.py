@@ -186,13 +186,15 @@ def _message(number: int, message: Any) -> dict:
     if message.get("name") is not None:
         plain["name"] = message["name"]
     for key in ("role", "content", "name"):
-        if key in plain and not isinstance(plain[key], str):
+        if key not in plain:
+            continue
+        value = plain[key]
+        if not isinstance(value, str):
             raise RequestError(
-                400, f"message {number}'s '{key}' is {fields.shown(plain[key])}; {shape}",
+                400, f"message {number}'s '{key}' is {fields.shown(value)}; {shape}",
                 param="messages",
             )  # fmt: skip
-        if key in plain:
-            fields.check_unicode(plain[key], "messages")
+        fields.check_unicode(value, "messages")
     return plain
 
 

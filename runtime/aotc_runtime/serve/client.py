@@ -9,6 +9,7 @@ import io
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from aotc_runtime.serve.protocol import JSON_TYPE, NPZ_TYPE
@@ -95,9 +96,9 @@ class Client:
             self._connection = None
 
 
-def _numpy(value):
+def _numpy(value: Any) -> Any:
     return value.numpy() if hasattr(value, "numpy") else value
 
 
-def _list(value):
+def _list(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value

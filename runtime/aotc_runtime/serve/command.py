@@ -11,6 +11,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,9 @@ from aotc_runtime.serve.cli_options import (
     required_key,
     signature_options,
 )
+
+if TYPE_CHECKING:
+    from aotc_runtime.serve.app import Server
 
 
 @click.command(
@@ -131,26 +135,26 @@ from aotc_runtime.serve.cli_options import (
 )
 @signature_options
 def serve(
-    package,
-    host,
-    port,
-    replicas,
-    max_batch_size,
-    batch_wait_ms,
-    address,
-    gpus_per_replica,
-    threads,
-    max_body_mb,
-    max_answer_mb,
-    body_timeout_s,
-    ship,
-    metrics_port,
-    prefix_cache,
-    request_log,
-    check,
-    require_signature,
-    public_key,
-):
+    package: Path,
+    host: str | None,
+    port: int,
+    replicas: int,
+    max_batch_size: int | None,
+    batch_wait_ms: float,
+    address: str | None,
+    gpus_per_replica: float | None,
+    threads: int | None,
+    max_body_mb: float,
+    max_answer_mb: float,
+    body_timeout_s: float,
+    ship: bool | None,
+    metrics_port: int | None,
+    prefix_cache: bool,
+    request_log: bool,
+    check: bool,
+    require_signature: bool,
+    public_key: Path | None,
+) -> None:
     """Serve PACKAGE over HTTP. The routes, by the kind of package:
 
     \b
@@ -240,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     return exit_code_of(invoke)
 
 
-def serve_until_stopped(server, check: bool) -> None:
+def serve_until_stopped(server: Server, check: bool) -> None:
     """Say where it serves, then serve until Ctrl-C or SIGTERM (--check: one request), and stop."""
     import os
     import socket
@@ -322,7 +326,7 @@ def request_lines_on_stderr(enabled: bool) -> Iterator[None]:
         log.propagate = saved[1]
 
 
-def check_once(server) -> int:
+def check_once(server: Server) -> int:
     """One request of seeded random inputs at the example sizes (a text-generation package: a
     4-token completion of token 1); prints the answer; 0 if it was 200."""
     from aotc_runtime import Signature

@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,8 @@ from ray.serve import metrics
 
 from aotc_runtime.finish_reason import FinishReason
 from aotc_runtime.prefix_cache import PrefixCache
-from aotc_runtime.serve.chat import parse_chat
-from aotc_runtime.serve.completions import parse_completion
+from aotc_runtime.serve.chat import ChatRequest, parse_chat
+from aotc_runtime.serve.completions import CompletionRequest, parse_completion
 from aotc_runtime.serve.protocol import RequestError, said_whole
 from aotc_runtime.serve.replica import REFUSED, ReplicaSettings, refusal_reason
 from aotc_runtime.serve.request_fields import Choice, shown_name
@@ -63,7 +64,7 @@ NON_FINITE_MESSAGE = (
     "dtype's range or this prompt; the request was ended, other requests go on"
 )
 
-TTFT_BUCKETS_MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
+TTFT_BUCKETS_MS: list[float] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
 
 
 @dataclass
@@ -167,7 +168,7 @@ class CompletionEngine:
             "aotc_queued_requests", description="Completion requests waiting for the package."
         )
 
-    async def complete(self, body: bytes, chat: bool = False):
+    async def complete(self, body: bytes, chat: bool = False) -> AsyncIterator[dict]:
         """The request's refusal or acceptance, then its events (see the module's text); `chat`:
         a chat completion's body, else a completion's."""
         if self.refused is not None:
@@ -177,6 +178,7 @@ class CompletionEngine:
             # off the event loop: a chat template renders in its own process (up to its
             # deadline), and a prompt's tokenizing grows with its text; streams and health
             # checks go on meanwhile
+            request: ChatRequest | CompletionRequest
             if chat:
                 request = await asyncio.to_thread(
                     parse_chat,
@@ -310,14 +312,14 @@ class CompletionEngine:
                 event["cached_tokens"] = answer.cached
             job.send(event)
 
-    def _count_step(self, answers) -> None:
+    def _count_step(self, answers: Iterable[Answer]) -> None:
         live = sum(1 for answer in answers if not answer.job.gone)
         if live:
             self._tokens.inc(live)
             self.counts["tokens"] += live
 
     @staticmethod
-    def _fail(answers, exc: Exception) -> None:
+    def _fail(answers: Iterable[Answer], exc: Exception) -> None:
         """The package failed: every request still waiting hears why."""
         said = said_whole(str(exc))
         message = f"the model failed on this request: {type(exc).__name__}" + (

@@ -20,15 +20,19 @@ it runs (the replica's log and `aotc serve` say that).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import cast
 
 from ray import serve
+from ray.serve import Deployment
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from aotc_runtime.serve.answers import server_sent, whole_answer
-from aotc_runtime.serve.chat import ChatShape
+from aotc_runtime.serve.chat import ChatRequest, ChatShape
 from aotc_runtime.serve.completion_engine import CompletionEngine
 from aotc_runtime.serve.completions import (
+    CompletionRequest,
     CompletionShape,
     body_too_large_for_prompt,
     max_body_bytes,
@@ -41,7 +45,7 @@ from aotc_runtime.serve.protocol import (
     body_too_large,
 )
 from aotc_runtime.serve.replica import ReplicaSettings
-from aotc_runtime.serve.request_log import RequestLog, Tally
+from aotc_runtime.serve.request_log import RequestLog, RequestRecord, Tally
 from aotc_runtime.serve.shipping import PackageSource
 
 # the routes a text-generation package serves: `aotc serve` lists them and waits until each answers
@@ -121,7 +125,13 @@ class CompletionServer:
             await events.aclose()
         return json_response(answer)
 
-    async def _streamed(self, events, parsed, shape, record):
+    async def _streamed(
+        self,
+        events: Tally,
+        parsed: ChatRequest | CompletionRequest,
+        shape: ChatShape | CompletionShape,
+        record: RequestRecord,
+    ) -> AsyncIterator[bytes]:
         """The stream's events, then [DONE], and its line. A client that leaves cancels this
         generator, and closing the engine's marks its rows gone."""
         errors: list = []
@@ -165,10 +175,12 @@ class CompletionServer:
         return json_response(self._metadata)
 
 
-def completion_deployment(replicas: int, num_cpus: float, num_gpus: float, logging_config: dict):
+def completion_deployment(
+    replicas: int, num_cpus: float, num_gpus: float, logging_config: dict
+) -> Deployment:
     """The CompletionServer class as a Ray Serve deployment (decorated here, so importing it needs
     no Ray Serve running)."""
-    return serve.deployment(
+    deployment = serve.deployment(
         CompletionServer,
         name=COMPLETIONS_DEPLOYMENT,
         num_replicas=replicas,
@@ -180,3 +192,5 @@ def completion_deployment(replicas: int, num_cpus: float, num_gpus: float, loggi
         graceful_shutdown_wait_loop_s=DRAIN_CHECK_S,
         logging_config=logging_config,
     )
+    # given a class, serve.deployment returns a Deployment (Ray's types say a decorator)
+    return cast(Deployment, deployment)

@@ -26,9 +26,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve import Deployment
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from ray.serve.metrics import Counter
@@ -248,9 +250,9 @@ class Ingress:
             codec.close()
 
 
-def ingress_deployment(replicas: int):
+def ingress_deployment(replicas: int) -> Deployment:
     """The Ingress class as a Ray Serve deployment (decorated here, so importing it needs no Ray)."""
-    return serve.deployment(
+    deployment = serve.deployment(
         Ingress,
         name="aotc-ingress",
         num_replicas=replicas,
@@ -260,3 +262,5 @@ def ingress_deployment(replicas: int):
         graceful_shutdown_wait_loop_s=DRAIN_CHECK_S,
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
+    # given a class, serve.deployment returns a Deployment (Ray's types say a decorator)
+    return cast(Deployment, deployment)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import io
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-    from aotc_runtime import Signature
+    from aotc_runtime import Signature, TensorSpec
 
 JSON_TYPE = "application/json"
 NPZ_TYPE = "application/x-npz"
@@ -247,7 +247,7 @@ def _json_bounds(signature: Signature) -> tuple[int, int, int]:
     return lists, lists + elements, smallest
 
 
-def _tensor(value: object, spec) -> torch.Tensor:
+def _tensor(value: object, spec: TensorSpec) -> torch.Tensor:
     """A nested list as the spec's dtype; non-integer values for an integer or bool input refused."""
     import torch
 
@@ -307,8 +307,9 @@ def encode_response(result: object, signature: Signature, kind: str) -> tuple[by
         import numpy
 
         buffer = io.BytesIO()
-        # numpy has no bfloat16: such outputs go as float32, which holds every bfloat16 value
-        arrays = {
+        # numpy has no bfloat16: such outputs go as float32, which holds every bfloat16 value.
+        # Any: numpy's stubs hold each keyword array to savez's `allow_pickle: bool` as well
+        arrays: dict[str, Any] = {
             name: (t.float() if t.dtype == torch.bfloat16 else t).numpy()
             for name, t in zip(names, outputs)
         }

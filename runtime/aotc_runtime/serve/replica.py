@@ -25,6 +25,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from ray import serve
 from ray.serve import metrics
@@ -35,7 +36,7 @@ from aotc_runtime.serve.shipping import PackageSource, load_package, release_whe
 logger = logging.getLogger("ray.serve")
 
 # Buckets of the batch histograms: the sizes a package is usually specialized at, and powers of two.
-ROW_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+ROW_BUCKETS: list[float] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
 
 # what a client hears from a replica that refused the package; the reason is in the server's log
@@ -79,7 +80,7 @@ class ModelReplica:
 
         self._source = source
         self._folder = None
-        self.package = None
+        self.package: Any = None
         self.refused: str | None = None
         self._id = uuid.uuid4().hex[
             :12
@@ -108,7 +109,8 @@ class ModelReplica:
             self.dim = batch_dim(self.package.signature)
             if self.dim is not None:
                 self.limit = batch_limit(self.package.signature, self.dim, settings.max_batch_size)
-        self._batched.set_max_batch_size(self.limit)
+        # serve.batch's wrapper carries its queue's setters, which Ray's types leave out
+        self._batched.set_max_batch_size(self.limit)  # type: ignore[attr-defined]
         self._wait_s = settings.batch_wait_s
         self._busy = 0  # package calls running or waiting for the model thread
         self._rows = metrics.Histogram(
@@ -136,7 +138,8 @@ class ModelReplica:
         else:
             # An idle model runs a request at once: waiting for company would only add latency.
             # While a call runs, the next batch waits up to batch_wait_s and fills meanwhile.
-            self._batched.set_batch_wait_timeout_s(self._wait_s if self._busy else 0.0)
+            # (set through serve.batch's wrapper, whose setters Ray's types leave out)
+            self._batched.set_batch_wait_timeout_s(self._wait_s if self._busy else 0.0)  # type: ignore[attr-defined]
             outputs, call_s, batch = await self._batched(tensors)
         total = time.perf_counter() - start
         return {

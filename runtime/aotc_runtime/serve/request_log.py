@@ -213,7 +213,8 @@ class RequestLogFollower:
         import ray
 
         self.name = f"aotc-request-log-{uuid.uuid4().hex[:12]}"
-        self._sink = (
+        # Any: Ray's types give a handle's methods as the class's plain functions, without `.remote`
+        self._sink: Any = (
             ray.remote(num_cpus=0)(RequestLogSink)
             .options(name=self.name, namespace=SINK_NAMESPACE)
             .remote()

@@ -15,7 +15,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger("aotc.serve")
 
@@ -47,12 +50,13 @@ class PackageStore:
         return self._files[name]
 
 
-def ship(folder: Path, store_name: str, detached: bool) -> object:
+def ship(folder: Path, store_name: str, detached: bool) -> ActorHandle:
     """Start the named store actor and send it the package's files, one call per file (a file goes
     through Ray's object store once, never the whole package at once)."""
     import ray
 
-    actor = (
+    # Any: Ray's types give a handle's methods as the class's plain functions, without `.remote`
+    actor: Any = (
         ray.remote(num_cpus=0)(PackageStore)
         .options(
             name=store_name,
@@ -93,7 +97,9 @@ class PackageSource:
             return Path(self.path)
         import ray
 
-        store = ray.get_actor(self.store_name, namespace=STORE_NAMESPACE)
+        assert self.store_name is not None  # a source is a folder or a store
+        # Any: a handle's methods and their `.remote` are made at run time, unknown to Ray's types
+        store: Any = ray.get_actor(self.store_name, namespace=STORE_NAMESPACE)
         folder = Path(tempfile.mkdtemp(prefix="aotc-serve-"))
         try:
             for name in ray.get(store.names.remote()):

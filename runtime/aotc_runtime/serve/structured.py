@@ -319,7 +319,7 @@ class CallStream:
             else:
                 content, self.sent = self.text[self.sent :], len(self.text)
                 return content, []
-        done = []
+        done: list[dict] = []
         while True:
             end = self.text.find(CALL_CLOSE, self.sent)
             if end < 0:
