@@ -515,3 +515,39 @@ def test_npy_files_are_read_or_refused_on_one_line(body):
             assert len(str(exc).splitlines()) == 1, str(exc)
             return
         IDS_ONLY.check_inputs([ids])
+
+
+def test_tensors_named_as_numpy_savez_parameters_travel_as_npz(tmp_path):
+    """Inputs and outputs may be named `file` or `allow_pickle`, which numpy.savez(f, **arrays)
+    takes for its own parameters (a TypeError, or the array silently dropped): a request, a
+    served answer and `aotc run`'s output file carry them as any other name."""
+    from aotc_runtime.npz import write_npz
+    from aotc_runtime.serve.protocol import encode_response
+    from aotc_runtime.tensor_io import write_outputs
+
+    named = Signature.from_json(
+        {
+            "inputs": [
+                {"name": "file", "dtype": "float32", "shape": ["B", 2]},
+                {"name": "allow_pickle", "dtype": "int64", "shape": ["B"]},
+            ],
+            "outputs": [
+                {"name": "file", "dtype": "float32", "shape": ["B", 2]},
+                {"name": "allow_pickle", "dtype": "float32", "shape": ["B"]},
+            ],
+            "dims": {"B": {"min": 1, "max": 4, "example": 2}},
+        }
+    )
+    x, flags = numpy.ones((3, 2), numpy.float32), numpy.arange(3, dtype=numpy.int64)
+    buffer = io.BytesIO()
+    write_npz(buffer, {"file": x, "allow_pickle": flags})
+    got = decode_request(buffer.getvalue(), NPZ_TYPE, named)
+    assert torch.equal(got[0], torch.from_numpy(x)) and torch.equal(got[1], torch.from_numpy(flags))
+    outputs = (torch.from_numpy(x) * 2, torch.arange(3, dtype=torch.float32))
+    body, kind = encode_response(outputs, named, NPZ_TYPE)
+    with numpy.load(io.BytesIO(body)) as answer:
+        assert sorted(answer.files) == ["allow_pickle", "file"]
+        assert numpy.array_equal(answer["file"], x * 2)
+    write_outputs(outputs, tmp_path / "out.npz", named.output_names)
+    with numpy.load(tmp_path / "out.npz") as written:
+        assert numpy.array_equal(written["allow_pickle"], numpy.arange(3, dtype=numpy.float32))

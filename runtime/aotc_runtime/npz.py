@@ -391,3 +391,16 @@ def _shown(text: str, limit: int = 40) -> str:
     """Text from a file, shortened and on one line (a name may hold a line break)."""
     text = "".join(c if c.isprintable() else "?" for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def write_npz(target: Any, arrays: dict[str, Any]) -> None:
+    """The named numpy arrays as an .npz (what numpy.load reads) written to the binary file
+    object `target`: an entry NAME.npy per array, stored uncompressed, no pickles. Not
+    numpy.savez(target, **arrays): it takes an array named `file` or `allow_pickle` for its own
+    parameter (a TypeError, or the array silently left out), and signatures name tensors freely."""
+    import numpy
+
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
+                numpy.lib.format.write_array(entry, numpy.asanyarray(array), allow_pickle=False)

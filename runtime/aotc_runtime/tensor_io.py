@@ -159,10 +159,10 @@ def write_outputs(result: object, path: str | os.PathLike, names: Sequence[str] 
         raise InputMismatchError(f"output file {path} must end in .npz or .pt")
     with replaced_atomically(path) as tmp:
         if suffix == ".npz":
-            import numpy
+            from .npz import write_npz
 
-            with open(tmp, "wb") as handle:  # a handle: numpy.savez would append .npz to a name
-                numpy.savez(handle, **{name: _to_numpy(t) for name, t in zip(names, outputs)})
+            with open(tmp, "wb") as handle:
+                write_npz(handle, {name: _to_numpy(t) for name, t in zip(names, outputs)})
         else:
             torch.save(dict(zip(names, outputs)), tmp)
 

@@ -82,10 +82,10 @@ class Client:
     def predict(self, inputs: dict, as_npz: bool = False) -> Reply:
         """POST /v1/predict with name -> tensor (or nested list) inputs."""
         if as_npz:
-            import numpy
+            from aotc_runtime.npz import write_npz
 
             buffer = io.BytesIO()
-            numpy.savez(buffer, **{name: _numpy(value) for name, value in inputs.items()})
+            write_npz(buffer, {name: _numpy(value) for name, value in inputs.items()})
             return self.request("POST", "/v1/predict", buffer.getvalue(), NPZ_TYPE)
         body = {"inputs": {name: _list(value) for name, value in inputs.items()}}
         return self.request("POST", "/v1/predict", json.dumps(body).encode(), JSON_TYPE)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -304,16 +304,17 @@ def encode_response(result: object, signature: Signature, kind: str) -> tuple[by
     outputs = [t.detach().cpu() for t in flatten_outputs(result)]
     names = list(signature.output_names)
     if kind == NPZ_TYPE:
-        import numpy
+        from aotc_runtime.npz import write_npz
 
         buffer = io.BytesIO()
         # numpy has no bfloat16: such outputs go as float32, which holds every bfloat16 value.
-        # Any: numpy's stubs hold each keyword array to savez's `allow_pickle: bool` as well
-        arrays: dict[str, Any] = {
-            name: (t.float() if t.dtype == torch.bfloat16 else t).numpy()
-            for name, t in zip(names, outputs)
-        }
-        numpy.savez(buffer, **arrays)
+        write_npz(
+            buffer,
+            {
+                name: (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+                for name, t in zip(names, outputs)
+            },
+        )
         return buffer.getvalue(), NPZ_TYPE
     body = {"outputs": {name: t.tolist() for name, t in zip(names, outputs)}}
     # NaN and infinities are written as NaN / Infinity (Python's json and most clients read them)
