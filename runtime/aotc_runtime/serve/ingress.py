@@ -251,7 +251,7 @@ class Ingress:
 
 
 def ingress_deployment(replicas: int) -> Deployment:
-    """The Ingress class as a Ray Serve deployment (decorated here, so importing it needs no Ray)."""
+    """The Ingress class as a Ray Serve deployment (decorated here, so importing it needs no Ray Serve running)."""
     deployment = serve.deployment(
         Ingress,
         name="aotc-ingress",
