@@ -277,15 +277,15 @@ def test_a_full_disk_is_a_one_line_error_and_leaves_nothing(packages, tmp_path, 
     """ENOSPC while writing outputs: exit 2 naming the place, no traceback, no partial file."""
     import errno
 
-    import numpy
+    import aotc_runtime.npz
 
     out = tmp_path / "out"
     out.mkdir()
 
-    def full_disk(handle, **arrays):
+    def full_disk(target, arrays):
         raise OSError(errno.ENOSPC, "No space left on device", str(out / "y.npz"))
 
-    monkeypatch.setattr(numpy, "savez", full_disk)
+    monkeypatch.setattr(aotc_runtime.npz, "write_npz", full_disk)
     result = invoke("run", packages.get("mlp").package, "--output", out / "y.npz")
     assert result.exit_code == 2, result.stderr
     assert (
