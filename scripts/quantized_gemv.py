@@ -8,6 +8,10 @@ the weight bytes imply.
 
     python scripts/quantized_gemv.py --device cuda --out gemv.json
     python scripts/quantized_gemv.py --device cpu --shapes 576x1728,576x576,576x3072,1536x576
+
+`base-triton` is the base-precision weight through aotc's Triton GEMV, beside cuBLAS's `base`:
+at SmolLM2's shapes (`--shapes 576x960,576x576,576x3072,1536x576`) a decode step's products are
+latency, not bytes.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ LLAMA_1B = "2048x3072,2048x2048,2048x16384,8192x2048,2048x128256"
 def forms(device: str) -> list[str]:
     cuda = [
         "base",
+        "base-triton",
         "int8-rows",
         "int8-triton",
         "int4-tinygemm",
         "int4-rows",
         "fp8-scaled-mm",
         "fp8-triton",
+        "fp8-blocks-triton",
     ]
     cpu = ["base", "int8-rows", "int8-pack-mm", "int4-rows", "int8-dynamic"]
     return cuda if device == "cuda" else cpu
@@ -47,6 +53,19 @@ def make(form: str, w, dtype, group: int):
     if form == "base":
         wb = w.to(dtype)
         return (lambda x: torch.nn.functional.linear(x, wb)), wb.numel() * wb.element_size()
+    if form == "base-triton":  # the base-precision weight through aotc's GEMV (cuBLAS's rival)
+        from aotc.kernels import gemv as gemv_kernel
+
+        wb = w.to(dtype)
+        return (
+            lambda x: gemv_kernel.partial_products(x, wb, None).sum(0).to(x.dtype),
+            wb.numel() * wb.element_size(),
+        )
+    if form == "fp8-blocks-triton":  # what an fp8 package runs: a scale per block of features
+        from aotc.kernels import gemv as gemv_kernel
+
+        q, s = ql.fp8_blocks(w)
+        return (lambda x: gemv_kernel.blocks_gemv(x, q, s)), q.numel() + s.numel() * 4
     if form in ("int8-rows", "int8-triton", "int8-pack-mm", "int8-dynamic"):
         q, s = ql.int8_rows(w, dtype)
         if form == "int8-rows":
