@@ -48,9 +48,8 @@ def quantize_graph(
         name = target.removesuffix(".weight")
         if not uses["linear"]:
             continue
-        why = _kept_because(name, uses, module.get_parameter(target), quantization, device)
-        if not why and quantization.scheme == "fp8" and outputs.intersection(uses["linear"]):
-            why = FP8_OUTPUT_LAYER
+        weight = module.get_parameter(target)
+        why = _kept_because(name, uses, weight, quantization, device, outputs)
         if why:
             quantization.kept.append({"name": name, "why": why})
         else:
@@ -151,8 +150,11 @@ def _weight_uses(module) -> dict:
     return uses
 
 
-def _kept_because(name: str, uses: dict, weight, quantization: Quantization, device: str) -> str:
-    """Why the layer stays in the base precision ("" when it is quantized)."""
+def _kept_because(
+    name: str, uses: dict, weight, quantization: Quantization, device: str, outputs: set
+) -> str:
+    """Why the layer stays in the base precision ("" when it is quantized). `outputs`: the
+    program's output layers (_output_layers)."""
     hit = next((s for s in quantization.skip if s in name), None)
     if hit:
         return f"--quantize-skip {hit}"
@@ -174,7 +176,8 @@ def _kept_because(name: str, uses: dict, weight, quantization: Quantization, dev
                 f"tinygemm needs out features divisible by 8 and in features by 32 ({n_out}x{k_in})"
             )
     if scheme == "fp8":
-        return fp8_refusal(n_out, k_in)
+        output_layer = FP8_OUTPUT_LAYER if outputs.intersection(uses["linear"]) else ""
+        return fp8_refusal(n_out, k_in) or output_layer
     return ""
 
 

@@ -119,6 +119,7 @@ def partial_products(
     block_n, block_k, blocks_n, splits = launch_shape(n_out, k_in, programs, scale_block)
     per_split = triton.cdiv(triton.cdiv(k_in, block_k), splits) * block_k
     out = torch.empty((splits, rows, n_out), dtype=torch.float32, device=x.device)
+    # without scales the kernel reads no scale pointer (SCALE_BLOCK 0): the weight stands in
     launch(_gemv_kernel)[(blocks_n, splits, triton.cdiv(rows, BLOCK_M))](
         x, weight, weight if scale is None else scale, out, rows, n_out, per_split,
         K=k_in, IEEE=x.dtype == torch.float32, SCALE_BLOCK=scale_block,
