@@ -122,7 +122,7 @@ def lines_logged(caplog, wanted, count: int) -> list[dict]:
     while True:
         lines = [line for line in request_lines(caplog) if wanted(line)]
         if len(lines) >= count or time.monotonic() > deadline:
-            assert len(lines) == count, request_lines(caplog)
+            assert len(lines) == count, "\n".join(map(json.dumps, request_lines(caplog)))
             return lines
         time.sleep(0.1)
 

@@ -26,7 +26,7 @@ from typing import cast
 from ray import serve
 from ray.serve import Deployment
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from aotc_runtime.serve.answers import server_sent, whole_answer
 from aotc_runtime.serve.chat import ChatRequest, ChatShape
@@ -37,7 +37,13 @@ from aotc_runtime.serve.completions import (
     body_too_large_for_prompt,
     max_body_bytes,
 )
-from aotc_runtime.serve.ingress import json_response, read_body, refusals_counter, route
+from aotc_runtime.serve.ingress import (
+    ClosingStream,
+    json_response,
+    read_body,
+    refusals_counter,
+    route,
+)
 from aotc_runtime.serve.protocol import (
     COMPLETIONS_DEPLOYMENT,
     DEFAULT_MAX_ANSWER_BYTES,
@@ -116,7 +122,7 @@ class CompletionServer:
         shape = (ChatShape if chat else CompletionShape)(parsed, self._engine.tokenizer)
         if parsed.decoding.stream:
             record.stream = True
-            return StreamingResponse(
+            return ClosingStream(
                 self._streamed(events, parsed, shape, record), media_type="text/event-stream"
             )
         try:

@@ -35,7 +35,8 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from ray.serve.metrics import Counter
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from aotc_runtime.serve.codec import Codec
 from aotc_runtime.serve.protocol import (
@@ -61,6 +62,22 @@ class BodyTimeoutError(RequestError):
     the connection: a client still sending its large body would get a reset instead of the 413)."""
 
     headers = {"Connection": "close"}
+
+
+class ClosingStream(StreamingResponse):
+    """A stream whose body is closed as soon as the response ends, however it ends. Starlette
+    cancels a stream whose client left while it waits to send, and leaves the body's generator
+    suspended at its `yield`: its cleanup (freeing the engine's rows, writing the request's line)
+    would then wait for the garbage collector, which an idle replica may not run for minutes.
+    Closing it here runs that cleanup at once."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
 
 
 def json_response(data: dict, status: int = 200, headers: dict | None = None) -> Response:

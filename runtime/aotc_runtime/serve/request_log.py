@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -144,10 +145,15 @@ def milliseconds(seconds: float) -> str:
 
 class RequestLog:
     """Where a replica writes its requests' lines: its own logger, and the sink `aotc serve`
-    reads (`sink_name`; None: no sink, as in-process)."""
+    reads (`sink_name`; None: no sink, as in-process).
+
+    The lines go to the sink from a thread of this log's own, not from the request's task: a
+    stream's line is written while its request is cancelled (its client left), and Ray cancels
+    the tasks a cancelled task submitted with it, a line handed over from the request's task too."""
 
     def __init__(self, sink_name: str | None = None):
         self._sink: Any = None
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         if sink_name is not None:
             import ray
 
@@ -157,6 +163,8 @@ class RequestLog:
                 self._sink = ray.get_actor(sink_name, namespace=SINK_NAMESPACE)
             except ValueError as exc:
                 logging.getLogger("ray.serve").warning("no request log for aotc serve (%s)", exc)
+            else:
+                threading.Thread(target=self._send, name="aotc-request-log", daemon=True).start()
 
     def write(self, record: RequestRecord) -> None:
         if record.polled():
@@ -164,13 +172,20 @@ class RequestLog:
         line = record.line()
         logger.info(line)
         if self._sink is not None:
+            self._outbox.put(line)
+
+    def _send(self) -> None:
+        """Hand each line to the sink, in order; not waited for: answering never waits on a log."""
+        while True:
+            line = self._outbox.get()
             try:
-                self._sink.put.remote(line)  # not waited for: the answer does not wait on a log
+                self._sink.put.remote(line)
             except Exception as exc:  # Ray's errors have no common base; answering goes on
                 logging.getLogger("ray.serve").warning(
                     "request lines no longer reach aotc serve (%r)", exc
                 )
                 self._sink = None
+                return
 
 
 class RequestLogSink:
