@@ -168,6 +168,9 @@ class BuildConfig:
     quantize: str | None = None
     group_size: int | None = None  # int4-weight-only's input features per scale
     quantize_skip: tuple = ()  # layers whose names contain one of these stay unquantized
+    # CUDA text generation: each product with its norm, activation and residual add in one of
+    # aotc's kernels at decode's row counts (aotc/export/fused_products.py)
+    fused_products: bool = True
 
     def validate(self) -> None:
         problems = []

@@ -492,3 +492,29 @@ def test_combo_kernels_by_default_give_the_tokens_of_a_build_without(built, no_t
     fused = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     unfused = aotc_runtime.load(plain).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert fused.tolist() == unfused.tolist()
+
+
+def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no_tf32, tmp_path):
+    """A CUDA generation build fuses by default; in fp32 its tokens are those of a build of the
+    same artifact with --no-fused-products, and only the fused one holds aotc's kernel."""
+    package, _ = built["llama", "fp32"]
+    artifact, _ = built.artifact("llama")
+    plain = tmp_path / "unfused_pkg"
+    done = invoke(
+        "build", artifact, "--device", "cuda", "--mode", "reduce-overhead",
+        "--no-fused-products", "-o", plain, "--quiet",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+
+    def holds_kernel(folder) -> bool:
+        return any(
+            b"_fused_gemv_kernel" in path.read_bytes()
+            for path in folder.rglob("*")
+            if path.is_file()
+        )
+
+    assert holds_kernel(package) and not holds_kernel(plain)
+    ids, mask = prompts()
+    fused = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+    unfused = aotc_runtime.load(plain).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+    assert fused.tolist() == unfused.tolist()

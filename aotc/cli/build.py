@@ -91,6 +91,12 @@ from aotc.compiler.backends import BACKENDS
     help="Do not link the model .so with -Wl,-Bsymbolic (see docs/build-internals.md).",
 )
 @click.option(
+    "--no-fused-products",
+    is_flag=True,
+    help="CUDA text generation: keep each product a cuBLAS call with Inductor's kernels around it, "
+    "instead of aotc's kernels that take in its norm, activation and residual add at decode.",
+)
+@click.option(
     "--cpu-isa",
     type=click.Choice(["native", "avx2", "avx512"]),
     default=None,
@@ -160,6 +166,7 @@ def build(
     rtol,
     allow_mismatch,
     no_bsymbolic,
+    no_fused_products,
     cpu_isa,
     backend,
     cudnn_benchmark,
@@ -198,6 +205,7 @@ def build(
         options=dict(options),
         force=force,
         bsymbolic=not no_bsymbolic,
+        fused_products=not no_fused_products,
         mode=Mode(mode or "default"),
         device=device or "auto",
         precision=Precision(precision or "fp32"),

@@ -15,6 +15,7 @@ import copy
 
 from aotc.config import Precision
 from aotc.errors import BuildError
+from aotc.export.fused_products import Fusions, fuse_products
 from aotc.export.quantization import linear_inputs, quantize_graph
 from aotc.export.reduced_precision import (
     cast_weight_matmul_operands,
@@ -34,10 +35,12 @@ def place_program(
     signature: dict,
     quantization: Quantization | None = None,
     emulate: Precision | None = None,
+    fusions: Fusions | None = None,
 ):
     """`ep` on `device` in `precision`, its linear weights quantized as `quantization` asks (filled
     in with what was done). `emulate`: build the numeric check's fp32 reference for a quantized
-    package of that precision instead: the same quantized weights, dequantized in fp32."""
+    package of that precision instead: the same quantized weights, dequantized in fp32.
+    `fusions`: fuse the products with their neighbours (fused_products.py), counted there."""
     import torch
 
     target = target_device(device)
@@ -46,7 +49,7 @@ def place_program(
         # Moved first in every precision: the graph's own device arguments (torch.arange(...,
         # device=x.device), .to(x.device)) were traced as cpu and must name the target too.
         ep = move_program(ep, target)
-    if precision not in REDUCED and quantization is None:
+    if precision not in REDUCED and quantization is None and fusions is None:
         return ep
     low = getattr(torch, REDUCED[precision]) if precision in REDUCED else torch.float32
     n_inputs = len(signature["inputs"])
@@ -68,6 +71,9 @@ def place_program(
         # the reference rounds each weight to the package's precision before quantizing it
         weights = getattr(torch, REDUCED[emulate]) if emulate in REDUCED else low
         quantize_graph(inner, quantization, device, weights, calibration, emulate is not None)
+    if fusions is not None:
+        found = fuse_products(inner)
+        fusions.norm, fusions.gated, fusions.residual = found.norm, found.gated, found.residual
 
     class CastWrapper(torch.nn.Module):
         """Computes in reduced precision, keeps the exported float dtypes at the boundary.

@@ -37,6 +37,7 @@ from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
 from aotc.export.artifact import load_artifact, peek_artifact_meta
 from aotc.export.cached_attention import implementation_for, lower_cached_attention
+from aotc.export.fused_products import Fusions
 from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
 from aotc.math_mode import tf32_matmuls
@@ -76,8 +77,11 @@ def _build(
     estimates = planned_stages(cfg, progress)
     with progress.stage(f"loading {cfg.artifact}", key="load"):
         ep, meta = load_artifact(cfg.artifact)
-    if meta.task and meta.task.get("name") == "text-generation":
+    generation = bool(meta.task) and meta.task.get("name") == "text-generation"
+    if generation:
         options = generation_options(cfg.device, options)
+    # a decode step's products with their neighbours in aotc's kernels (fused_products.py)
+    fusions = Fusions() if generation and cfg.device == "cuda" and cfg.fused_products else None
     nodes = len(ep.graph.nodes)  # what lowering, compiling and checking take time in proportion to
     progress.set_plan(
         {"load": progress.plan.get("load")}
@@ -93,7 +97,11 @@ def _build(
             ),
             quiet_torch(),
         ):
-            placed = place_program(ep, cfg.device, cfg.precision, signature, quantization)
+            placed = place_program(
+                ep, cfg.device, cfg.precision, signature, quantization, fusions=fusions
+            )
+            if fusions is not None and fusions.total():
+                progress.note(fusions.describe())
             # a generation step's attention, as this device runs it best
             placed = lower_cached_attention(placed, implementation_for(cfg.device))
         phases: dict = {}

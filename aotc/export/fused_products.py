@@ -1,0 +1,260 @@
+"""The graph pass that gives a decode step's weight products their neighbours: each `aten.linear`
+takes the RMSNorm or the gated activation before it and the residual add after it into one
+operation, which a CUDA build runs as one kernel at decode's row counts
+(aotc/kernels/fused_gemv.py) and as the unfused operations above them.
+
+It runs on the module a build re-exports (placement.place_program), after the precision and
+quantization passes, on the patterns they leave; a pattern is matched by what it computes, not by
+a model's module names, so every family that writes it is fused:
+
+- the RMSNorm in front of a product, as transformers writes it: `x32 = x.to(float32)`, `x32 *
+  rsqrt(mean(x32 ** 2, -1, keepdim) + eps)`, cast to float32, times the norm's weight;
+- the gated MLP's `silu(gate) * up`, where gate and up are the two halves of one stacked product
+  (sibling_linears.py stacks them at export);
+- the clamp and cast to the weight's dtype a reduced-precision build puts before a product
+  (reduced_precision.py);
+- the residual add of the product's only user, `residual + product`.
+
+Every node it removes had the product (or the next node of the pattern) as its only user, so
+nothing else in the graph changes. `reference` is the unfused computation, step by step with the
+same roundings: it is what the CPU and the row counts above the kernel's run, and what the tests
+hold the kernel and the pass to.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+
+aten = torch.ops.aten
+
+
+@dataclass
+class Fusions:
+    """How many products took each neighbour (one product can take a prologue and a residual)."""
+
+    norm: int = 0
+    gated: int = 0
+    residual: int = 0
+
+    def total(self) -> int:
+        return self.norm + self.gated + self.residual
+
+    def describe(self) -> str:
+        return (
+            f"fused {self.norm} products with their RMSNorm, {self.gated} with their gated "
+            f"activation and {self.residual} with their residual add (aotc's kernels at decode)"
+        )
+
+
+def reference(x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float):
+    """The unfused computation: x [..., K] (or [..., 2K], gate then up, when `gated`)."""
+    a = x
+    if gated:
+        gate, up = a.chunk(2, dim=-1)
+        a = torch.nn.functional.silu(gate) * up
+    if norm_weight is not None:
+        a = norm_weight * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps))
+    if clamp:
+        a = a.clamp(-clamp, clamp)
+    y = torch.nn.functional.linear(a.to(weight.dtype), weight, bias)
+    return y if residual is None else residual + y
+
+
+def fused_linear(x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float):
+    """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
+    (decided at export when the row count is fixed there, else a cond node AOTInductor compiles
+    to both)."""
+    if not x.is_cuda:
+        return reference(x, weight, bias, norm_weight, residual, eps, gated, clamp)
+    from aotc.kernels.fused_gemv import MAX_ROWS
+
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    n_out = weight.shape[0]
+    r2 = None if residual is None else residual.reshape(-1, n_out).contiguous()
+    present = [t for t in (bias, norm_weight, r2) if t is not None]
+
+    def unpack(tensors):
+        it = iter(tensors)
+        return [None if t is None else next(it) for t in (bias, norm_weight, r2)]
+
+    def small(x2, weight, *rest):
+        b, nw, r = unpack(rest)
+        return torch.ops.aotc.fused_gemv_cuda(x2, weight, b, nw, r, eps, gated, clamp)
+
+    def large(x2, weight, *rest):
+        b, nw, r = unpack(rest)
+        return reference(x2, weight, b, nw, r, eps, gated, clamp)
+
+    import aotc.kernels.fused_gemv  # noqa: F401 (registers aotc::fused_gemv_cuda)
+
+    rows = x2.shape[0]
+    operands = (x2, weight, *present)
+    if isinstance(rows, int):
+        out = small(*operands) if rows <= MAX_ROWS else large(*operands)
+    else:
+        # the cond operator itself, as quantization.py's _by_rows explains
+        out = torch.ops.higher_order.cond(rows <= MAX_ROWS, _one(small), _one(large), operands)[0]
+    return out.reshape(*lead, n_out)
+
+
+def _one(function):
+    return lambda *operands: (function(*operands),)
+
+
+def fuse_products(module) -> Fusions:
+    """Fuse the products of `module` (an unlifted GraphModule) in place; what was fused."""
+    graph = module.graph
+    fusions = Fusions()
+    for node in [n for n in graph.nodes if _is(n, aten.linear.default)]:
+        x, weight, bias = (list(node.args) + [None])[:3]
+        doomed: list = []
+        a, clamp = _cast_and_clamp(x, doomed)
+        norm = _rms_norm(a, doomed)
+        gate_up = _gated(a, doomed) if norm is None else None
+        if norm is not None:
+            a, norm_weight, eps = norm
+            fusions.norm += 1
+        else:
+            norm_weight, eps = None, 0.0
+        if gate_up is not None:
+            a = gate_up
+            fusions.gated += 1
+        residual, replaced = None, node
+        users = _users(node)
+        if len(users) == 1 and _is(users[0], aten.add.Tensor) and _plain_add(users[0]):
+            add = users[0]
+            other = add.args[1] if add.args[0] is node else add.args[0]
+            if isinstance(other, torch.fx.Node) and other is not node:
+                residual, replaced = other, add
+                fusions.residual += 1
+        if norm is None and gate_up is None and residual is None:
+            continue  # nothing to take in: cuBLAS alone does it
+        with graph.inserting_before(replaced):
+            fused = graph.call_function(
+                fused_linear,
+                (a, weight, bias, norm_weight, residual, eps, gate_up is not None, clamp),
+            )
+        fused.meta = dict(replaced.meta)
+        replaced.replace_all_uses_with(fused)
+        graph.erase_node(replaced)
+        if replaced is not node:
+            graph.erase_node(node)
+        for dead in doomed:  # from the product back towards the inputs
+            if not _users(dead):
+                for check in list(dead.users):
+                    graph.erase_node(check)
+                graph.erase_node(dead)
+    if fusions.total():
+        graph.lint()
+        module.recompile()
+    return fusions
+
+
+def _is(node, target) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _is_attr(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "get_attr"
+
+
+def _users(node) -> list:
+    """The node's users, less the dtype assertions export adds after a `.to()` (they check the
+    traced dtype of a value the fused node no longer materializes, and go with it)."""
+    return [u for u in node.users if not _is(u, aten._assert_tensor_metadata.default)]
+
+
+def _only_user(node, user) -> bool:
+    return isinstance(node, torch.fx.Node) and _users(node) == [user]
+
+
+def _plain_add(add) -> bool:
+    return len(add.args) == 2 and add.kwargs.get("alpha", 1) == 1
+
+
+def _cast_and_clamp(x, doomed: list) -> tuple:
+    """(the node before the product's input cast and clamp, the clamp's bound or 0): the cast to
+    the weight's dtype and the symmetric clamp reduced_precision.py adds, if both are there."""
+    if _is(x, aten.to.dtype) and _is(x.args[0], aten.clamp.default):
+        clamp = x.args[0]
+        low, high = (list(clamp.args) + [None, None])[1:3]
+        if (
+            _only_user(clamp, x)
+            and isinstance(high, float)
+            and low == -high
+            and len(_users(x)) == 1
+        ):
+            doomed += [x, clamp]
+            return clamp.args[0], high
+    return x, 0.0
+
+
+def _rms_norm(a, doomed: list):
+    """(x32, norm weight node, eps) if `a` is transformers' RMSNorm of x32 times its weight and
+    used by the product only, else None."""
+    if not _is(a, aten.mul.Tensor) or len(_users(a)) != 1:
+        return None
+    weight, scaled = a.args if _is_attr(a.args[0]) else reversed(a.args)
+    if not _is_attr(weight):
+        return None
+    if _is(scaled, aten.to.dtype) and scaled.args[1] is torch.float32 and _only_user(scaled, a):
+        cast = scaled
+        scaled = scaled.args[0]
+    else:
+        cast = None
+    if not _is(scaled, aten.mul.Tensor) or not _only_user(scaled, cast or a):
+        return None
+    x32, inverse = scaled.args
+    if _is(x32, aten.rsqrt.default):
+        x32, inverse = inverse, x32
+    if not _is(inverse, aten.rsqrt.default) or not _only_user(inverse, scaled):
+        return None
+    plus = inverse.args[0]
+    if not _is(plus, aten.add.Tensor) or not _only_user(plus, inverse) or not _plain_add(plus):
+        return None
+    mean, eps = plus.args
+    if not isinstance(eps, float) or not _is(mean, aten.mean.dim) or not _only_user(mean, plus):
+        return None
+    if list(mean.args[1]) != [-1] or not (mean.args[2:] or [mean.kwargs.get("keepdim")])[0]:
+        return None
+    square = mean.args[0]
+    if not _is(square, aten.pow.Tensor_Scalar) or square.args != (x32, 2):
+        return None
+    if (
+        not _only_user(square, mean)
+        or not _is(x32, aten.to.dtype)
+        or x32.args[1] is not torch.float32
+    ):
+        return None
+    doomed += [a, *([cast] if cast else []), scaled, inverse, plus, mean, square]
+    return x32, weight, eps
+
+
+def _gated(a, doomed: list):
+    """The stacked gate/up product's output if `a` is silu(its first half) * its second half and
+    used by the product only, else None."""
+    if not _is(a, aten.mul.Tensor) or len(_users(a)) != 1:
+        return None
+    silu, up = a.args
+    if not _is(silu, aten.silu.default) or not _only_user(silu, a):
+        return None
+    gate = silu.args[0]
+    if not (_is(gate, operator.getitem) and _is(up, operator.getitem)):
+        return None
+    split = gate.args[0]
+    if up.args[0] is not split or (gate.args[1], up.args[1]) != (0, 1):
+        return None
+    if not _is(split, aten.split_with_sizes.default) or len(_users(split)) != 2:
+        return None
+    sizes = list(split.args[1])
+    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    if len(sizes) != 2 or sizes[0] != sizes[1] or dim != -1:
+        return None
+    if not (_only_user(gate, silu) and _only_user(up, a)):
+        return None
+    doomed += [a, silu, gate, up, split]
+    return split.args[0]

@@ -1,0 +1,135 @@
+"""A decode step's products with their neighbours, three ways, side by side on the GPU: aotc's fused
+kernel (aotc/kernels/fused_gemv.py), the same computation as Inductor compiles it without aotc's
+pass (its norm or activation kernel, cuBLAS, its residual kernel), and cuBLAS's product alone (the
+part of the unfused form that reads the weight).
+
+Each form runs `--layers` calls on distinct weights (as many layers as a model has, so the weights
+are read from memory, not from L2) inside one CUDA graph; the graph is replayed `--replays` times
+and the median per call is reported, with the weight's read at that time as a fraction of the copy
+bandwidth measured in the same run.
+
+    python scripts/fused_gemv.py --out fused_gemv.json
+    python scripts/fused_gemv.py --shapes 576x960:norm,1536x576:gated+residual --rows 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from aotc.export.fused_products import reference  # noqa: E402
+from aotc.kernels.fused_gemv import fused_gemv  # noqa: E402
+
+# SmolLM2-135M's and Llama-3.2-1B's products (K x N) and what each takes in, and their output layers
+SHAPES = (
+    "576x960:norm,576x576:residual,576x3072:norm,1536x576:gated+residual,576x49152:norm,"
+    "2048x3072:norm,2048x2048:residual,2048x16384:norm,8192x2048:gated+residual"
+)
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes per second of a 1 GiB device-to-device copy, best of 10 (read + write counted)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(10):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * a.numel() / best
+
+
+def graph_time(calls, replays: int) -> float:
+    """Median seconds per call of `calls` (closures) captured into one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:  # warm-up: Triton and Inductor compile outside the capture
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    times = []
+    for _ in range(replays):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / len(calls))
+    return statistics.median(times)
+
+
+def measure(k_in: int, n_out: int, form: str, rows: int, layers: int, replays: int, dtype):
+    device = "cuda"
+    norm, gated, residual = "norm" in form, "gated" in form, "residual" in form
+    clamp = torch.finfo(dtype).max if dtype != torch.float32 else 0.0
+    weights = [
+        torch.randn(n_out, k_in, device=device, dtype=dtype) / k_in**0.5 for _ in range(layers)
+    ]
+    x = torch.randn(rows, 2 * k_in if gated else k_in, device=device)
+    x = x if norm else x.to(dtype)
+    nw = torch.ones(k_in, device=device, dtype=dtype) if norm else None
+    r = torch.randn(rows, n_out, device=device) if residual else None
+    unfused = torch.compile(reference, dynamic=False)
+    plain_x = torch.randn(rows, k_in, device=device, dtype=dtype)
+    forms = {
+        "fused": [lambda w=w: fused_gemv(x, w, None, nw, r, 1e-5, gated, clamp) for w in weights],
+        "inductor": [lambda w=w: unfused(x, w, None, nw, r, 1e-5, gated, clamp) for w in weights],
+        "cublas_product": [lambda w=w: torch.nn.functional.linear(plain_x, w) for w in weights],
+    }
+    seconds = {name: graph_time(calls, replays) for name, calls in forms.items()}
+    return seconds, weights[0].numel() * weights[0].element_size()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shapes", default=SHAPES, help="KxN:form,... (form: norm, residual, gated+residual)"
+    )
+    parser.add_argument("--rows", default="1")
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    bandwidth = copy_bandwidth("cuda")
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    records = []
+    for item in args.shapes.split(","):
+        shape, form = item.split(":")
+        k_in, n_out = map(int, shape.split("x"))
+        for rows in map(int, args.rows.split(",")):
+            # the output layer is one product a step: fewer copies keep its memory in bounds
+            layers = 4 if n_out > 20000 else args.layers
+            seconds, nbytes = measure(k_in, n_out, form, rows, layers, args.replays, dtype)
+            floor = nbytes / bandwidth
+            record = {"k": k_in, "n": n_out, "form": form, "rows": rows, "bytes": nbytes,
+                      "floor_us": floor * 1e6,
+                      **{f"{name}_us": s * 1e6 for name, s in seconds.items()}}  # fmt: skip
+            records.append(record)
+            print(
+                f"{k_in}x{n_out} {form:16s} rows {rows:2d}: fused {seconds['fused'] * 1e6:6.2f} us "
+                f"({floor / seconds['fused']:.2f} of floor), inductor {seconds['inductor'] * 1e6:6.2f}, "
+                f"cuBLAS product alone {seconds['cublas_product'] * 1e6:6.2f}"
+            )
+    if args.out:
+        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "copy_bandwidth_tb_s": bandwidth / 1e12, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+        args.out.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

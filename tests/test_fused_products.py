@@ -1,0 +1,112 @@
+"""The pass that fuses a decode step's products with their norm, activation and residual add
+(aotc/export/fused_products.py), on the CPU: the program it leaves computes exactly what the
+unfused one does (on the CPU a fused node is `reference`, the unfused computation), and it fuses
+what each family writes and nothing else. The kernel itself is held to `reference` on the GPU by
+tests/test_gpu_fused_products.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from aotc.config import Precision
+from aotc.export.artifact import load_artifact
+from aotc.export.fused_products import Fusions, fuse_products, fused_linear, reference
+from aotc.export.placement import place_program
+
+LAYERS = 2  # the zoo's language models
+
+
+def unlifted(family: str, generation_packages):
+    ep, meta = load_artifact(generation_packages.artifact(family))
+    inputs = len(meta.signature["inputs"])
+    return ep, meta, ep.module(), list(ep.example_inputs[0]), inputs
+
+
+@pytest.mark.parametrize(
+    "family, expected, products",
+    [
+        # Llama's layers: the norm into q/k/v and into gate/up, silu(gate) * up into down, the
+        # residual after o and after down: each layer's four products fused; the final norm
+        # feeds the output layer through a slice, which stays a linear
+        ("llama", Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS),
+        ("qwen2", Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS),
+        ("qwen3", Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS),
+        # Gemma 2 scales by (1 + weight), uses gelu, and norms a product's output before the
+        # residual: nothing there is the pattern
+        ("gemma2", Fusions(), 0),
+    ],
+)
+def test_the_fused_program_computes_what_the_unfused_one_does(
+    family, expected, products, generation_packages
+):
+    """Qwen 2's q/k/v have a bias (the epilogue adds it); Qwen 3 norms q and k per head, norms
+    whose output feeds no product, which stay as they are."""
+    _ep, _meta, module, example, _inputs = unlifted(family, generation_packages)
+    before = module(*copy.deepcopy(example))
+    fused = copy.deepcopy(module)
+    assert fuse_products(fused) == expected
+    after = fused(*copy.deepcopy(example))
+    for ours, theirs in zip(after, before):
+        assert torch.equal(ours, theirs)
+    linear = torch.ops.aten.linear.default
+    assert sum(n.target is fused_linear for n in fused.graph.nodes) == products
+    assert (
+        sum(n.target is linear for n in fused.graph.nodes)
+        == sum(n.target is linear for n in module.graph.nodes) - products
+    )
+
+
+def test_a_bf16_build_fuses_the_same_products_through_its_casts(generation_packages):
+    """In bf16 each product's input is clamped and cast first (reduced_precision.py): the fused
+    nodes take that in, and the program re-exports."""
+    ep, meta, *_ = unlifted("llama", generation_packages)
+    fusions = Fusions()
+    place_program(ep, "cpu", Precision.BF16, meta.signature, fusions=fusions)
+    assert fusions == Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
+
+
+def test_a_product_not_in_the_pattern_is_left_alone():
+    """A norm whose output has another user, and a product whose add scales it, are not fused."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+            self.proj = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x):
+            x32 = x.to(torch.float32)
+            normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)
+            scaled = self.weight * normed.to(torch.float32)
+            return self.proj(scaled), scaled.sum(), torch.add(x, self.proj(x), alpha=2.0)
+
+    x = torch.randn(3, 8)
+    module = torch.export.export(Block(), (x,)).module()
+    fused = copy.deepcopy(module)
+    assert fuse_products(fused) == Fusions()
+    for ours, theirs in zip(fused(x), module(x)):
+        assert torch.equal(ours, theirs)
+
+
+def test_reference_is_transformers_rmsnorm_and_the_gated_mlp():
+    """`reference` against the computation written out: Llama's RMSNorm times its weight into a
+    linear with a residual; silu(gate) * up into a linear."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(16, eps=1e-5)
+    norm.weight.data = torch.rand(16) + 0.5
+    linear = torch.nn.Linear(16, 24, bias=True)
+    x, residual = torch.randn(5, 16), torch.randn(5, 24)
+    expected = residual + linear(norm(x))
+    got = reference(x, linear.weight, linear.bias, norm.weight, residual, 1e-5, False, 0.0)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    gate_up = torch.randn(5, 32)
+    down = torch.nn.Linear(16, 24, bias=False)
+    expected = down(torch.nn.functional.silu(gate_up[:, :16]) * gate_up[:, 16:])
+    torch.testing.assert_close(
+        reference(gate_up, down.weight, None, None, None, 0.0, True, 0.0), expected
+    )
