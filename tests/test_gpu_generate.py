@@ -514,6 +514,10 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
         )
 
     assert holds_kernel(package) and not holds_kernel(plain)
+    # the zoo's Llama: 2 layers, each with q/k/v and gate/up normed, down gated, o and down added
+    recorded = json.loads((package / "manifest.json").read_text())["fused_products"]
+    assert recorded == {"norm": 4, "gated": 2, "residual": 4}
+    assert "fused_products" not in json.loads((plain / "manifest.json").read_text())
     ids, mask = prompts()
     fused = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     unfused = aotc_runtime.load(plain).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])

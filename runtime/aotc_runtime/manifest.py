@@ -324,6 +324,9 @@ class Manifest:
     # error on the example inputs) and those kept in the base precision, and why; {} for none.
     # Written by the build, read by people and `aotc verify`: the compiled model holds the kernels.
     quantization: dict = field(default_factory=dict)
+    # a CUDA generation build: how many products took their norm, gated activation and residual
+    # add into aotc's fused kernel ({"norm": N, "gated": N, "residual": N}); {} for none
+    fused_products: dict = field(default_factory=dict)
 
     @property
     def model_file(self) -> str:
@@ -388,6 +391,7 @@ class Manifest:
             specializations=tuple(specializations),
             tuning=fields.raw_object("tuning", {}),
             quantization=fields.raw_object("quantization", {}),
+            fused_products=fields.raw_object("fused_products", {}),
             generation=Generation.read(fields.object("generation"))
             if generation is not None
             else None,
@@ -425,6 +429,8 @@ class Manifest:
             data["tuning"] = dict(self.tuning)
         if self.quantization:
             data["quantization"] = dict(self.quantization)
+        if self.fused_products:
+            data["fused_products"] = dict(self.fused_products)
         if self.generation is not None:
             data["generation"] = self.generation.to_json()
         if self.shared_weights is not None:

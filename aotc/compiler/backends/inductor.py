@@ -117,6 +117,8 @@ def _build(
             manifest = new_manifest(cfg, packaged, options, compiler_record, features)
             if quantization:
                 manifest = dataclasses.replace(manifest, quantization=quantization.record())
+            if fusions is not None and fusions.total():
+                manifest = dataclasses.replace(manifest, fused_products=dataclasses.asdict(fusions))
             if not placed.state_dict and not placed.constants:
                 # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
                 # keeps the default layout, its (empty) constants inside the .so
