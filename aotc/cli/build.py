@@ -91,10 +91,10 @@ from aotc.compiler.backends import BACKENDS
     help="Do not link the model .so with -Wl,-Bsymbolic (see docs/build-internals.md).",
 )
 @click.option(
-    "--no-fused-products",
+    "--fused-products",
     is_flag=True,
-    help="CUDA text generation: keep each product a cuBLAS call with Inductor's kernels around it, "
-    "instead of aotc's kernels that take in its norm, activation and residual add at decode.",
+    help="CUDA text generation, experimental: at decode, each product takes its norm, activation "
+    "and residual add into one of aotc's kernels (slower than cuBLAS today; docs/benchmarks.md).",
 )
 @click.option(
     "--cpu-isa",
@@ -166,7 +166,7 @@ def build(
     rtol,
     allow_mismatch,
     no_bsymbolic,
-    no_fused_products,
+    fused_products,
     cpu_isa,
     backend,
     cudnn_benchmark,
@@ -205,7 +205,7 @@ def build(
         options=dict(options),
         force=force,
         bsymbolic=not no_bsymbolic,
-        fused_products=not no_fused_products,
+        fused_products=fused_products,
         mode=Mode(mode or "default"),
         device=device or "auto",
         precision=Precision(precision or "fp32"),

@@ -1,6 +1,6 @@
 """The graph pass that gives a decode step's weight products their neighbours: each `aten.linear`
 takes the RMSNorm or the gated activation before it and the residual add after it into one
-operation, which a CUDA build runs as one kernel at decode's row counts
+operation, which a CUDA build with `--fused-products` runs as one kernel at decode's row counts
 (aotc/kernels/fused_gemv.py) and as the unfused operations above them.
 
 It runs on the module a build re-exports (placement.place_program), after the precision and

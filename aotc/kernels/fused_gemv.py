@@ -10,9 +10,9 @@ them long; docs/benchmarks.md). This kernel does the three in one:
   in a first pass over the row, which every program reads anyway) times the norm's weight, or the
   gated MLP's silu(gate) * up from the stacked gate/up product's output; then the clamp and cast
   to the weight's dtype that a reduced-precision build puts before the product;
-- the product: BLOCK_N output features a program, the weight tile as the tensor cores' left
-  operand and BLOCK_M = 16 rows of activations the right (the layout of gemv.py's quantized
-  products), accumulated in fp32 over the input features;
+- the product: a program takes one row and BLOCK_N output features, loads the row's input features
+  and the weight tile at once (up to 2,048 features; a longer row loops), multiplies them in fp32
+  and sums each output feature's products;
 - epilogue: the bias, the rounding to the weight's dtype that the unfused product's output has,
   and the residual added in the residual's precision.
 
@@ -20,6 +20,12 @@ Each step rounds where the unfused program rounds (aotc/export/fused_products.py
 is that program), so a fused package computes what the unfused one does, up to the order of the
 sums. No split of the input features: the epilogue needs a row's whole sum, so small matrices take
 narrow tiles instead, enough programs to cover the GPU.
+
+The first form multiplied a 64 x 128 weight tile with 16 rows on the tensor cores, looping over
+the input features in three pipelined stages (gemv.py's quantized layout): on an H200 it took 11.9
+us a product in SmolLM2-135M's step where cuBLAS takes 3.9, and the step 3.77 ms against 1.01
+(docs/benchmarks.md). At one row the loop's trips to memory one after another, and the shared
+memory of its stages, cost more than the fusion saved.
 """
 
 from __future__ import annotations
@@ -32,69 +38,62 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 OP = "aotc::fused_gemv_cuda"
-BLOCK_M = 16  # the smallest tensor-core tile; decode's rows are masked into it
-MAX_ROWS = 16  # more rows than this take the unfused program (cuBLAS reads the weight once)
+MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the weight (from L2)
 
 
 @triton.jit
 def _fused_gemv_kernel(
-    x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, out_ptr, rows, n_out, x_stride, eps, clamp,
+    x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, out_ptr, n_out, x_stride, eps, clamp,
     K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
-    RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    """One row (program_id 1) times BLOCK_N output features (program_id 0). With K <= BLOCK_K the
+    row and the weight tile are one load each, all in flight at once: the kernel costs about one
+    trip to memory, which is what a product of a megabyte or two can cost."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row = tl.program_id(1)
     n_ok = n < n_out
-    m_ok = m < rows
+    x_row = x_ptr + row * x_stride
     x_dtype = x_ptr.dtype.element_ty
     w_dtype = w_ptr.dtype.element_ty
-    if NORM:  # each row's mean square, in fp32 as the unfused norm takes it
-        squares = tl.zeros((BLOCK_M,), tl.float32)
+    if NORM:  # the row's mean square, in fp32 as the unfused norm takes it
+        squares = tl.zeros((BLOCK_K,), tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            xk = tl.load(
-                x_ptr + m[None, :] * x_stride + k[:, None],
-                mask=m_ok[None, :] & (k < K)[:, None],
-                other=0.0,
-            ).to(tl.float32)
-            squares += tl.sum(xk * xk, axis=0)
-        inverse_rms = 1.0 / tl.sqrt(squares / K + eps)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            xk = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+            squares += xk * xk
+        inverse_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        mask = m_ok[None, :] & k_ok[:, None]
-        a = tl.load(x_ptr + m[None, :] * x_stride + k[:, None], mask=mask, other=0.0)
-        if GATED:  # silu(gate) * up, each rounded to the activations' dtype as the graph does
-            gate = a.to(tl.float32)
-            up = tl.load(x_ptr + m[None, :] * x_stride + K + k[:, None], mask=mask, other=0.0)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(x_dtype)
-            a = (silu.to(tl.float32) * up.to(tl.float32)).to(x_dtype)
-        a = a.to(tl.float32)
-        if NORM:
-            weight = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-            a = weight[:, None] * (a * inverse_rms[None, :])
-        if CLAMP:
-            a = tl.minimum(tl.maximum(a, -clamp), clamp)
-        a = a.to(w_dtype)
         w = tl.load(
             w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
         )
-        if IEEE:  # fp32 packages: exact fp32 products, not TF32
-            acc = tl.dot(w, a, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, a, acc)
+        a = tl.load(x_row + k, mask=k_ok, other=0.0)
+        if GATED:  # silu(gate) * up, each rounded to the activations' dtype as the graph does
+            gate = a.to(tl.float32)
+            up = tl.load(x_row + K + k, mask=k_ok, other=0.0).to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(x_dtype)
+            a = (silu.to(tl.float32) * up).to(x_dtype)
+        a = a.to(tl.float32)
+        if NORM:
+            a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * (a * inverse_rms)
+        if CLAMP:
+            a = tl.minimum(tl.maximum(a, -clamp), clamp)
+        # the product's operand in the weight's dtype, as the unfused product takes it
+        a = a.to(w_dtype).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+    y = acc
     if BIAS:
-        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-    y = acc.to(w_dtype)  # the unfused product's output
-    out_mask = n_ok[:, None] & m_ok[None, :]
+        y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = y.to(w_dtype)  # the unfused product's output
     if RESIDUAL:
-        r = tl.load(res_ptr + m[None, :] * n_out + n[:, None], mask=out_mask, other=0.0)
+        r = tl.load(res_ptr + row * n_out + n, mask=n_ok, other=0.0)
         out = r.to(tl.float32) + y.to(tl.float32)
     else:
         out = y
-    tl.store(out_ptr + m[None, :] * n_out + n[:, None], out, mask=out_mask)
+    tl.store(out_ptr + row * n_out + n, out, mask=n_ok)
 
 
 @functools.cache
@@ -102,13 +101,19 @@ def _streaming_multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): the widest tile of output features (64, 32 or 16) that still gives
-    `programs_wanted` programs (one per SM), else the narrowest; input features 128 at a time,
-    fewer for a narrower layer."""
-    block_n = next((b for b in (64, 32) if triton.cdiv(n_out, b) >= programs_wanted), 16)
-    block_k = min(128, max(16, triton.next_power_of_2(k_in)))
-    return block_n, block_k
+def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps): input features in one block up to 2,048 (more loop over blocks
+    of 2,048), and the widest tile of output features (16 down to 1) that still gives
+    `programs_wanted` programs a row, at most 16K weight elements a program (64 fp32 registers a
+    thread at 8 warps)."""
+    block_k = min(2048, triton.next_power_of_2(k_in))
+    widest = max(1, 16384 // block_k)
+    block_n = next(
+        (b for b in (16, 8, 4, 2) if b <= widest and triton.cdiv(n_out, b) >= programs_wanted),
+        1,
+    )
+    warps = 8 if block_n * block_k >= 8192 else 4
+    return block_n, block_k, warps
 
 
 def fused_gemv(
@@ -121,25 +126,27 @@ def fused_gemv(
     gated: bool,
     clamp: float,
     launch=lambda k: k,
+    shape: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """x [rows, K] (or [rows, 2K] gate then up when `gated`), weight [N, K]: the fused product
     [rows, N], in the residual's and the weight's promoted dtype when there is a residual [rows,
-    N], else in the weight's. `clamp` 0: no clamp."""
+    N], else in the weight's. `clamp` 0: no clamp. `shape`: (BLOCK_N, BLOCK_K, warps) instead of
+    launch_shape's (scripts/fused_gemv.py sweeps them)."""
     rows = x.shape[0]
     n_out, k_in = weight.shape
     out_dtype = (
         torch.promote_types(residual.dtype, weight.dtype) if residual is not None else weight.dtype
     )
     out = torch.empty((rows, n_out), dtype=out_dtype, device=x.device)
-    block_n, block_k = launch_shape(n_out, k_in, _streaming_multiprocessors(x.device.index or 0))
-    grid = (triton.cdiv(n_out, block_n), triton.cdiv(rows, BLOCK_M))
+    programs = _streaming_multiprocessors(x.device.index or 0)
+    block_n, block_k, warps = shape or launch_shape(n_out, k_in, programs)
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
-    launch(_fused_gemv_kernel)[grid](
+    launch(_fused_gemv_kernel)[(triton.cdiv(n_out, block_n), rows)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight,
-        weight if residual is None else residual, out, rows, n_out, x.stride(0), eps, clamp,
+        weight if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
         K=k_in, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
-        RESIDUAL=residual is not None, CLAMP=clamp > 0, IEEE=weight.dtype == torch.float32,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3,
+        RESIDUAL=residual is not None, CLAMP=clamp > 0, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, num_stages=1,
     )  # fmt: skip
     return out
 
