@@ -147,7 +147,14 @@ def measure_precision(
     """Build the artifact at this precision (quantized as `scheme` says, "none" for not) and time
     it (aotc/bench/generation.py's measure); a quantized package alone, without baselines."""
     package_dir, build_s = build(artifact, precision, scheme, args)
-    contenders = args.contenders if scheme == "none" else [PACKAGE_NAME]
+    # an int4 package meets gpt-fast's int4 mode (aotc/bench/generation.py); the others have no
+    # quantized contender, so they are timed alone beside their bf16 package's row
+    if scheme == "none":
+        contenders = args.contenders
+    elif scheme == "int4-weight-only":
+        contenders = [c for c in args.contenders if c in (PACKAGE_NAME, "gpt-fast")]
+    else:
+        contenders = [PACKAGE_NAME]
     return {
         "export_s": round(export_s, 1),
         "build_s": round(build_s, 1),

@@ -183,6 +183,42 @@ def test_the_gpt_fast_style_decoder_gives_transformers_tokens(generation_package
     assert len(set(got[0, 7:].tolist())) > 4, "a degenerate sequence tests little"
 
 
+def test_the_gpt_fast_contender_of_an_int4_package_multiplies_its_int4_weights(generation_packages):
+    """For an int4-weight-only package the contender is gpt-fast's int4 mode (tinygemm's layout,
+    the CPU twin here) at the package's group size: its logits are the float decoder's on the same
+    weights int4-rounded (int4_groups, as the package stores them), up to bf16 activations."""
+    import copy
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import load_model_file
+
+    from aotc.bench.generation import gpt_fast_int4_group
+    from aotc.bench.gpt_fast import FastLM
+    from aotc.export import quantized_linear as ql
+
+    group = 32
+    model = load_model_file(generation_packages.model_file("llama"))
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in rounded.modules():
+            if isinstance(module, torch.nn.Linear):
+                stored = ql.int4_groups(module.weight, group, torch.bfloat16)
+                module.weight.copy_(ql.int4_groups_dequantized(*stored, group))
+    ids = torch.randint(3, 500, (1, 7), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(7)
+    with torch.no_grad():
+        int4 = FastLM(model, batch=1, max_len=16, int4_group=group).logits(ids, pos)
+        expected = FastLM(rounded, batch=1, max_len=16).logits(ids, pos)
+    scale = expected.abs().max().item()
+    assert (int4 - expected).abs().max().item() < 0.03 * scale
+    # which packages get it
+    manifest = lambda record: SimpleNamespace(quantization=record)  # noqa: E731
+    assert gpt_fast_int4_group(manifest({"scheme": "int4-weight-only", "group_size": 64})) == 64
+    assert gpt_fast_int4_group(manifest({"scheme": "int8-weight-only", "group_size": None})) is None
+    assert gpt_fast_int4_group(manifest({})) is None
+
+
 def test_bench_against_gpt_fast_times_it_and_refuses_other_families_in_its_row(
     generation_packages,
 ):

@@ -10,7 +10,9 @@ stop at no end-of-sequence token (every run makes exactly the tokens asked for):
                   on CPU); if it raises, its row holds the error's first line and the others go on
   gpt-fast        a gpt-fast-style hand-written decoder of the Llama family on the same weights,
                   its decode step compiled whole (aotc/bench/gpt_fast.py); asked for by name
-                  (`--against gpt-fast`); a model it is not written for costs only its row
+                  (`--against gpt-fast`); a model it is not written for costs only its row. For
+                  an int4-weight-only package its weights are int4 too, in gpt-fast's int4 form
+                  (torch's tinygemm) and the package's group size: the quantized contender
 
 Every token's arrival on the host is time-stamped (transformers' through a streamer). That gives
 the time to first token (prefill and first sample; the median over rounds) and the gaps between
@@ -229,20 +231,33 @@ def contender_runs(package: Any, models: dict, ids: Any, device: str) -> dict:
         )
     if "gpt-fast" in models:
         max_len = package.manifest.generation.max_seq_len
-        runs["gpt-fast"] = gpt_fast_run(models["gpt-fast"], ids, device, max_len)
+        runs["gpt-fast"] = gpt_fast_run(
+            models["gpt-fast"], ids, device, max_len, gpt_fast_int4_group(package.manifest)
+        )
     return runs
 
 
-def gpt_fast_run(model: Any, ids: Any, device: str, max_len: int) -> Callable[[int], Timed]:
-    """The gpt-fast-style decoder on `model`'s weights with a cache of `max_len` positions, made
-    at its first generation (so that a model it is not written for fails its row, not the bench)."""
+def gpt_fast_int4_group(manifest: Any) -> int | None:
+    """The group size of an int4-weight-only package (its gpt-fast contender is int4 too), else
+    None. gpt-fast's int8 mode is not a contender: in torch 2.11 its cast weight times scales ran
+    at 0.12x its bf16 (docs/quantization.md)."""
+    record = manifest.quantization or {}
+    return record.get("group_size") if record.get("scheme") == "int4-weight-only" else None
+
+
+def gpt_fast_run(
+    model: Any, ids: Any, device: str, max_len: int, int4_group: int | None = None
+) -> Callable[[int], Timed]:
+    """The gpt-fast-style decoder on `model`'s weights with a cache of `max_len` positions (int4
+    in groups of `int4_group` when given), made at its first generation (so that a model it is not
+    written for fails its row, not the bench)."""
     from aotc.bench.gpt_fast import GptFastDecoder
 
     decoders: list = []
 
     def run(n: int) -> Timed:
         if not decoders:
-            decoders.append(GptFastDecoder(model, max_len, compiled=True))
+            decoders.append(GptFastDecoder(model, max_len, compiled=True, int4_group=int4_group))
         stamps: list = []
         sync(device)
         began = time.perf_counter()

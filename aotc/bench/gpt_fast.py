@@ -6,6 +6,12 @@ with the static KV cache in module buffers, q/k/v and gate/up each one GEMM, and
 step, the greedy pick included, under torch.compile(mode="reduce-overhead", fullgraph=True) on
 CUDA (mode "default" on the CPU). The prefill runs eagerly: gpt-fast compiles it apart, and the
 bench's decode rate does not count it. A model of another architecture is refused in one line.
+
+With `int4_group`, every linear weight (the output layer's too, as gpt-fast's int4 handler and
+aotc's int4 packages do) is stored as gpt-fast stores it for its int4 mode: torch's tinygemm
+layout (`_weight_int4pack_mm`, bf16 activations; its CPU twin on the CPU), from the same
+asymmetric groups aotc's int4-weight-only packs (aotc/export/quantized_linear.py's int4_groups),
+so a package and this contender multiply the same quantized values.
 """
 
 from __future__ import annotations
@@ -17,6 +23,50 @@ from torch import nn
 from torch.nn import functional as F
 
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+class Int4Weight(nn.Module):
+    """A linear weight [N, K] as tinygemm's int4 tiles and its groups' scales and zeros; called
+    as the product x @ weight.T in x's dtype."""
+
+    def __init__(self, weight: torch.Tensor, group: int):
+        super().__init__()
+        from aotc.export import quantized_linear as ql
+
+        n, k = weight.shape
+        if k % group:
+            raise ValueError(f"int4 groups of {group} do not divide a layer of {k} input features")
+        self.group = group
+        self.on_cuda = weight.is_cuda
+        if self.on_cuda:
+            packed, scale_zero = ql.int4_tinygemm(weight.detach(), group)
+        else:
+            nibbles, groups = ql.int4_groups(weight.detach(), group, torch.bfloat16)
+            halves = nibbles.reshape(n, k // group, group // 2)
+            q = torch.stack([halves & 15, halves >> 4], dim=2).reshape(n, k).to(torch.int32)
+            tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, tiles)
+            scale_zero = groups.transpose(0, 1).contiguous()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zero", scale_zero)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        op = (
+            torch.ops.aten._weight_int4pack_mm
+            if self.on_cuda
+            else torch.ops.aten._weight_int4pack_mm_for_cpu
+        )
+        out = op(flat, self.packed, self.group, self.scale_zero)
+        return out.reshape(*x.shape[:-1], -1).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias), for a float weight or an Int4Weight."""
+    if isinstance(weight, Int4Weight):
+        out = weight(x)
+        return out if bias is None else out + bias
+    return F.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -61,7 +111,7 @@ class Layer(nn.Module):
         c = self.cfg
         batch, length, _ = x.shape
         heads, kv, dim, eps = c["heads"], c["kv_heads"], c["head_dim"], c["eps"]
-        qkv = F.linear(rms_norm(x, self.norm1, eps), self.wqkv, self.bqkv)
+        qkv = linear(rms_norm(x, self.norm1, eps), self.wqkv, self.bqkv)
         q, k, v = qkv.split([heads * dim, kv * dim, kv * dim], dim=-1)
         q = q.view(batch, length, heads, dim)
         k = k.view(batch, length, kv, dim)
@@ -75,17 +125,25 @@ class Layer(nn.Module):
         out = F.scaled_dot_product_attention(
             q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=heads != kv
         )
-        x = x + F.linear(out.transpose(1, 2).reshape(batch, length, heads * dim), self.wo)
-        gate, up = F.linear(rms_norm(x, self.norm2, eps), self.w13).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w2)
+        x = x + linear(out.transpose(1, 2).reshape(batch, length, heads * dim), self.wo)
+        gate, up = linear(rms_norm(x, self.norm2, eps), self.w13).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.w2)
+
+    def to_int4(self, group: int) -> None:
+        """Its four products' weights as Int4Weight (gpt-fast's int4 mode)."""
+        for name in ("wqkv", "wo", "w13", "w2"):
+            weight = getattr(self, name)
+            delattr(self, name)
+            setattr(self, name, Int4Weight(weight, group))
 
 
 class FastLM(nn.Module):
     """`model`'s weights (not copied: the parameters share them, stacked ones excepted) as one
     forward over `batch` rows and a `max_len` static cache: (ids [B, S], positions [S]) -> the
-    greedy next token of each row [B]."""
+    greedy next token of each row [B]. `int4_group`: the linear weights in int4 (the module's
+    doc)."""
 
-    def __init__(self, model: Any, batch: int, max_len: int):
+    def __init__(self, model: Any, batch: int, max_len: int, int4_group: int | None = None):
         super().__init__()
         name = type(model).__name__
         if name not in FAMILIES:
@@ -109,7 +167,10 @@ class FastLM(nn.Module):
         self.embed = nn.Parameter(inner.embed_tokens.weight.detach())
         self.layers = nn.ModuleList(Layer(layer, cfg, batch, max_len) for layer in inner.layers)
         self.norm = nn.Parameter(inner.norm.weight.detach())
-        self.head = nn.Parameter(model.lm_head.weight.detach())
+        head = nn.Parameter(model.lm_head.weight.detach())
+        self.head: Any = Int4Weight(head, int4_group) if int4_group else head
+        for layer in self.layers if int4_group else ():
+            layer.to_int4(int4_group)
         self.eps = cfg["eps"]
         # the model's own rotary frequencies and scaling (Llama 3's rope_scaling included)
         rotary = inner.rotary_emb
@@ -125,21 +186,25 @@ class FastLM(nn.Module):
         )
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.logits(ids, pos).argmax(dim=-1)
+
+    def logits(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The last position's logits of each row [B, vocab] (the cache updated as forward's)."""
         x = F.embedding(ids, self.embed)
         cos, sin, mask = self.cos[pos], self.sin[pos], self.causal[pos]
         for layer in self.layers:
             x = layer(x, pos, cos, sin, mask)
         last = rms_norm(x[:, -1], self.norm, self.eps)
-        return F.linear(last, self.head).argmax(dim=-1)
+        return linear(last, self.head)
 
 
 class GptFastDecoder:
     """Greedy generation with FastLM: `generate(ids, n, on_token)` calls `on_token` as each new
     token [B] reaches the host and returns the prompt followed by the new tokens."""
 
-    def __init__(self, model: Any, max_len: int, compiled: bool):
+    def __init__(self, model: Any, max_len: int, compiled: bool, int4_group: int | None = None):
         device = model.lm_head.weight.device
-        self.lm = FastLM(model, batch=1, max_len=max_len).eval()
+        self.lm = FastLM(model, batch=1, max_len=max_len, int4_group=int4_group).eval()
         self.max_len = max_len
         self.cuda = device.type == "cuda"
         self.decode = self.lm
