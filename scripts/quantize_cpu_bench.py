@@ -56,6 +56,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import quantization_accuracy as qa  # noqa: E402
+from smollm2_folder import gguf_file  # noqa: E402
 
 PARTS = ("bert", "decode")
 LM_SCHEMES = ("int8-weight-only", "int4-weight-only")  # besides quantization_accuracy's BASE
@@ -319,7 +320,7 @@ def llama_cpp_run(args: argparse.Namespace, ids: torch.Tensor) -> Iterator[tuple
         child = Path(scratch) / "llama_cpp_child.py"
         child.write_text(LLAMA_CPP_CHILD)
         command = [
-            args.llama_python, child, qa.gguf_file(), args.threads, args.max_seq_len, args.new,
+            args.llama_python, child, gguf_file(), args.threads, args.max_seq_len, args.new,
             json.dumps(prompt),
         ]  # fmt: skip
         process = subprocess.Popen(

@@ -32,7 +32,12 @@ AGREEMENT_AT_LEAST = {"int8-weight-only": 0.9}
 
 def dequantize_linears(model, scheme: str, group_size: int = 128) -> None:
     """Replace every nn.Linear's weight (and a tied embedding's) by what `scheme` stores of it,
-    dequantized: the model a weight-only package computes."""
+    dequantized: the model a weight-only CPU package computes. int4's CPU kernel takes its groups'
+    scales in bf16, and bf16 activations into a bf16 product: its linears round so too."""
+
+    def to_bf16(tensor):
+        return tensor.to(torch.bfloat16).to(tensor.dtype)
+
     with torch.no_grad():
         for module in model.modules():
             if not isinstance(module, torch.nn.Linear):
@@ -42,8 +47,10 @@ def dequantize_linears(model, scheme: str, group_size: int = 128) -> None:
                 back = ql.int8_rows_dequantized(*ql.int8_rows(w, torch.float32))
             else:
                 back = ql.int4_groups_dequantized(
-                    *ql.int4_groups(w, group_size, torch.float32), group_size
+                    *ql.int4_groups(w, group_size, torch.bfloat16), group_size
                 )
+                module.register_forward_pre_hook(lambda _m, args: (to_bf16(args[0]),))
+                module.register_forward_hook(lambda _m, _args, out: to_bf16(out))
             module.weight.copy_(back.to(module.weight.dtype))
 
 

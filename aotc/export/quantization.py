@@ -20,8 +20,6 @@ a layer over it fails the build naming the layer, before anything is compiled.
 
 from __future__ import annotations
 
-import functools
-
 from aotc.errors import NumericMismatchError, UserInputError
 from aotc.export import quantized_linear as ql
 from aotc.quantize_schemes import DEFAULT_GROUP_SIZE, ERROR_BOUNDS, GROUP_SIZES, Quantization
@@ -280,6 +278,8 @@ class Forms:
         self.emulate = emulate
 
     def pack(self, weight, with_embedding: bool) -> dict:
+        import torch
+
         w = weight.to(self.dtype)  # what the base-precision package would hold
         if self.scheme in ("int8-weight-only", "int8-dynamic"):
             q, scale = ql.int8_rows(w, self.dtype)
@@ -294,6 +294,17 @@ class Forms:
             stored = {"q": q, "scale": scale}
             if with_embedding:
                 stored["rows_q"], stored["rows_scale"] = ql.int8_rows(w, self.dtype)
+            return stored
+        if self.device == "cpu":
+            # the CPU kernel takes its groups' scales and zeros in bf16: quantized on that grid,
+            # for the package and its reference alike
+            packed, scale_zero = ql.int4_groups(w, self.group, torch.bfloat16)
+            stored = {"packed": packed, "scale_zero": scale_zero}
+            if not self.emulate:
+                tiles, tile_scale_zero = ql.int4_cpu_tiles(packed, scale_zero)
+                stored = {"cpu_tiles": tiles, "cpu_scale_zero": tile_scale_zero}
+                if with_embedding:
+                    stored.update(packed=packed, scale_zero=scale_zero)
             return stored
         packed, scale_zero = ql.int4_groups(w, self.group, self.dtype)
         stored = {"packed": packed, "scale_zero": scale_zero}
@@ -332,7 +343,10 @@ class Forms:
                 "fp8": ("q", "scale"),
                 "int8-dynamic": ("q_t", "scale"),
             }[self.scheme]
-            return emulated_linear, (x, *(a[k] for k in keys), bias, self.scheme, self.group)
+            # the CPU's int4 kernel multiplies bf16 activations into a bf16 product
+            rounds = self.scheme == "int4-weight-only" and self.device == "cpu"
+            args = (x, *(a[k] for k in keys), bias, self.scheme, self.group, rounds)
+            return emulated_linear, args
         if self.scheme == "int8-weight-only":
             function = cuda_int8_linear if self.device == "cuda" else cpu_int8_linear
             return function, (x, a["q"], a["scale"], bias)
@@ -342,13 +356,13 @@ class Forms:
             return fp8_linear, (x, a["q"], a["scale"], bias)
         if self.device == "cuda":
             return tinygemm_linear, (x, a["tiles"], a["tile_scale_zero"], bias, self.group)
-        return cpu_int4_linear, (x, a["packed"], a["scale_zero"], bias, self.group)
+        return cpu_int4_linear, (x, a["cpu_tiles"], a["cpu_scale_zero"], bias, self.group)
 
     def embedding_call(self, attrs: dict, node):
         ids = node.args[1]
         a = {k: _Attr(v) for k, v in attrs.items()}
         if "packed" in a:
-            return int4_embedding, (a["packed"], a["scale_zero"], ids, self.group)
+            return int4_embedding, (a["packed"], a["scale_zero"], ids, self.group, self.dtype)
         if "rows_q" in a:
             return int8_embedding, (a["rows_q"], a["rows_scale"], ids)
         return int8_embedding, (a["q"], a["scale"], ids)
@@ -393,19 +407,10 @@ def cpu_int8_linear(x, q, scale, bias):
     return _finish(x, _by_rows(x2, ql.int8_rows_gemv, ql.int8_rows_mm, (x2, q, scale)), bias)
 
 
-def cpu_int4_linear(x, packed, scale_zero, bias, group):
-    x2 = _flat(x)
-    small = functools.partial(_int4_gemv, group)
-    large = functools.partial(_int4_mm, group)
-    return _finish(x, _by_rows(x2, small, large, (x2, packed, scale_zero)), bias)
-
-
-def _int4_gemv(group, x, packed, scale_zero):
-    return ql.int4_groups_gemv(x, packed, scale_zero, group)
-
-
-def _int4_mm(group, x, packed, scale_zero):
-    return ql.int4_groups_mm(x, packed, scale_zero, group)
+def cpu_int4_linear(x, tiles, scale_zero, bias, group):
+    # one kernel for every row count: torch's int4 kernel beat both Inductor's reduction (decode)
+    # and the dequantized dense product (prefill, 32 and 256 rows) on the 2-core VM
+    return _finish(x, ql.int4_cpu_mm(_flat(x), tiles, scale_zero, group), bias)
 
 
 def _gemv(x, q, scale):
@@ -434,12 +439,15 @@ def dynamic_int8_linear(x, q_t, scale, bias):
     return _finish(x, ql.int8_dynamic_mm(_flat(x), q_t, scale), bias)
 
 
-def emulated_linear(x, a, b, bias, scheme, group):
+def emulated_linear(x, a, b, bias, scheme, group, rounds=False):
     """The reference's product: dequantized weights (and, for int8-dynamic, quantized activations)
-    multiplied by eager PyTorch in fp32."""
+    multiplied by eager PyTorch in fp32; `rounds`: the activations and the product rounded to bf16
+    as the CPU's int4 kernel rounds them."""
     import torch
 
     x2 = _flat(x).float()
+    if rounds:
+        x2 = x2.to(torch.bfloat16).float()
     if scheme == "fp8":
         out = torch.nn.functional.linear(x2, ql.fp8_blocks_dequantized(a, b))
     elif scheme == "int8-dynamic":
@@ -448,6 +456,8 @@ def emulated_linear(x, a, b, bias, scheme, group):
         out = torch.nn.functional.linear(x2, ql.int8_rows_dequantized(a, b))
     else:
         out = torch.nn.functional.linear(x2, ql.int4_groups_dequantized(a, b, group))
+    if rounds:
+        out = out.to(torch.bfloat16)
     return _finish(x, out.to(x.dtype), bias)
 
 
@@ -458,8 +468,9 @@ def int8_embedding(q, scale, ids):
     return rows.to(scale.dtype) * torch.nn.functional.embedding(ids, scale[:, None])
 
 
-def int4_embedding(packed, scale_zero, ids, group):
-    """Rows of an int4-groups weight: the packed rows gathered, then dequantized."""
+def int4_embedding(packed, scale_zero, ids, group, dtype=None):
+    """Rows of an int4-groups weight: the packed rows gathered, then dequantized (in `dtype`, by
+    default the scales' dtype)."""
     import torch
 
     n_rows = packed.shape[0]
@@ -467,5 +478,5 @@ def int4_embedding(packed, scale_zero, ids, group):
     rows_scale = torch.nn.functional.embedding(ids, scale_zero.reshape(n_rows, -1))
     flat_rows = rows.reshape(-1, packed.shape[1])
     flat_scale = rows_scale.reshape(flat_rows.shape[0], -1, 2)
-    out = ql.int4_groups_dequantized(flat_rows, flat_scale, group, scale_zero.dtype)
+    out = ql.int4_groups_dequantized(flat_rows, flat_scale, group, dtype or scale_zero.dtype)
     return out.reshape(*ids.shape, -1)

@@ -125,6 +125,33 @@ def int4_tinygemm(w, group: int):
     return tinygemm, scale_zero.transpose(0, 1).contiguous()
 
 
+def int4_cpu_tiles(packed, scale_zero):
+    """(uint8 tiles, scale_zero [K/group, N, 2] bf16) for torch's CPU int4 kernel
+    (`_weight_int4pack_mm_for_cpu`): the values int4_groups packed, in the layout
+    `_convert_weight_to_int4pack_for_cpu` makes. The groups' scales and zeros must be bf16 already
+    (the kernel takes them so), so that the package multiplies exactly the weights it stores."""
+    import torch
+
+    n, half = packed.shape
+    k = 2 * half
+    group = k // scale_zero.shape[1]
+    halves = packed.reshape(n, k // group, group // 2)
+    q = torch.stack([halves & 15, halves >> 4], dim=2).reshape(n, k).to(torch.int32)
+    tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
+    cpu = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), tiles)
+    return cpu, scale_zero.to(torch.bfloat16).transpose(0, 1).contiguous()
+
+
+def int4_cpu_mm(x, tiles, scale_zero, group: int):
+    """x [M, K] times the int4 weight on the CPU: torch's int4 kernel, whose fast path takes bf16
+    activations and gives a bf16 product (on the 2-core VM at one row of a 576 x 3072 product,
+    about 3x faster than Inductor's reduction over nibbles; with fp32 activations 10x slower)."""
+    import torch
+
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), tiles, group, scale_zero)
+    return out.to(x.dtype)
+
+
 def int4_tinygemm_mm(x, packed, scale_zero, group: int):
     import torch
 
