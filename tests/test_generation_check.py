@@ -204,6 +204,11 @@ def test_computed_precision_and_defaults():
     assert tolerance("fp32", "cpu", None, None, None, task, half) == GENERATION["bf16"]
     assert tolerance("bf16", "cpu", None, 0.3, None, task, full) == (GENERATION["bf16"][0], 0.3)
     assert tolerance("fp32", "cpu", None, None) == (1e-4, 1e-4)  # one-call models: as before
+    # the CPU's int4 kernel multiplies bf16 activations: bf16's bound, on the CPU only
+    int4 = "int4-weight-only"
+    assert tolerance("fp32", "cpu", None, None, int4, task, full) == GENERATION["bf16"]
+    assert tolerance("fp32", "cpu", None, None, int4) == (5e-2, 5e-2)
+    assert tolerance("fp32", "cuda", None, None, int4, task, full) == (1e-4, 1e-2)
 
 
 def test_the_long_context_cases_catch_a_cache_position_one_off(generation_packages, monkeypatch):

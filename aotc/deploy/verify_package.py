@@ -339,7 +339,7 @@ def rerun_numeric_check(
             extra_sizes=member_sizes,
             task=meta.task,
             precision=manifest.precision,
-            scale_relative=scale_relative(manifest.precision, record.get("scheme")),
+            scale_relative=scale_relative(manifest.precision, record.get("scheme"), device),
         )
 
 

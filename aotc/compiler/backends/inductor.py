@@ -191,7 +191,7 @@ def _build(
                 strict=strict,
                 task=meta.task,
                 precision=cfg.precision.value,
-                scale_relative=scale_relative(cfg.precision.value, cfg.quantize),
+                scale_relative=scale_relative(cfg.precision.value, cfg.quantize, cfg.device),
             )
         result = finish(staging, manifest, check, cfg.output, started, progress)
     estimates.record(progress.seconds)
