@@ -383,7 +383,7 @@ def bench_decode(args: argparse.Namespace) -> dict:
     reference = timed[LM_BASE][-1].tokens
     rows = [decode_row(name, timed[name], reference, args) for name in runs]
     sizes = {name: qa.folder_mb(folder) for name, folder in folders.items()}
-    gguf = qa.gguf_file()
+    gguf = gguf_file()
     sizes[LLAMA_CPP] = gguf.stat().st_size / qa.MB
     for row in rows:
         row["size_mb"] = round(sizes[row["contender"]], 1)
