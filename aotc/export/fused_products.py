@@ -69,7 +69,8 @@ def fused_linear(x, weight, bias, norm_weight, residual, eps: float, gated: bool
     to both)."""
     if not x.is_cuda:
         return reference(x, weight, bias, norm_weight, residual, eps, gated, clamp)
-    from aotc.kernels.fused_gemv import MAX_ROWS
+    from aotc.export.quantization import by_rows
+    from aotc.kernels.fused_gemv import MAX_ROWS  # importing it registers aotc::fused_gemv_cuda
 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
@@ -89,20 +90,8 @@ def fused_linear(x, weight, bias, norm_weight, residual, eps: float, gated: bool
         b, nw, r = unpack(rest)
         return reference(x2, weight, b, nw, r, eps, gated, clamp)
 
-    import aotc.kernels.fused_gemv  # noqa: F401 (registers aotc::fused_gemv_cuda)
-
-    rows = x2.shape[0]
     operands = (x2, weight, *present)
-    if isinstance(rows, int):
-        out = small(*operands) if rows <= MAX_ROWS else large(*operands)
-    else:
-        # the cond operator itself, as quantization.py's _by_rows explains
-        out = torch.ops.higher_order.cond(rows <= MAX_ROWS, _one(small), _one(large), operands)[0]
-    return out.reshape(*lead, n_out)
-
-
-def _one(function):
-    return lambda *operands: (function(*operands),)
+    return by_rows(x2, small, large, operands, limit=MAX_ROWS).reshape(*lead, n_out)
 
 
 def fuse_products(module) -> Fusions:

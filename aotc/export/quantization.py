@@ -382,7 +382,7 @@ def _finish(x, out, bias):
     return out if bias is None else out + bias
 
 
-def _by_rows(x2, small, large, operands, limit: int = ql.DECODE_ROWS):
+def by_rows(x2, small, large, operands, limit: int = ql.DECODE_ROWS):
     """small(*operands) for at most `limit` rows, large(*operands) for more: decided at export when
     the row count is fixed there, else a cond node AOTInductor compiles to both kernels."""
     import torch
@@ -404,7 +404,7 @@ def _one(product):
 
 def cpu_int8_linear(x, q, scale, bias):
     x2 = _flat(x)
-    return _finish(x, _by_rows(x2, ql.int8_rows_gemv, ql.int8_rows_mm, (x2, q, scale)), bias)
+    return _finish(x, by_rows(x2, ql.int8_rows_gemv, ql.int8_rows_mm, (x2, q, scale)), bias)
 
 
 def cpu_int4_linear(x, tiles, scale_zero, bias, group):
