@@ -6,7 +6,7 @@ part of the unfused form that reads the weight).
 Each form runs `--layers` calls on distinct weights (as many layers as a model has, so the weights
 are read from memory, not from L2) inside one CUDA graph; the graph is replayed `--replays` times
 and the median per call is reported, with the weight's read at that time as a fraction of the copy
-bandwidth measured in the same run.
+bandwidth measured in the same run (aotc.bench.generation.copy_bandwidth).
 
     python scripts/fused_gemv.py --out fused_gemv.json
     python scripts/fused_gemv.py --shapes 576x960:norm,1536x576:gated+residual --rows 1,8
@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from aotc.bench.generation import copy_bandwidth  # noqa: E402
 from aotc.export.fused_products import reference  # noqa: E402
 from aotc.kernels.fused_gemv import fused_gemv  # noqa: E402
 
@@ -33,20 +34,6 @@ SHAPES = (
     "576x960:norm,576x576:residual,576x3072:norm,1536x576:gated+residual,576x49152:norm,"
     "2048x3072:norm,2048x2048:residual,2048x16384:norm,8192x2048:gated+residual"
 )
-
-
-def copy_bandwidth(device) -> float:
-    """Bytes per second of a 1 GiB device-to-device copy, best of 10 (read + write counted)."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    best = float("inf")
-    for _ in range(10):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        b.copy_(a)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * a.numel() / best
 
 
 def graph_time(calls, replays: int) -> float:
@@ -126,7 +113,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    bandwidth = copy_bandwidth("cuda")
+    bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     records = []
     for item in args.shapes.split(","):

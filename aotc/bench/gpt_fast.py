@@ -33,32 +33,25 @@ class Int4Weight(nn.Module):
         super().__init__()
         from aotc.export import quantized_linear as ql
 
-        n, k = weight.shape
+        k = weight.shape[1]
         if k % group:
             raise ValueError(f"int4 groups of {group} do not divide a layer of {k} input features")
         self.group = group
-        self.on_cuda = weight.is_cuda
-        if self.on_cuda:
-            packed, scale_zero = ql.int4_tinygemm(weight.detach(), group)
+        w = weight.detach()
+        # the layouts and products aotc's int4 packages use on each device
+        if w.is_cuda:
+            packed, scale_zero = ql.int4_tinygemm(w, group)
+            self.product = ql.int4_tinygemm_mm
         else:
-            nibbles, groups = ql.int4_groups(weight.detach(), group, torch.bfloat16)
-            halves = nibbles.reshape(n, k // group, group // 2)
-            q = torch.stack([halves & 15, halves >> 4], dim=2).reshape(n, k).to(torch.int32)
-            tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, tiles)
-            scale_zero = groups.transpose(0, 1).contiguous()
+            packed, scale_zero = ql.int4_cpu_tiles(*ql.int4_groups(w, group, torch.bfloat16))
+            self.product = ql.int4_cpu_mm
         self.register_buffer("packed", packed)
         self.register_buffer("scale_zero", scale_zero)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        op = (
-            torch.ops.aten._weight_int4pack_mm
-            if self.on_cuda
-            else torch.ops.aten._weight_int4pack_mm_for_cpu
-        )
-        out = op(flat, self.packed, self.group, self.scale_zero)
-        return out.reshape(*x.shape[:-1], -1).to(x.dtype)
+        flat = x.reshape(-1, x.shape[-1])
+        out = self.product(flat, self.packed, self.scale_zero, self.group)
+        return out.reshape(*x.shape[:-1], -1)
 
 
 def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -96,18 +96,27 @@ def int4_groups_dequantized(packed, scale_zero, group: int, dtype=None):
 
 
 def int4_groups_gemv(x, packed, scale_zero, group: int):
+    """Inductor's reduction over the nibbles (the CPU's int4 product before torch's int4 kernel;
+    scripts/quantized_gemv.py still times it)."""
     m, k = x.shape
     xg = x.reshape(m, 1, k // group, 2, group // 2)
     low, high = _int4_halves(packed, scale_zero, group, x.dtype)
     return (xg[..., 0, :] * low + xg[..., 1, :] * high).sum(-1).sum(-1)
 
 
-def int4_groups_mm(x, packed, scale_zero, group: int):
+def _int4_levels(packed, group: int):
+    """int4_groups' packed nibbles as one level (0-15) per weight [N, K], in input-feature order."""
     import torch
 
-    return torch.nn.functional.linear(
-        x, int4_groups_dequantized(packed, scale_zero, group, x.dtype)
-    )
+    n, half = packed.shape
+    halves = packed.reshape(n, 2 * half // group, group // 2)
+    return torch.stack([halves & 15, halves >> 4], dim=2).reshape(n, 2 * half)
+
+
+def _inner_tiles(k_in: int) -> int:
+    """The inner-K tiles torch's int4 layouts take: the most of 8, 4, 2 whose 16-wide blocks
+    divide the input features."""
+    return next(t for t in (8, 4, 2) if k_in % (t * 16) == 0)
 
 
 def int4_tinygemm(w, group: int):
@@ -115,13 +124,12 @@ def int4_tinygemm(w, group: int):
     quantized values as int4_groups, in the tiled layout `_convert_weight_to_int4pack` makes."""
     import torch
 
-    n, k = w.shape
     packed, scale_zero = int4_groups(w, group, torch.bfloat16)
-    halves = packed.reshape(n, k // group, group // 2)
-    q = torch.stack([halves & 15, halves >> 4], dim=2).reshape(n, k)  # in input-feature order
+    q = _int4_levels(packed, group)
     pairs = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)  # tinygemm's byte order
-    tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
-    tinygemm = torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), tiles)
+    tinygemm = torch.ops.aten._convert_weight_to_int4pack(
+        pairs.contiguous(), _inner_tiles(w.shape[1])
+    )
     return tinygemm, scale_zero.transpose(0, 1).contiguous()
 
 
@@ -132,13 +140,9 @@ def int4_cpu_tiles(packed, scale_zero):
     (the kernel takes them so), so that the package multiplies exactly the weights it stores."""
     import torch
 
-    n, half = packed.shape
-    k = 2 * half
-    group = k // scale_zero.shape[1]
-    halves = packed.reshape(n, k // group, group // 2)
-    q = torch.stack([halves & 15, halves >> 4], dim=2).reshape(n, k).to(torch.int32)
-    tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
-    cpu = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), tiles)
+    k = 2 * packed.shape[1]
+    q = _int4_levels(packed, k // scale_zero.shape[1]).to(torch.int32)
+    cpu = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), _inner_tiles(k))
     return cpu, scale_zero.to(torch.bfloat16).transpose(0, 1).contiguous()
 
 

@@ -30,12 +30,12 @@ memory of its stages, cost more than the fusion saved.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+
+from aotc.kernels.gemv import streaming_multiprocessors
 
 OP = "aotc::fused_gemv_cuda"
 MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the weight (from L2)
@@ -96,11 +96,6 @@ def _fused_gemv_kernel(
     tl.store(out_ptr + row * n_out + n, out, mask=n_ok)
 
 
-@functools.cache
-def _streaming_multiprocessors(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps): input features in one block up to 2,048 (more loop over blocks
     of 2,048), and the widest tile of output features (16 down to 1) that still gives
@@ -138,7 +133,7 @@ def fused_gemv(
         torch.promote_types(residual.dtype, weight.dtype) if residual is not None else weight.dtype
     )
     out = torch.empty((rows, n_out), dtype=out_dtype, device=x.device)
-    programs = _streaming_multiprocessors(x.device.index or 0)
+    programs = streaming_multiprocessors(x.device.index or 0)
     block_n, block_k, warps = shape or launch_shape(n_out, k_in, programs)
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
     launch(_fused_gemv_kernel)[(triton.cdiv(n_out, block_n), rows)](

@@ -77,7 +77,7 @@ def _gemv_kernel(
 
 
 @functools.cache
-def _streaming_multiprocessors(device: int) -> int:
+def streaming_multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -115,7 +115,7 @@ def partial_products(
     rows, k_in = x.shape
     n_out = weight.shape[0]
     scale_block = k_in // scale.shape[1] if scale is not None else 0
-    programs = 2 * _streaming_multiprocessors(x.device.index or 0)
+    programs = 2 * streaming_multiprocessors(x.device.index or 0)
     block_n, block_k, blocks_n, splits = launch_shape(n_out, k_in, programs, scale_block)
     per_split = triton.cdiv(triton.cdiv(k_in, block_k), splits) * block_k
     out = torch.empty((splits, rows, n_out), dtype=torch.float32, device=x.device)
