@@ -189,6 +189,11 @@ class BuildConfig:
             problems.append(
                 "--cudnn-benchmark is a CUDA setting; build with --device cuda or leave it out"
             )
+        if self.fused_products and self.device != "cuda":
+            problems.append(
+                "--fused-products is a CUDA text-generation setting; build with --device cuda "
+                "or leave it out"
+            )
         if not self.artifact.is_file():
             problems.append(
                 f"artifact {self.artifact} does not exist; create one with `aotc export MODEL -o {self.artifact}`"

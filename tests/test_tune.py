@@ -164,6 +164,7 @@ def test_a_failing_candidate_and_a_failing_size_leave_the_rest(packages, tmp_pat
         (["--tune", "--tune-budget", "soon"], "is not a duration"),
         (["--tune", "--tune-candidates", "turbo"], "no candidate turbo for cpu"),
         (["--cudnn-benchmark"], "--cudnn-benchmark is a CUDA setting"),
+        (["--fused-products"], "--fused-products is a CUDA text-generation setting"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(packages, tmp_path, flags, message):
