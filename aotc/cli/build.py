@@ -94,7 +94,7 @@ from aotc.compiler.backends import BACKENDS
     "--fused-products",
     is_flag=True,
     help="CUDA text generation, experimental: at decode, each product takes its norm, activation "
-    "and residual add into one of aotc's kernels (slower than cuBLAS today; docs/benchmarks.md).",
+    "and residual add into one of aotc's kernels (faster at small shapes; docs/benchmarks.md).",
 )
 @click.option(
     "--cpu-isa",
