@@ -168,9 +168,12 @@ class BuildConfig:
     quantize: str | None = None
     group_size: int | None = None  # int4-weight-only's input features per scale
     quantize_skip: tuple = ()  # layers whose names contain one of these stay unquantized
+    # how int4's levels are chosen: None or "rtn" rounds each weight, "gptq" calibrates
+    # (aotc/export/gptq.py)
+    quantize_method: str | None = None
     # CUDA text generation: each product with its norm, activation and residual add in one of
-    # aotc's kernels at decode's row counts (aotc/export/fused_products.py). Off by default: on an
-    # H200 the kernel took 11.9 us a product where cuBLAS takes 3.9 (docs/benchmarks.md)
+    # aotc's kernels at decode's row counts (aotc/export/fused_products.py). Off by default until
+    # measured beyond SmolLM2's shape (docs/benchmarks.md)
     fused_products: bool = False
 
     def validate(self) -> None:
@@ -224,11 +227,23 @@ class BuildConfig:
 
     def _quantize_problems(self) -> list:
         if self.quantize is None:
-            given = self.group_size is not None or self.quantize_skip
-            return ["--group-size and --quantize-skip go with --quantize; add it"] if given else []
-        from aotc.quantize_schemes import problems
+            given = self.group_size is not None or self.quantize_skip or self.quantize_method
+            return (
+                ["--group-size, --quantize-skip and --quantize-method go with --quantize; add it"]
+                if given
+                else []
+            )
+        from aotc.quantize_schemes import METHODS, problems
 
         found = problems(self.quantize, self.group_size, self.device)
+        method = self.quantize_method or "rtn"
+        if method not in METHODS:
+            found.append(f"--quantize-method {method} is not one of {', '.join(METHODS)}")
+        elif method == "gptq" and self.quantize != "int4-weight-only":
+            found.append(
+                "--quantize-method gptq goes with --quantize int4-weight-only "
+                "(the other schemes round to nearest); leave it out"
+            )
         if self.backend != "aotinductor":
             found.append(f"--quantize builds with AOTInductor, not --backend {self.backend}")
         if self.specialize:
@@ -241,7 +256,9 @@ class BuildConfig:
             return None
         from aotc.quantize_schemes import Quantization
 
-        return Quantization(self.quantize, self.group_size, self.quantize_skip)
+        return Quantization(
+            self.quantize, self.group_size, self.quantize_skip, self.quantize_method or "rtn"
+        )
 
 
 def default_package_folder(artifact: Path) -> Path:
@@ -285,6 +302,7 @@ BUILD_FILE_KEYS = {
     "backend",
     "quantize",
     "group_size",
+    "quantize_method",
 }
 
 

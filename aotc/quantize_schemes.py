@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SCHEMES = ("int8-weight-only", "int4-weight-only", "fp8", "int8-dynamic")
+# How the levels are chosen: each weight rounded to its nearest ("rtn"), or GPTQ's choice on the
+# same grid with the calibration text's activations (int4 text generation; export/gptq.py)
+METHODS = ("rtn", "gptq")
 GROUP_SIZES = (32, 64, 128, 256)
 DEFAULT_GROUP_SIZE = 128
 # The largest relative output error a layer may have on its example activations (docs/quantization.md):
@@ -38,6 +41,10 @@ class Quantization:
     scheme: str
     group_size: int | None = None  # int4 only
     skip: tuple = ()  # a layer whose name contains one of these stays in the base precision
+    method: str = "rtn"  # METHODS
+    calibration_chunks: list = field(default_factory=list)  # gptq: token ids per step call
+    # gptq: weight target -> (levels, scale, zero), chosen once for the package and its reference
+    calibrated: dict = field(default_factory=dict)
     layers: list = field(default_factory=list)  # [{name, shape, error, shared}] quantized
     kept: list = field(default_factory=list)  # [{name, why}] left in the base precision
 
@@ -50,6 +57,8 @@ class Quantization:
             # takes the largest power of two that does: quantized_linear.fp8_block_size)
             "group_size": FP8_BLOCK if self.scheme == "fp8" else self.group_size,
             "skip": list(self.skip),
+            "method": self.method,
+            **self._calibration(),
             "error_bound": ERROR_BOUNDS[self.scheme],
             "worst_layer": {"name": worst["name"], "error": worst["error"]} if worst else None,
             "layers": [
@@ -59,9 +68,23 @@ class Quantization:
             "kept": list(self.kept),
         }
 
+    def _calibration(self) -> dict:
+        if self.method != "gptq":
+            return {}
+        tokens = sum(len(chunk) for chunk in self.calibration_chunks)
+        return {"calibration": {"text": "aotc/export/calibration_text.txt", "tokens": tokens}}
+
     def fresh(self) -> Quantization:
-        """The same request with nothing done yet (the reference's pass fills its own)."""
-        return Quantization(self.scheme, self.group_size, self.skip)
+        """The same request with nothing done yet (the reference's pass fills its own), and the
+        levels a calibrated method chose, which the reference stores as the package does."""
+        return Quantization(
+            self.scheme,
+            self.group_size,
+            self.skip,
+            self.method,
+            self.calibration_chunks,
+            self.calibrated,
+        )
 
 
 def problems(scheme: str, group_size: int | None, device: str) -> list[str]:

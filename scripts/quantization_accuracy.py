@@ -133,8 +133,8 @@ def build(artifact: Path, scheme: str, args: argparse.Namespace) -> tuple[Path, 
     flags = [] if scheme == BASE else ["--quantize", scheme]
     label = scheme
     if scheme == "int4-weight-only":
-        flags += ["--group-size", args.group_size]
-        label += f"-g{args.group_size}"
+        flags += ["--group-size", args.group_size, "--quantize-method", args.quantize_method]
+        label += f"-g{args.group_size}" + ("-gptq" if args.quantize_method == "gptq" else "")
     package = artifact.with_name(f"{artifact.stem}_{args.device}_{args.precision}_{label}")
     if (package / "manifest.json").exists():
         return package, 0
@@ -382,6 +382,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precision", default="fp32", help="aotc build --precision of every row")
     parser.add_argument("--group-size", type=int, default=64, help="int4-weight-only's group size")
+    parser.add_argument(
+        "--quantize-method",
+        default="rtn",
+        choices=["rtn", "gptq"],
+        help="int4-weight-only's --quantize-method",
+    )
     parser.add_argument(
         "--max-seq-len",
         type=int,

@@ -190,7 +190,11 @@ def test_a_tampered_scale_is_refused_by_the_hashes(llama, tmp_path):
         (["--quantize", "int8-weight-only", "--group-size", "64"], "--group-size goes with --quantize int4"),
         (["--quantize", "int4-weight-only", "--group-size", "48"], "--group-size 48 is not one of 32, 64, 128, 256"),
         (["--quantize", "int4-weight-only", "--group-size", "128"], "--group-size 128 does not divide the 64"),
-        (["--quantize-skip", "lm_head"], "--group-size and --quantize-skip go with --quantize"),
+        (["--quantize-skip", "lm_head"], "--group-size, --quantize-skip and --quantize-method go with --quantize"),
+        (["--quantize", "int8-weight-only", "--quantize-method", "gptq"],
+         "--quantize-method gptq goes with --quantize int4-weight-only"),
+        (["--quantize", "int4-weight-only", "--group-size", "32", "--quantize-method", "gptq"],
+         "--quantize-method gptq needs the model's tokenizer"),
     ],
 )  # fmt: skip
 def test_bad_quantize_flags_exit_2_in_one_line(llama, tmp_path, flags, message):

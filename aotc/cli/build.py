@@ -54,6 +54,14 @@ from aotc.compiler.backends import BACKENDS
     help="int4-weight-only: input features per scale, one of 32, 64, 128, 256 [default: 128].",
 )
 @click.option(
+    "--quantize-method",
+    type=click.Choice(["rtn", "gptq"]),
+    default=None,
+    help="int4-weight-only, text generation: how the levels are chosen: rtn rounds each weight; "
+    "gptq calibrates them on text that ships with aotc, with the artifact's tokenizer "
+    "(slower to build, closer to the float model) [default: rtn].",
+)
+@click.option(
     "--quantize-skip",
     default=None,
     metavar="NAMES",
@@ -159,6 +167,7 @@ def build(
     precision,
     quantize,
     group_size,
+    quantize_method,
     quantize_skip,
     config_file,
     options,
@@ -197,6 +206,7 @@ def build(
         "backend": backend,
         "quantize": quantize,
         "group_size": group_size,
+        "quantize_method": quantize_method,
     }
     given = {key for key, value in flags.items() if value is not None}
     cfg = BuildConfig(
@@ -224,6 +234,7 @@ def build(
         specialize=specialize or (),
         quantize=quantize,
         group_size=group_size,
+        quantize_method=quantize_method,
         quantize_skip=tuple(n.strip() for n in quantize_skip.split(",") if n.strip())
         if quantize_skip
         else (),

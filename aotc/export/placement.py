@@ -16,6 +16,7 @@ import copy
 from aotc.config import Precision
 from aotc.errors import BuildError
 from aotc.export.fused_products import Fusions, fuse_products
+from aotc.export.gptq import step_calls
 from aotc.export.quantization import linear_inputs, quantize_graph
 from aotc.export.reduced_precision import (
     cast_weight_matmul_operands,
@@ -56,8 +57,14 @@ def place_program(
     n_outputs = len(signature["outputs"])
     example = [t.to(target) for t in ep.example_inputs[0]]
     calibration: dict = {}
+    chosen_by = None  # a calibrated method's float program and its calls (gptq.py)
     if quantization is not None and emulate is None:  # the reference does not measure again
         calibration = linear_inputs(ep.module(), example)
+        if quantization.method == "gptq":
+            chosen_by = (
+                ep.module(),
+                step_calls(signature, example, quantization.calibration_chunks),
+            )
     example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
     # ep.module() shares its parameters with `ep`; casting them in place would change the fp32
     # program the numeric check uses as its reference, so cast a copy.
@@ -70,7 +77,9 @@ def place_program(
     if quantization is not None:
         # the reference rounds each weight to the package's precision before quantizing it
         weights = getattr(torch, REDUCED[emulate]) if emulate in REDUCED else low
-        quantize_graph(inner, quantization, device, weights, calibration, emulate is not None)
+        quantize_graph(
+            inner, quantization, device, weights, calibration, emulate is not None, chosen_by
+        )
     if fusions is not None:
         found = fuse_products(inner)
         fusions.norm, fusions.gated, fusions.residual = found.norm, found.gated, found.residual

@@ -26,13 +26,21 @@ from aotc.quantize_schemes import DEFAULT_GROUP_SIZE, ERROR_BOUNDS, GROUP_SIZES,
 
 
 def quantize_graph(
-    module, quantization: Quantization, device: str, dtype, inputs: dict, emulate=False
+    module,
+    quantization: Quantization,
+    device: str,
+    dtype,
+    inputs: dict,
+    emulate=False,
+    chosen_by=None,
 ):
     """Quantize the linear weights of `module` (an unlifted GraphModule, in `dtype` on `device`)
     in place, filling quantization.layers and .kept. `inputs`: linear_inputs of the float program
     (by node name), for each layer's error. `emulate`: the build's reference instead of the
     package: the same stored tensors, dequantized and multiplied in fp32 by eager PyTorch; it
-    measures no errors (the package's build did, on the same weights)."""
+    measures no errors (the package's build did, on the same weights). `chosen_by`: (the float
+    program, its calibration calls) for a calibrated method (gptq.py), which fills
+    quantization.calibrated; the reference takes the levels from there."""
     graph = module.graph
     weights = _weight_uses(module)
     if not any(uses["linear"] for uses in weights.values()):
@@ -54,16 +62,19 @@ def quantize_graph(
             chosen[target] = uses
     forms = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate)
     reference = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate=True)
+    if chosen_by is not None:
+        quantization.calibrated = _calibrated(module, chosen, chosen_by, forms)
     for index, (target, uses) in enumerate(chosen.items()):
         name = target.removesuffix(".weight")
         weight = module.get_parameter(target).detach()
-        stored = forms.pack(weight, with_embedding=bool(uses["embedding"]))
+        levels = quantization.calibrated.get(target)
+        stored = forms.pack(weight, with_embedding=bool(uses["embedding"]), levels=levels)
         if emulate:  # the reference computes in fp32: its scales too (rounded as the package's)
             stored = {k: _widened(t) for k, t in stored.items()}
         if not emulate:  # the reference's weights are the package's, whose errors were measured
             error = _layer_error(
                 weight,
-                reference.pack(weight, False),
+                reference.pack(weight, False, levels),
                 reference,
                 [inputs.get(n.name) for n in uses["linear"]],
             )
@@ -85,6 +96,24 @@ def quantize_graph(
     _check_errors(quantization)
     graph.lint()
     module.recompile()
+
+
+def _calibrated(module, chosen: dict, chosen_by: tuple, forms: Forms) -> dict:
+    """gptq.calibrate's levels for the chosen weights, as the base-precision package holds them,
+    on the grid the int4 kernels take (bf16 scales and zeros)."""
+    import torch
+
+    from aotc.export.gptq import calibrate
+
+    float_module, calls = chosen_by
+    weights = {
+        target: (
+            module.get_parameter(target).detach().to(forms.dtype),
+            [n.name for n in uses["linear"]],
+        )
+        for target, uses in chosen.items()
+    }
+    return calibrate(float_module, calls, weights, forms.group, torch.bfloat16)
 
 
 # fp8 keeps a model's output layer (a language model's lm_head, tied to its embedding or not) in
@@ -172,6 +201,11 @@ def _kept_because(
         if device == "cuda" and (n_out % 8 or k_in % 32):
             return (
                 f"tinygemm needs out features divisible by 8 and in features by 32 ({n_out}x{k_in})"
+            )
+        if device == "cpu" and (n_out % 16 or k_in % 32):
+            return (
+                "torch's CPU int4 kernel needs out features divisible by 16 and in features by 32 "
+                f"({n_out}x{k_in})"
             )
     if scheme == "fp8":
         output_layer = FP8_OUTPUT_LAYER if outputs.intersection(uses["linear"]) else ""
@@ -277,7 +311,9 @@ class Forms:
         self.dtype = dtype
         self.emulate = emulate
 
-    def pack(self, weight, with_embedding: bool) -> dict:
+    def pack(self, weight, with_embedding: bool, levels=None) -> dict:
+        """The stored tensors of `weight`. `levels`: int4's (levels, scale, zero) where a
+        calibrated method (gptq.py) chose them."""
         import torch
 
         w = weight.to(self.dtype)  # what the base-precision package would hold
@@ -298,7 +334,7 @@ class Forms:
         if self.device == "cpu":
             # the CPU kernel takes its groups' scales and zeros in bf16: quantized on that grid,
             # for the package and its reference alike
-            packed, scale_zero = ql.int4_groups(w, self.group, torch.bfloat16)
+            packed, scale_zero = ql.int4_groups(w, self.group, torch.bfloat16, levels)
             stored = {"packed": packed, "scale_zero": scale_zero}
             if not self.emulate:
                 tiles, tile_scale_zero = ql.int4_cpu_tiles(packed, scale_zero)
@@ -306,10 +342,10 @@ class Forms:
                 if with_embedding:
                     stored.update(packed=packed, scale_zero=scale_zero)
             return stored
-        packed, scale_zero = ql.int4_groups(w, self.group, self.dtype)
+        packed, scale_zero = ql.int4_groups(w, self.group, self.dtype, levels)
         stored = {"packed": packed, "scale_zero": scale_zero}
         if self.device == "cuda" and not self.emulate:
-            tiles, tile_scale_zero = ql.int4_tinygemm(w, self.group)
+            tiles, tile_scale_zero = ql.int4_tinygemm(w, self.group, levels)
             stored = {"tiles": tiles, "tile_scale_zero": tile_scale_zero}
             if with_embedding:
                 stored.update(packed=packed, scale_zero=scale_zero)

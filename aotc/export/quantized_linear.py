@@ -59,19 +59,40 @@ def int8_rows_mm(x, q, scale):
     return torch.nn.functional.linear(x, q.to(x.dtype)) * scale
 
 
-def int4_groups(w, group: int, dtype):
-    """(uint8 [N, K/2], scale_zero [N, K/group, 2] in `dtype`): asymmetric per group of `group` input
-    features, 16 levels between the group's min and max; w = (q - 8) * scale + zero (tinygemm's
-    convention). A group's first half sits in the low nibbles of its bytes, its second half in
-    the high ones, so the product reads the activations in two contiguous runs per group."""
-    import torch
-
+def int4_grid(w, group: int, dtype):
+    """(scale, zero), each [N, K/group] in `dtype`: 16 levels between each group's min and max,
+    w = (q - 8) * scale + zero (tinygemm's convention)."""
     n, k = w.shape
     wg = w.float().reshape(n, k // group, group)
     lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
     scale = ((hi - lo) / 15).clamp(min=1e-8).to(dtype)
-    zero = (lo + 8 * scale.float()).to(dtype)
+    return scale, (lo + 8 * scale.float()).to(dtype)
+
+
+def int4_levels_on(w, scale, zero):
+    """Each weight's level (0-15, float) on the groups' grid: w [N, K], scale and zero [N, K/group]."""
+    import torch
+
+    n, k = w.shape
+    wg = w.float().reshape(n, scale.shape[1], -1)
     q = torch.round((wg - zero.float()[..., None]) / scale.float()[..., None] + 8).clamp(0, 15)
+    return q.reshape(n, k)
+
+
+def int4_groups(w, group: int, dtype, levels=None):
+    """(uint8 [N, K/2], scale_zero [N, K/group, 2] in `dtype`): asymmetric per group of `group` input
+    features, w rounded to int4_grid's levels; or `levels` (levels [N, K] 0-15, scale, zero) as a
+    calibrated method (gptq.py) chose them. A group's first half sits in the low nibbles of its
+    bytes, its second half in the high ones, so the product reads the activations in two
+    contiguous runs per group."""
+    import torch
+
+    n, k = w.shape
+    if levels is None:
+        scale, zero = int4_grid(w, group, dtype)
+        q = int4_levels_on(w, scale, zero)
+    else:
+        q, scale, zero = levels[0], levels[1].to(dtype), levels[2].to(dtype)
     q = q.to(torch.uint8).reshape(n, k // group, 2, group // 2)
     packed = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
     return packed, torch.stack([scale, zero], dim=-1).contiguous()
@@ -119,12 +140,12 @@ def _inner_tiles(k_in: int) -> int:
     return next(t for t in (8, 4, 2) if k_in % (t * 16) == 0)
 
 
-def int4_tinygemm(w, group: int):
+def int4_tinygemm(w, group: int, levels=None):
     """(packed int32, scale_zero [K/group, N, 2] bf16) for torch's CUDA int4 kernel: the same
     quantized values as int4_groups, in the tiled layout `_convert_weight_to_int4pack` makes."""
     import torch
 
-    packed, scale_zero = int4_groups(w, group, torch.bfloat16)
+    packed, scale_zero = int4_groups(w, group, torch.bfloat16, levels)
     q = _int4_levels(packed, group)
     pairs = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)  # tinygemm's byte order
     tinygemm = torch.ops.aten._convert_weight_to_int4pack(

@@ -1,0 +1,134 @@
+"""int4 levels chosen by GPTQ (`--quantize-method gptq`, aotc/export/gptq.py) against
+round-to-nearest: the algorithm alone on known cases, and a package calibrated on the shipped text
+whose logits on other text are closer to the float model's than round-to-nearest's package."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import invoke
+
+import aotc_runtime
+from aotc.export import gptq
+from aotc.export import quantized_linear as ql
+
+GROUP = 32
+
+
+def rtn_levels(weight):
+    scale, zero = ql.int4_grid(weight, GROUP, torch.bfloat16)
+    return ql.int4_levels_on(weight, scale, zero), scale, zero
+
+
+def dequantized(levels, scale, zero):
+    n, k = levels.shape
+    grouped = levels.float().reshape(n, k // GROUP, GROUP)
+    return ((grouped - 8) * scale.float()[..., None] + zero.float()[..., None]).reshape(n, k)
+
+
+def test_with_uncorrelated_activations_gptq_rounds_to_nearest():
+    """H = c I: no feature's error can be made up by another, so GPTQ's levels are RTN's."""
+    torch.manual_seed(0)
+    weight = torch.randn(48, 128)
+    levels, scale, zero = gptq.gptq_levels(weight, 3.0 * torch.eye(128), GROUP, torch.bfloat16)
+    want, want_scale, want_zero = rtn_levels(weight)
+    assert torch.equal(scale, want_scale) and torch.equal(zero, want_zero)
+    assert torch.equal(levels.float(), want)
+
+
+def test_gptq_lowers_the_output_error_on_correlated_activations():
+    """Activations with correlated features (as a model's are): on held-out rows of the same
+    distribution, |X W_q^T - X W^T| is lower with GPTQ's levels than with RTN's."""
+    torch.manual_seed(0)
+    k = 128
+    mixing = torch.randn(k, k) / k**0.5 + torch.eye(k)
+    features = lambda rows: (torch.randn(rows, k) * torch.linspace(0.2, 3, k)) @ mixing  # noqa: E731
+    calibration, held_out = features(2048), features(512)
+    weight = torch.randn(64, k)
+    chosen = gptq.gptq_levels(weight, calibration.t() @ calibration, GROUP, torch.bfloat16)
+    assert chosen[0].dtype == torch.uint8 and int(chosen[0].max()) <= 15
+    errors = {}
+    for name, (levels, scale, zero) in {"gptq": chosen, "rtn": rtn_levels(weight)}.items():
+        errors[name] = float((held_out @ (dequantized(levels, scale, zero) - weight).t()).norm())
+    assert errors["gptq"] < 0.8 * errors["rtn"], errors
+
+
+def test_the_output_layer_is_calibrated_on_every_row_it_picks_from():
+    """A step's output layer reads the rows it picks (`index`); its Hessian must come from all
+    of them, not the one or two picked."""
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(32, 32)
+            self.head = torch.nn.Linear(32, 16)
+
+        def forward(self, x, picks):
+            return self.head(self.inner(x)[picks])
+
+    program = torch.export.export(Step(), (torch.randn(8, 32), torch.tensor([7]))).module()
+    linears = [n.name for n in program.graph.nodes if n.target is torch.ops.aten.linear.default]
+    sources = gptq.product_inputs(program, linears)
+    nodes = {n.name: n for n in program.graph.nodes}
+    assert nodes[sources[linears[1]]] is nodes[linears[0]]  # the inner product's whole output
+
+
+@pytest.fixture(scope="module")
+def calibrated(generation_packages, tmp_path_factory):
+    """The json-tokenizer Llama's artifact built int4 (group 32) with round-to-nearest and with
+    GPTQ: {method: package}."""
+    generation_packages.with_json_tokenizer()
+    artifact = generation_packages.root / "llama_json.pt2"
+    work = tmp_path_factory.mktemp("gptq")
+    built = {}
+    for method in ("rtn", "gptq"):
+        built[method] = work / method
+        done = invoke("build", artifact, "--device", "cpu", "--quantize", "int4-weight-only",
+                      "--group-size", GROUP, "--quantize-method", method, "-o", built[method],
+                      "--quiet")  # fmt: skip
+        assert done.exit_code == 0, done.stderr
+    return built
+
+
+def test_a_gptq_package_records_its_calibration_and_passes_the_check(calibrated):
+    record = json.loads((calibrated["gptq"] / "manifest.json").read_text())
+    assert record["numeric_check"]["passed"]
+    quantization = record["quantization"]
+    assert quantization["method"] == "gptq"
+    assert quantization["calibration"]["tokens"] == gptq.CALIBRATION_TOKENS
+    plain = json.loads((calibrated["rtn"] / "manifest.json").read_text())["quantization"]
+    assert plain["method"] == "rtn" and "calibration" not in plain
+    assert [layer["name"] for layer in quantization["layers"]] == [
+        layer["name"] for layer in plain["layers"]
+    ]
+
+
+def test_gptq_logits_on_text_it_never_saw_are_closer_to_the_float_models(
+    calibrated, generation_packages
+):
+    """Three sections of the Python Language Reference (not the calibration text): the mean
+    relative error of the logits at every 16th position, each package against eager fp32."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import Tokenizer
+
+    _package, model = generation_packages.with_json_tokenizer()
+    folder = generation_packages.root.parent / "json_tokenizer"
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    loaded = {method: aotc_runtime.load(package) for method, package in calibrated.items()}
+    errors: dict = {"rtn": [], "gptq": []}
+    for topic in ("assignment", "class", "if"):
+        ids = torch.tensor(tokenizer.encode(topics[topic]).ids[:256])
+        with torch.no_grad():
+            want = model(ids[None]).logits[0]
+        t = len(ids)
+        for position in range(15, t, 16):
+            call = {"input_ids": ids, "rows": torch.zeros(t, dtype=torch.int64),
+                    "positions": torch.arange(t), "picks": torch.tensor([position, position])}  # fmt: skip
+            for method, package in loaded.items():
+                got = package(**call)[0]
+                errors[method].append(float((got - want[position]).norm() / want[position].norm()))
+    mean = {method: sum(values) / len(values) for method, values in errors.items()}
+    assert mean["gptq"] < 0.85 * mean["rtn"], mean
