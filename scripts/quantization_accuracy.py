@@ -410,6 +410,11 @@ def parse_args() -> argparse.Namespace:
         help="add fp8's rounding as a row, simulated eagerly (SimulatedModel): fp8 needs a GPU",
     )
     parser.add_argument("--out", type=Path, default=Path("results.json"))
+    parser.add_argument(
+        "--save-ids",
+        type=Path,
+        help="also write the evaluation text's token ids here (JSON), for llama_cpp_accuracy.py",
+    )
     args = parser.parse_args()
     if not 1 <= args.prompts <= len(PROMPTS):
         parser.error(f"--prompts must be 1 to {len(PROMPTS)}")
@@ -425,6 +430,8 @@ def main() -> None:
     base_model = PackageModel(folders[BASE])
     tokenizer = base_model.package.tokenizer
     text = tokenizer.encode(evaluation_text()).ids[: args.tokens]
+    if args.save_ids:  # for scripts/llama_cpp_accuracy.py: the same tokens on llama.cpp's side
+        args.save_ids.write_text(json.dumps(text) + "\n")
     prompts = [tokenizer.encode(prompt).ids for prompt in PROMPTS[: args.prompts]]
     with torch.inference_mode():
         base = run_model(BASE, base_model, text, prompts, args.new_tokens)
