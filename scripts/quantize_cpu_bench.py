@@ -474,7 +474,9 @@ def parse_args() -> argparse.Namespace:
         help="a Python with llama-cpp-python [/tmp/llamavenv/bin/python]",
     )  # fmt: skip
     # what quantization_accuracy's build and packages read besides the flags above
-    parser.set_defaults(device="cpu", precision="fp32", schemes=list(LM_SCHEMES))
+    parser.set_defaults(
+        device="cpu", precision="fp32", schemes=list(LM_SCHEMES), quantize_method="rtn"
+    )
     args = parser.parse_args()
     if min(args.threads, args.rounds, args.decode_rounds, args.prompt_tokens) < 1:
         parser.error("--threads, --rounds, --decode-rounds and --prompt-tokens must be positive")

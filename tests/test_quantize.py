@@ -24,34 +24,43 @@ import aotc_runtime
 from aotc.export import quantized_linear as ql
 
 NEW = 12
-# Greedy tokens equal to the unquantized package's over the zoo Llama's prompts (docs/quantization.md).
-# Not for int4: this random LM's sharpened logits (weights x4) flip at the first token under int4's
-# error, which says nothing of a trained model's; int4's agreement is measured on SmolLM2 instead.
-AGREEMENT_AT_LEAST = {"int8-weight-only": 0.9}
+# How far the quantized tokens may part from the unquantized model's is not asserted here: this
+# random LM's sharpened logits (weights x4) flip under int4's error at the first token, and under
+# int8's once the CPU kernels round activations to bf16 (0.46 of tokens agreed, where fp32
+# activations gave 0.9 or more), which says nothing of a trained model's. Agreement is measured on
+# SmolLM2 instead (docs/quantization.md); here the package must equal transformers token for token
+# on exactly the weights and roundings it computes with.
 
 
 def dequantize_linears(model, scheme: str, group_size: int = 128) -> None:
     """Replace every nn.Linear's weight (and a tied embedding's) by what `scheme` stores of it,
-    dequantized: the model a weight-only CPU package computes. int4's CPU kernel takes its groups'
-    scales in bf16, and bf16 activations into a bf16 product: its linears round so too."""
-
-    def to_bf16(tensor):
-        return tensor.to(torch.bfloat16).to(tensor.dtype)
+    dequantized: the model a weight-only CPU package computes. The CPU's int4 and int8 kernels
+    take their scales in bf16, and bf16 activations into a bf16 product: its linears round so too."""
 
     with torch.no_grad():
-        for module in model.modules():
-            if not isinstance(module, torch.nn.Linear):
-                continue
+        for module in linears_in_bf16(model):
             w = module.weight.float()
             if scheme == "int8-weight-only":
-                back = ql.int8_rows_dequantized(*ql.int8_rows(w, torch.float32))
+                back = ql.int8_rows_dequantized(*ql.int8_rows(w, torch.bfloat16))
             else:
                 back = ql.int4_groups_dequantized(
                     *ql.int4_groups(w, group_size, torch.bfloat16), group_size
                 )
-                module.register_forward_pre_hook(lambda _m, args: (to_bf16(args[0]),))
-                module.register_forward_hook(lambda _m, _args, out: to_bf16(out))
             module.weight.copy_(back.to(module.weight.dtype))
+
+
+def linears_in_bf16(model) -> list:
+    """The model's nn.Linear layers, each now rounding its input and output to bf16 as the CPU's
+    quantized kernels do."""
+
+    def to_bf16(tensor):
+        return tensor.to(torch.bfloat16).to(tensor.dtype)
+
+    found = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    for module in found:
+        module.register_forward_pre_hook(lambda _m, args: (to_bf16(args[0]),))
+        module.register_forward_hook(lambda _m, _args, out: to_bf16(out))
+    return found
 
 
 def weights_bytes(package: Path) -> int:
@@ -84,7 +93,7 @@ def llama(generation_packages, tmp_path_factory):
 
 @pytest.mark.parametrize("scheme", ["int8-weight-only", "int4-weight-only"])
 def test_weight_only_tokens_equal_transformers_on_the_dequantized_weights(llama, scheme):
-    _artifact, source, base, get = llama
+    _artifact, source, _base, get = llama
     model = load_model_file(source)
     dequantize_linears(model, scheme, group_size=32)
     ids, mask = prompts()
@@ -92,11 +101,6 @@ def test_weight_only_tokens_equal_transformers_on_the_dequantized_weights(llama,
     package = aotc_runtime.load(get(scheme))
     got = package.generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert got.tolist() == expected.tolist()
-    if scheme in AGREEMENT_AT_LEAST:
-        base_package = aotc_runtime.load(base)
-        unquantized = base_package.generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
-        same = (got[:, 7:] == unquantized[:, 7:]).float().mean().item()
-        assert same >= AGREEMENT_AT_LEAST[scheme], same
 
 
 @pytest.mark.parametrize("scheme", ["int8-weight-only", "int4-weight-only"])

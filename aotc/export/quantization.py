@@ -318,7 +318,10 @@ class Forms:
 
         w = weight.to(self.dtype)  # what the base-precision package would hold
         if self.scheme in ("int8-weight-only", "int8-dynamic"):
-            q, scale = ql.int8_rows(w, self.dtype)
+            # the CPU's int8 kernel takes its rows' scales in bf16: quantized on them, for the
+            # package and its reference alike
+            bf16_scales = self.scheme == "int8-weight-only" and self.device == "cpu"
+            q, scale = ql.int8_rows(w, torch.bfloat16 if bf16_scales else self.dtype)
             stored = {"q": q, "scale": scale}
             if self.scheme == "int8-dynamic":
                 stored["q_t"] = q.t().contiguous()
@@ -379,8 +382,11 @@ class Forms:
                 "fp8": ("q", "scale"),
                 "int8-dynamic": ("q_t", "scale"),
             }[self.scheme]
-            # the CPU's int4 kernel multiplies bf16 activations into a bf16 product
-            rounds = self.scheme == "int4-weight-only" and self.device == "cpu"
+            # the CPU's int4 and int8 kernels multiply bf16 activations into a bf16 product
+            rounds = self.device == "cpu" and self.scheme in (
+                "int4-weight-only",
+                "int8-weight-only",
+            )
             args = (x, *(a[k] for k in keys), bias, self.scheme, self.group, rounds)
             return emulated_linear, args
         if self.scheme == "int8-weight-only":
@@ -400,8 +406,8 @@ class Forms:
         if "packed" in a:
             return int4_embedding, (a["packed"], a["scale_zero"], ids, self.group, self.dtype)
         if "rows_q" in a:
-            return int8_embedding, (a["rows_q"], a["rows_scale"], ids)
-        return int8_embedding, (a["q"], a["scale"], ids)
+            return int8_embedding, (a["rows_q"], a["rows_scale"], ids, self.dtype)
+        return int8_embedding, (a["q"], a["scale"], ids, self.dtype)
 
 
 # The products the pass puts into the graph: plain PyTorch over the stored tensors, traced by the
@@ -439,8 +445,9 @@ def _one(product):
 
 
 def cpu_int8_linear(x, q, scale, bias):
-    x2 = _flat(x)
-    return _finish(x, by_rows(x2, ql.int8_rows_gemv, ql.int8_rows_mm, (x2, q, scale)), bias)
+    # one kernel for every row count, as for int4: torch's int8 kernel beat Inductor's reduction
+    # (decode) and the dequantized dense product (prefill) on the 2-core VM
+    return _finish(x, ql.int8_cpu_mm(_flat(x), q, scale), bias)
 
 
 def cpu_int4_linear(x, tiles, scale_zero, bias, group):
@@ -497,11 +504,13 @@ def emulated_linear(x, a, b, bias, scheme, group, rounds=False):
     return _finish(x, out.to(x.dtype), bias)
 
 
-def int8_embedding(q, scale, ids):
+def int8_embedding(q, scale, ids, dtype=None):
+    """Rows of an int8-rows weight, dequantized in `dtype` (by default the scales' dtype)."""
     import torch
 
+    dtype = dtype or scale.dtype
     rows = torch.nn.functional.embedding(ids, q)
-    return rows.to(scale.dtype) * torch.nn.functional.embedding(ids, scale[:, None])
+    return rows.to(dtype) * torch.nn.functional.embedding(ids, scale[:, None]).to(dtype)
 
 
 def int4_embedding(packed, scale_zero, ids, group, dtype=None):
