@@ -34,7 +34,8 @@ HESSIAN_BUDGET_BYTES = 4 << 30
 def chunk_length(signature: dict, max_seq_len: int) -> int:
     """Tokens per calibration call: CHUNK_TOKENS, or fewer where the step or its cache takes fewer."""
     dims = signature.get("dims", {})
-    longest = dims.get(signature["inputs"][0]["shape"][0], {}).get("max", CHUNK_TOKENS)
+    tokens = _input(signature, "input_ids")["shape"][0]
+    longest = dims.get(tokens, {}).get("max", CHUNK_TOKENS)
     return max(1, min(CHUNK_TOKENS, max_seq_len, longest))
 
 
@@ -53,8 +54,8 @@ def step_calls(signature: dict, example: list, chunks: list) -> list:
     import torch
 
     state = example[len(signature["inputs"]) :]
-    picks = signature["inputs"][3]["shape"][0]
-    rows = picks if isinstance(picks, int) else 1
+    picks = _input(signature, "picks")["shape"][0]
+    rows = picks if isinstance(picks, int) else 1  # a static batch of picks, else one
     calls = []
     for chunk in chunks:
         t = len(chunk)
@@ -68,6 +69,10 @@ def step_calls(signature: dict, example: list, chunks: list) -> list:
         inputs = [feed[spec["name"]].to(device) for spec in signature["inputs"]]
         calls.append(inputs + [s.clone() for s in state])
     return calls
+
+
+def _input(signature: dict, name: str) -> dict:
+    return next(spec for spec in signature["inputs"] if spec["name"] == name)
 
 
 def product_inputs(module, linear_names: list) -> dict:
