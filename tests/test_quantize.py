@@ -301,3 +301,30 @@ def test_fp8_keeps_the_output_layer_and_takes_the_others(llama):
     }  # the exported program's linear weights (its sibling products fused: q/k/v, gate/up)
     assert len(scales) == len(weights) - 1 > 0  # every other linear layer in fp8
     assert quantization.record()["group_size"] == FP8_BLOCK
+
+
+def test_int4_tiles_are_refused_where_torch_lays_them_out_another_way(llama, runner):
+    """torch's CPU int4 kernel lays its weights out per CPU capability (AVX512: 64 output features
+    to a block; AVX2 and the plain kernel their own ways), chosen when torch starts: run on another,
+    the package computed logits 0.56 off (relative) with no error. The manifest names the layout,
+    and both runtimes refuse a torch that runs another, in one line with the package-error exit."""
+    import os
+    import subprocess
+    import sys
+
+    package = llama[3]("int4-weight-only")
+    here = torch.backends.cpu.get_cpu_capability()
+    device = json.loads((package / "manifest.json").read_text())["device"]
+    assert device["aten_cpu_capability"] == here
+    if here == "DEFAULT":
+        pytest.skip("torch runs its plain CPU kernels here: there is no other layout to ask for")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    want = f"stores int4 weights in the layout of torch's {here} CPU kernels, but torch here runs its DEFAULT"
+    python = subprocess.run(
+        [sys.executable, "-m", "aotc", "generate", package, "--prompt-ids", "1,2"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    cpp = run_cpp(runner, package, env=env)
+    for done in (python, cpp):
+        assert done.returncode == 7 and want in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -56,6 +56,7 @@ def check_compatible(manifest: Manifest, package_path: object) -> None:
             f"{where} was built for {built.platform}, this machine is {running['platform']}; rebuild it here"
         )
     _check_cpu(manifest.device, where)
+    _check_cpu_layout(manifest.device, where)
     if manifest.device.type == "cuda":
         _check_gpu(manifest.device, where)
 
@@ -134,6 +135,22 @@ def _check_cpu(device: Device, where: str) -> None:
             f"{where} was compiled for CPU features this CPU lacks: {', '.join(missing)} "
             f"(--cpu-isa {device.cpu_isa}); rebuild it with `aotc build --cpu-isa avx2` for any "
             "x86-64-v3 CPU, or on this machine"
+        )
+
+
+def _check_cpu_layout(device: Device, where: str) -> None:
+    """torch's CPU int4 kernel lays its weights out per CPU capability (64 or 32 output features
+    to a block, interleaved differently), chosen when torch starts: weights packed for another
+    capability are read as wrong numbers, with no error. Refuse them."""
+    wanted = device.aten_cpu_capability
+    if wanted is None:
+        return
+    here = torch.backends.cpu.get_cpu_capability()
+    if here != wanted:
+        raise PackageError(
+            f"{where} stores int4 weights in the layout of torch's {wanted} CPU kernels, but torch "
+            f"here runs its {here} kernels (this CPU, or $ATEN_CPU_CAPABILITY); rebuild it on a "
+            f"machine where torch runs {here}, or run it where torch runs {wanted}"
         )
 
 

@@ -100,6 +100,10 @@ class Device:
     # the extensions the compiled code may use, in /proc/cpuinfo's names (empty: not recorded)
     cpu_isa: str | None = None
     cpu_features: tuple[str, ...] = ()
+    # CPU packages with weights in a layout torch's CPU kernels lay out per CPU capability (int4's
+    # tiles): the capability they were packed for ("AVX512", "AVX2", "DEFAULT"), which torch must
+    # run here too
+    aten_cpu_capability: str | None = None
 
     @classmethod
     def read(cls, fields: Fields) -> Device:
@@ -111,6 +115,7 @@ class Device:
             fields.optional_text("compute_capability"),
             fields.optional_text("cpu_isa"),
             fields.strings("cpu_features", []),
+            fields.optional_text("aten_cpu_capability"),
         )
         if kind == "cuda" and not device.compute_capability:
             fields.fail("compute_capability", "is missing for a cuda package")
@@ -122,6 +127,7 @@ class Device:
             data.update(gpu_name=self.gpu_name, compute_capability=self.compute_capability)
         if self.cpu_isa is not None:
             data.update(cpu_isa=self.cpu_isa, cpu_features=list(self.cpu_features))
+        data.update(aten_cpu_capability=self.aten_cpu_capability)
         return {k: v for k, v in data.items() if v is not None}
 
 

@@ -69,6 +69,19 @@ def build(cfg: BuildConfig, progress: Progress, started: float) -> BuildResult:
         return _build(cfg, progress, started, compiler, compiler_record)
 
 
+def with_cpu_layout(manifest, quantization, device: str):
+    """A CPU int4 package's tiles are in the layout of the CPU capability torch ran here
+    (quantized_linear.int4_cpu_tiles): the manifest says which, and the runtimes refuse another."""
+    import torch
+
+    if device != "cpu" or quantization.scheme != "int4-weight-only" or not quantization.layers:
+        return manifest
+    capability = torch.backends.cpu.get_cpu_capability()
+    return dataclasses.replace(
+        manifest, device=dataclasses.replace(manifest.device, aten_cpu_capability=capability)
+    )
+
+
 def gptq_calibration(artifact, meta) -> list:
     """The calibration text's token ids in step-sized chunks, tokenized by the artifact's own
     tokenizer; or the one-line refusal of a model that has none."""
@@ -140,6 +153,7 @@ def _build(
             manifest = new_manifest(cfg, packaged, options, compiler_record, features)
             if quantization:
                 manifest = dataclasses.replace(manifest, quantization=quantization.record())
+                manifest = with_cpu_layout(manifest, quantization, cfg.device)
             if fusions is not None and fusions.total():
                 manifest = dataclasses.replace(manifest, fused_products=dataclasses.asdict(fusions))
             if not placed.state_dict and not placed.constants:

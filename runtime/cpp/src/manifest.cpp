@@ -15,6 +15,7 @@
 #include <optional>
 #include <sstream>
 #include <tuple>
+#include <ATen/Version.h>
 #include <torch/headeronly/version.h>
 
 #include "aotc/error.h"
@@ -367,6 +368,7 @@ Manifest read_fields(const json& data) {
       m.cpu_features.push_back(feature.get<std::string>());
     }
   }
+  m.aten_cpu_capability = device.optional_text("aten_cpu_capability");
   // The same fields, in the same shape, as model_contract in aotc_runtime/manifest.py.
   const json& source = data.contains("source") ? data.at("source") : json();
   // cudnn_benchmark is not part of it: it picks among cuDNN's algorithms for the same convolutions
@@ -503,6 +505,19 @@ void check_cpu(const std::string& where, const Manifest& m) {
   if (!missing.empty()) {
     throw package_error(where + " was compiled for CPU features this CPU lacks: " + missing + " (--cpu-isa " + m.cpu_isa +
                         "); rebuild it with `aotc build --cpu-isa avx2` for any x86-64-v3 CPU, or on this machine");
+  }
+}
+
+// torch's CPU int4 kernel lays its weights out per CPU capability, chosen when torch starts: tiles
+// packed for another capability are read as wrong numbers, with no error (environment.py).
+void check_cpu_layout(const std::string& where, const Manifest& m) {
+  if (m.aten_cpu_capability.empty()) return;
+  std::string here = at::get_cpu_capability();
+  if (here != m.aten_cpu_capability) {
+    throw package_error(where + " stores int4 weights in the layout of torch's " + m.aten_cpu_capability +
+                        " CPU kernels, but torch here runs its " + here +
+                        " kernels (this CPU, or $ATEN_CPU_CAPABILITY); rebuild it on a machine where torch runs " + here +
+                        ", or run it where torch runs " + m.aten_cpu_capability);
   }
 }
 
@@ -647,6 +662,7 @@ void check_compatible(const std::string& folder, const Manifest& m) {
     throw package_error(where + " was built for " + m.platform + ", this machine is " + running_platform() + "; rebuild it here");
   }
   check_cpu(where, m);
+  check_cpu_layout(where, m);
 }
 
 void check_device(const std::string& folder, const Manifest& m) {

@@ -87,6 +87,7 @@ struct Manifest {
   std::string contract;  // JSON: the manifest fields the compiled model must carry (model_contract in Python)
   std::string cpu_isa;                    // as asked with `aotc build --cpu-isa`
   std::vector<std::string> cpu_features;  // extensions the compiled C++ may use (/proc/cpuinfo names)
+  std::string aten_cpu_capability;        // int4 CPU tiles: the torch CPU capability whose layout they use
   std::vector<Specialization> specializations;
   std::optional<Generation> generation;
   std::optional<SharedWeights> shared_weights;
