@@ -49,11 +49,13 @@ def calibration_chunks(tokenizer_json: str, max_tokens: int, chunk: int) -> list
 
 
 def step_calls(signature: dict, example: list, chunks: list) -> list:
-    """A text-generation step's arguments that feed each chunk to row 0 from position 0 (the
-    cache's earlier contents at later positions are never read), with the example's state."""
+    """A text-generation step's arguments that feed each chunk to row 0 from position 0. All
+    calls share one copy of the example's state: a chunk writes its positions before it reads
+    them, and never reads the later positions an earlier chunk left (one cache, not one per call:
+    a large model's cache is GiBs)."""
     import torch
 
-    state = example[len(signature["inputs"]) :]
+    state = [s.clone() for s in example[len(signature["inputs"]) :]]
     picks = _input(signature, "picks")["shape"][0]
     rows = picks if isinstance(picks, int) else 1  # a static batch of picks, else one
     calls = []
@@ -67,7 +69,7 @@ def step_calls(signature: dict, example: list, chunks: list) -> list:
         }
         device = example[0].device
         inputs = [feed[spec["name"]].to(device) for spec in signature["inputs"]]
-        calls.append(inputs + [s.clone() for s in state])
+        calls.append(inputs + state)
     return calls
 
 
