@@ -135,6 +135,12 @@ def test_a_gptq_package_records_its_calibration_and_passes_the_check(calibrated)
     # its 300-word output layer is one torch's CPU int4 kernel cannot take: kept, not a crash
     [kept] = quantization["kept"]
     assert kept["name"].endswith("lm_head") and "divisible by 16" in kept["why"], kept
+    # `aotc verify` chooses the levels again from the artifact and the shipped text: its reference
+    # is the build's, to the bit (a round-to-nearest one would be passed by the loose bound, far off)
+    verified = invoke("verify", calibrated["gptq"], "--json")
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+    [output] = json.loads(verified.stdout)["numeric_check"]["outputs"]
+    assert output["max_abs"] <= output["recorded_max_abs"] * 1.01 + 1e-6, output
 
 
 def test_gptq_logits_on_text_it_never_saw_are_closer_to_the_float_models(

@@ -289,6 +289,7 @@ def rerun_numeric_check(
     from aotc.compiler.verify import check_numerics, reference_program
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
+    from aotc.export.gptq import CALIBRATION_TOKENS, calibration_for
     from aotc.quantize_schemes import Quantization
     from aotc.quiet import quiet_torch
 
@@ -317,10 +318,19 @@ def rerun_numeric_check(
     ep, meta = program or load_artifact(artifact)
     record = manifest.quantization
     quantization = (
-        Quantization(record["scheme"], record.get("group_size"), tuple(record.get("skip") or ()))
+        Quantization(
+            record["scheme"],
+            record.get("group_size"),
+            tuple(record.get("skip") or ()),
+            record.get("method") or "rtn",
+        )
         if record
         else None
     )
+    if quantization is not None and quantization.method == "gptq":
+        # the levels are chosen again as the build chose them, on as many calibration tokens
+        tokens = record.get("calibration", {}).get("tokens", CALIBRATION_TOKENS)
+        quantization.calibration_chunks = calibration_for(artifact, meta, tokens)
     atol, rtol = tolerance(manifest.precision, device, recorded.atol, recorded.rtol)
     with quiet_torch():
         reference, checked = reference_program(

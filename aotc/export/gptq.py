@@ -39,6 +39,31 @@ def chunk_length(signature: dict, max_seq_len: int) -> int:
     return max(1, min(CHUNK_TOKENS, max_seq_len, longest))
 
 
+def calibration_for(artifact, meta, tokens: int = CALIBRATION_TOKENS) -> list:
+    """The calibration text's first `tokens` token ids in step-sized chunks, tokenized by the
+    artifact's own tokenizer (`meta`: its metadata); or the one-line refusal of a model that is
+    not a language model or carries no tokenizer."""
+    from pathlib import Path
+
+    from aotc.errors import UserInputError
+    from aotc.export.artifact import read_artifact_tokenizer
+
+    if not meta.task or meta.task.get("name") != "text-generation":
+        raise UserInputError(
+            "--quantize-method gptq calibrates a language model on text: export the model with "
+            "--task text-generation, or leave the option out"
+        )
+    tokenizer = read_artifact_tokenizer(Path(artifact))
+    if tokenizer is None:
+        raise UserInputError(
+            f"--quantize-method gptq needs the model's tokenizer, and {artifact} carries none: "
+            "export it again with --tokenizer FOLDER (or from a model folder), or leave the "
+            "option out"
+        )
+    chunk = chunk_length(meta.signature, meta.task["max_seq_len"])
+    return calibration_chunks(tokenizer, tokens, chunk)
+
+
 def calibration_chunks(tokenizer_json: str, max_tokens: int, chunk: int) -> list:
     """The calibration text's token ids, at most `max_tokens`, in chunks of at most `chunk`."""
     from tokenizers import Tokenizer

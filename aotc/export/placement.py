@@ -57,14 +57,12 @@ def place_program(
     n_outputs = len(signature["outputs"])
     example = [t.to(target) for t in ep.example_inputs[0]]
     calibration: dict = {}
-    chosen_by = None  # a calibrated method's float program and its calls (gptq.py)
     if quantization is not None and emulate is None:  # the reference does not measure again
         calibration = linear_inputs(ep.module(), example)
-        if quantization.method == "gptq":
-            chosen_by = (
-                ep.module(),
-                step_calls(signature, example, quantization.calibration_chunks),
-            )
+    chosen_by = None  # a calibrated method's float program and its calls (gptq.py)
+    if quantization is not None and quantization.method == "gptq" and not quantization.calibrated:
+        # the package's build, or `aotc verify`'s reference, which chooses the levels again
+        chosen_by = (ep.module(), step_calls(signature, example, quantization.calibration_chunks))
     example = example[:n_inputs] + state_in_precision(example[n_inputs:], precision)
     # ep.module() shares its parameters with `ep`; casting them in place would change the fp32
     # program the numeric check uses as its reference, so cast a copy.

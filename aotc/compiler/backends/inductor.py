@@ -35,9 +35,10 @@ from aotc.compiler.toolchain import compiler_options, use_compiler
 from aotc.compiler.verify import check_numerics, reference_program
 from aotc.config import BuildConfig, Precision
 from aotc.errors import BuildError, DiskFullError, UserInputError
-from aotc.export.artifact import load_artifact, peek_artifact_meta, read_artifact_tokenizer
+from aotc.export.artifact import load_artifact, peek_artifact_meta
 from aotc.export.cached_attention import implementation_for, lower_cached_attention
 from aotc.export.fused_products import Fusions
+from aotc.export.gptq import calibration_for
 from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
 from aotc.math_mode import tf32_matmuls
@@ -82,27 +83,6 @@ def with_cpu_layout(manifest, quantization, device: str):
     )
 
 
-def gptq_calibration(artifact, meta) -> list:
-    """The calibration text's token ids in step-sized chunks, tokenized by the artifact's own
-    tokenizer; or the one-line refusal of a model that has none."""
-    from aotc.export.gptq import CALIBRATION_TOKENS, calibration_chunks, chunk_length
-
-    if not meta.task or meta.task.get("name") != "text-generation":
-        raise UserInputError(
-            "--quantize-method gptq calibrates a language model on text: export the model with "
-            "--task text-generation, or leave the option out"
-        )
-    tokenizer = read_artifact_tokenizer(Path(artifact))
-    if tokenizer is None:
-        raise UserInputError(
-            f"--quantize-method gptq needs the model's tokenizer, and {artifact} carries none: "
-            "export it again with --tokenizer FOLDER (or from a model folder), or leave the "
-            "option out"
-        )
-    chunk = chunk_length(meta.signature, meta.task["max_seq_len"])
-    return calibration_chunks(tokenizer, CALIBRATION_TOKENS, chunk)
-
-
 def _build(
     cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict
 ) -> BuildResult:
@@ -124,7 +104,7 @@ def _build(
     signature = meta.signature
     quantization = cfg.quantization()
     if quantization is not None and quantization.method == "gptq":
-        quantization.calibration_chunks = gptq_calibration(cfg.artifact, meta)
+        quantization.calibration_chunks = calibration_for(cfg.artifact, meta)
     scheme = f", {quantization.scheme}" if quantization else ""
     with output_lock(cfg.output), staging_folder(cfg.output) as staging:
         with (
