@@ -29,6 +29,11 @@ DEVICES = {
     "fp8": ("cuda",),
     "int8-dynamic": ("cpu",),
 }
+# (scheme, device) whose products take bf16 activations and bf16 scales into a bf16 product,
+# whatever the package's precision: the CPU's int4 and int8 kernels (quantized_linear.int4_cpu_mm,
+# int8_cpu_mm). The packages are quantized on bf16 scales, their references round as the kernels
+# do, and the build checks them with bf16's bounds (compiler/tolerances.py).
+BF16_ACTIVATIONS = {("int4-weight-only", "cpu"), ("int8-weight-only", "cpu")}
 FP8_BLOCK = 128  # input features per fp8 scale, at most (quantized_linear.fp8_blocks)
 FP8_CAPABILITY = (8, 9)  # fp8 support: Ada (8.9) and Hopper (9.0) onwards
 TINYGEMM_CAPABILITY = (8, 0)

@@ -7,6 +7,8 @@ their mantissa (bf16 has 8 bits, fp16 11, tf32 matmuls 11).
 
 from __future__ import annotations
 
+from aotc.quantize_schemes import BF16_ACTIVATIONS
+
 DEFAULTS = {
     "fp32": (1e-4, 1e-4),
     # On CUDA, cuDNN convolutions run in TF32 by default (torch.backends.cudnn.allow_tf32), in eager
@@ -23,11 +25,10 @@ DEFAULTS = {
 # can round an activation to the neighbouring level where the package and the reference compute
 # its scale in another order: one level of one activation, scaled by a weight.
 QUANTIZED_ACTIVATIONS = {"int8-dynamic": (5e-2, 5e-2)}
-# Schemes whose products take bf16 activations on a device, whatever the package's precision: the
-# CPU's int4 and int8 kernels (quantized_linear.int4_cpu_mm, int8_cpu_mm). Their reference rounds
-# where they round, but a sum one ulp apart rounds to the other bf16 neighbour, and through
-# SmolLM2's 30 layers such flips moved the logits by 0.056 of their spread: bf16's bound.
-BF16_ACTIVATIONS = {("int4-weight-only", "cpu"), ("int8-weight-only", "cpu")}
+# Schemes whose products take bf16 activations on a device (quantize_schemes.BF16_ACTIVATIONS):
+# their reference rounds where they round, but a sum one ulp apart rounds to the other bf16
+# neighbour, and through SmolLM2's 30 layers such flips moved the logits by 0.056 of their
+# spread: bf16's bound.
 WEIGHT_ONLY_FP32 = (1e-3, 1e-3)  # fp32 products that read int8/int4 weights sum in another order
 
 

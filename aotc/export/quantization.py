@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from aotc.errors import NumericMismatchError, UserInputError
 from aotc.export import quantized_linear as ql
-from aotc.quantize_schemes import DEFAULT_GROUP_SIZE, ERROR_BOUNDS, GROUP_SIZES, Quantization
+from aotc.quantize_schemes import (
+    BF16_ACTIVATIONS,
+    DEFAULT_GROUP_SIZE,
+    ERROR_BOUNDS,
+    GROUP_SIZES,
+    Quantization,
+)
 
 
 def quantize_graph(
@@ -320,8 +326,8 @@ class Forms:
         if self.scheme in ("int8-weight-only", "int8-dynamic"):
             # the CPU's int8 kernel takes its rows' scales in bf16: quantized on them, for the
             # package and its reference alike
-            bf16_scales = self.scheme == "int8-weight-only" and self.device == "cpu"
-            q, scale = ql.int8_rows(w, torch.bfloat16 if bf16_scales else self.dtype)
+            bf16 = (self.scheme, self.device) in BF16_ACTIVATIONS
+            q, scale = ql.int8_rows(w, torch.bfloat16 if bf16 else self.dtype)
             stored = {"q": q, "scale": scale}
             if self.scheme == "int8-dynamic":
                 stored["q_t"] = q.t().contiguous()
@@ -383,10 +389,7 @@ class Forms:
                 "int8-dynamic": ("q_t", "scale"),
             }[self.scheme]
             # the CPU's int4 and int8 kernels multiply bf16 activations into a bf16 product
-            rounds = self.device == "cpu" and self.scheme in (
-                "int4-weight-only",
-                "int8-weight-only",
-            )
+            rounds = (self.scheme, self.device) in BF16_ACTIVATIONS
             args = (x, *(a[k] for k in keys), bias, self.scheme, self.group, rounds)
             return emulated_linear, args
         if self.scheme == "int8-weight-only":
