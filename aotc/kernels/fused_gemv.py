@@ -42,47 +42,69 @@ MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the
 
 
 @triton.jit
+def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr,
+             GATED: tl.constexpr, CLAMP: tl.constexpr, w_dtype):  # fmt: skip
+    """The product's operand at input features `k`: the row's activations through the prologue
+    (silu(gate) * up, the norm, the clamp), in the weight's dtype, as fp32."""
+    x_dtype = x_row.dtype.element_ty
+    a = tl.load(x_row + k, mask=k_ok, other=0.0)
+    if GATED:  # silu(gate) * up, each rounded to the activations' dtype as the graph does
+        gate = a.to(tl.float32)
+        up = tl.load(x_row + K + k, mask=k_ok, other=0.0).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(x_dtype)
+        a = (silu.to(tl.float32) * up).to(x_dtype)
+    a = a.to(tl.float32)
+    if NORM:
+        a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * (a * inverse_rms)
+    if CLAMP:
+        a = tl.minimum(tl.maximum(a, -clamp), clamp)
+    # the product's operand in the weight's dtype, as the unfused product takes it
+    return a.to(w_dtype).to(tl.float32)
+
+
+@triton.jit
 def _fused_gemv_kernel(
     x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, out_ptr, n_out, x_stride, eps, clamp,
     K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One row (program_id 1) times BLOCK_N output features (program_id 0). With K <= BLOCK_K the
     row and the weight tile are one load each, all in flight at once: the kernel costs about one
-    trip to memory, which is what a product of a megabyte or two can cost."""
+    trip to memory, which is what a product of a megabyte or two can cost.
+
+    The first weight tile is loaded before anything the previous kernel writes. With PDL (Hopper's
+    programmatic dependent launch, the kernel launched with it) the kernel starts while its
+    predecessor finishes, its weight read in flight, and waits (griddepcontrol.wait: the
+    predecessor complete and its writes visible) only before it reads the activations; it lets
+    its own successor start at once, which waits the same way."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row = tl.program_id(1)
     n_ok = n < n_out
     x_row = x_ptr + row * x_stride
-    x_dtype = x_ptr.dtype.element_ty
     w_dtype = w_ptr.dtype.element_ty
+    k = tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    inverse_rms = 1.0
     if NORM:  # the row's mean square, in fp32 as the unfused norm takes it
         squares = tl.zeros((BLOCK_K,), tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            xk = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+            xk = tl.load(x_row + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
             squares += xk * xk
         inverse_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-    acc = tl.zeros((BLOCK_N,), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
+    a = _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype)
+    acc = tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        kk = k0 + k
+        kk_ok = kk < K
         w = tl.load(
-            w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
+            w_ptr + n[:, None] * K + kk[None, :], mask=n_ok[:, None] & kk_ok[None, :], other=0.0
         )
-        a = tl.load(x_row + k, mask=k_ok, other=0.0)
-        if GATED:  # silu(gate) * up, each rounded to the activations' dtype as the graph does
-            gate = a.to(tl.float32)
-            up = tl.load(x_row + K + k, mask=k_ok, other=0.0).to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(x_dtype)
-            a = (silu.to(tl.float32) * up).to(x_dtype)
-        a = a.to(tl.float32)
-        if NORM:
-            a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * (a * inverse_rms)
-        if CLAMP:
-            a = tl.minimum(tl.maximum(a, -clamp), clamp)
-        # the product's operand in the weight's dtype, as the unfused product takes it
-        a = a.to(w_dtype).to(tl.float32)
+        a = _operand(x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype)
         acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
     y = acc
     if BIAS:
@@ -122,11 +144,13 @@ def fused_gemv(
     clamp: float,
     launch=lambda k: k,
     shape: tuple[int, int, int] | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """x [rows, K] (or [rows, 2K] gate then up when `gated`), weight [N, K]: the fused product
     [rows, N], in the residual's and the weight's promoted dtype when there is a residual [rows,
     N], else in the weight's. `clamp` 0: no clamp. `shape`: (BLOCK_N, BLOCK_K, warps) instead of
-    launch_shape's (scripts/fused_gemv.py sweeps them)."""
+    launch_shape's (scripts/fused_gemv.py sweeps them). `pdl`: launched with programmatic dependent
+    launch (Hopper and later; scripts/pdl_chain.py measures it)."""
     rows = x.shape[0]
     n_out, k_in = weight.shape
     out_dtype = (
@@ -141,7 +165,7 @@ def fused_gemv(
         weight if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
         K=k_in, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=1,
+        PDL=pdl, num_warps=warps, num_stages=1, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
 
