@@ -175,6 +175,9 @@ class BuildConfig:
     # aotc's kernels at decode's row counts (aotc/export/fused_products.py). Off by default until
     # measured beyond SmolLM2's shape (docs/benchmarks.md)
     fused_products: bool = False
+    # CUDA, compute capability 9.0+: aotc's kernels launched with programmatic dependent launch
+    # (aotc/compiler/programmatic_launch.py)
+    pdl: bool = False
 
     def validate(self) -> None:
         problems = []
@@ -191,6 +194,11 @@ class BuildConfig:
         if self.cudnn_benchmark and self.device != "cuda":
             problems.append(
                 "--cudnn-benchmark is a CUDA setting; build with --device cuda or leave it out"
+            )
+        if self.pdl and self.device != "cuda":
+            problems.append(
+                "--pdl is a CUDA setting (compute capability 9.0 or later); build with "
+                "--device cuda or leave it out"
             )
         if self.fused_products and self.device != "cuda":
             problems.append(

@@ -508,15 +508,16 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
 
     def holds_kernel(folder) -> bool:
         return any(
-            b"_fused_gemv_kernel" in path.read_bytes()
+            b"aotc_pdl_fused_gemv" in path.read_bytes()
             for path in folder.rglob("*")
             if path.is_file()
         )
 
     assert holds_kernel(fused_package) and not holds_kernel(package)
-    # the zoo's Llama: 2 layers, each with q/k/v and gate/up normed, down gated, o and down added
+    # the zoo's Llama: 2 layers, each with q/k/v and gate/up normed, down gated, o and down added;
+    # and the final norm into the output layer
     recorded = json.loads((fused_package / "manifest.json").read_text())["fused_products"]
-    assert recorded == {"norm": 4, "gated": 2, "residual": 4}
+    assert recorded == {"norm": 5, "gated": 2, "residual": 4}
     assert "fused_products" not in json.loads((package / "manifest.json").read_text())
     ids, mask = prompts()
     fused = aotc_runtime.load(fused_package).generate(
@@ -524,3 +525,25 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
     )
     unfused = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert fused.tolist() == unfused.tolist()
+
+
+def test_a_package_with_programmatic_launches_gives_the_same_tokens(built, no_tf32, tmp_path):
+    """--fused-products --pdl (compute capability 9.0+): aotc's kernels start while their
+    predecessors end and wait in the kernel; in fp32 the tokens are those of the default build,
+    and the manifest says how the kernels are launched."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    package, _ = built["llama", "fp32"]
+    artifact, _ = built.artifact("llama")
+    pdl_package = tmp_path / "pdl_pkg"
+    done = invoke(
+        "build", artifact, "--device", "cuda", "--mode", "reduce-overhead",
+        "--fused-products", "--pdl", "-o", pdl_package, "--quiet",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    ids, mask = prompts()
+    want = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+    got = aotc_runtime.load(pdl_package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+    assert got.tolist() == want.tolist()
+    toolchain = json.loads((pdl_package / "manifest.json").read_text())["toolchain"]
+    assert toolchain["kernel_launch"] == "aotc's kernels with programmatic dependent launch"

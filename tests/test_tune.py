@@ -165,6 +165,7 @@ def test_a_failing_candidate_and_a_failing_size_leave_the_rest(packages, tmp_pat
         (["--tune", "--tune-candidates", "turbo"], "no candidate turbo for cpu"),
         (["--cudnn-benchmark"], "--cudnn-benchmark is a CUDA setting"),
         (["--fused-products"], "--fused-products is a CUDA text-generation setting"),
+        (["--pdl"], "--pdl is a CUDA setting (compute capability 9.0 or later)"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(packages, tmp_path, flags, message):

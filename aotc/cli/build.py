@@ -105,6 +105,12 @@ from aotc.compiler.backends import BACKENDS
     "and residual add into one of aotc's kernels (faster at small shapes; docs/benchmarks.md).",
 )
 @click.option(
+    "--pdl",
+    is_flag=True,
+    help="CUDA, compute capability 9.0+, experimental: launch aotc's kernels with programmatic "
+    "dependent launch, each starting while the one before it ends (docs/benchmarks.md).",
+)
+@click.option(
     "--cpu-isa",
     type=click.Choice(["native", "avx2", "avx512"]),
     default=None,
@@ -176,6 +182,7 @@ def build(
     allow_mismatch,
     no_bsymbolic,
     fused_products,
+    pdl,
     cpu_isa,
     backend,
     cudnn_benchmark,
@@ -216,6 +223,7 @@ def build(
         force=force,
         bsymbolic=not no_bsymbolic,
         fused_products=fused_products,
+        pdl=pdl,
         mode=Mode(mode or "default"),
         device=device or "auto",
         precision=Precision(precision or "fp32"),

@@ -43,6 +43,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # the launch-shape rule, and the algorithm without Triton that CI tests on the CPU
+from aotc.kernels.gemv import waits_programmatically
 from aotc.kernels.split_attention import BLOCK_M, BLOCK_N, split_count
 
 OP = "aotc::cached_attention_cuda"
@@ -66,6 +67,17 @@ def _in_tiled_block(token, rows_ptr, positions_ptr, tokens, length, BLOCK_M: tl.
 
 
 @triton.jit
+def _after_predecessor(PDL: tl.constexpr):
+    """With programmatic dependent launch (aotc/compiler/programmatic_launch.py) a kernel may
+    start before its predecessor ends: it waits here for it to end and its writes to be visible,
+    and only then lets its own successor start. Everything these kernels read may be a
+    predecessor's output (the cache, the queries, the spans), so they wait first."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
     """acc + a @ b on the tensor cores; fp32 inputs as exact fp32 products (IEEE), not TF32, so an
     fp32 package stays within its build's eager check."""
@@ -77,7 +89,7 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _attention_kernel(
+def aotc_pdl_attention(
     q_ptr, k_ptr, v_ptr, rows_ptr, positions_ptr, part_ptr, out_ptr,
     q_sh, q_st, q_sd,
     k_sb, k_sn, k_sh, k_sd,
@@ -86,8 +98,9 @@ def _attention_kernel(
     o_st, o_sh, o_sd,
     tokens, heads, group, length, dim, scale, window, softcap,
     SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, TILE_M: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, TILE_M: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _after_predecessor(PDL)
     token_head = tl.program_id(0)
     split = tl.program_id(1)
     token = token_head // heads
@@ -150,13 +163,14 @@ def _attention_kernel(
 
 
 @triton.jit
-def _combine_kernel(
+def aotc_pdl_combine(
     part_ptr, out_ptr, rows_ptr, positions_ptr,
     p_sr, p_sp,
     o_st, o_sh, o_sd,
     tokens, heads, length, dim,
-    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, TILE_M: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, TILE_M: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _after_predecessor(PDL)
     token_head = tl.program_id(0)
     token = token_head // heads
     head = token_head % heads
@@ -178,7 +192,7 @@ def _combine_kernel(
 
 
 @triton.jit
-def _tiled_attention_kernel(
+def aotc_pdl_tiled_attention(
     q_ptr, k_ptr, v_ptr, rows_ptr, positions_ptr, out_ptr,
     q_sh, q_st, q_sd,
     k_sb, k_sn, k_sh, k_sd,
@@ -186,8 +200,9 @@ def _tiled_attention_kernel(
     o_st, o_sh, o_sd,
     tokens, group, length, dim, scale, window, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _after_predecessor(PDL)
     start = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
     kv_head = head // group
@@ -277,11 +292,12 @@ def attend(
     length = keys.shape[1] - 1  # slot `length` is the padding's: never read
     out = torch.empty((1, tokens, heads, dim), dtype=query.dtype, device=query.device)
     block_d = max(16, triton.next_power_of_2(dim))
+    pdl = waits_programmatically(query.device)
     if block_m:
         block_n, warps = _tile_shape(block_d, keys.element_size())
         # whole blocks only (a tiled block is whole): a step of fewer tokens than a block (a
         # decode step) has an empty grid, which Triton's and AOTInductor's launchers skip
-        launch(_tiled_attention_kernel)[(tokens // block_m, heads)](
+        launch(aotc_pdl_tiled_attention)[(tokens // block_m, heads)](
             query, keys, values, rows, positions, out,
             query.stride(1), query.stride(2), query.stride(3),
             keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
@@ -289,13 +305,13 @@ def attend(
             out.stride(1), out.stride(2), out.stride(3),
             tokens, heads // kv_heads, length, dim, scale, window, softcap,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SOFTCAP=softcap > 0,
-            HAS_WINDOW=window > 0, IEEE=keys.dtype == torch.float32, num_warps=warps,
+            HAS_WINDOW=window > 0, IEEE=keys.dtype == torch.float32, PDL=pdl, num_warps=warps,
             num_stages=2,
         )  # fmt: skip
     # one span writes the output itself: no partial results, no second kernel
     spans = (tokens * heads, splits, block_d + 2) if splits > 1 else (1, 1, 1)
     part = torch.empty(spans, dtype=torch.float32, device=query.device)
-    launch(_attention_kernel)[(tokens * heads, splits)](
+    launch(aotc_pdl_attention)[(tokens * heads, splits)](
         query, keys, values, rows, positions, part, out,
         query.stride(1), query.stride(2), query.stride(3),
         keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
@@ -304,16 +320,16 @@ def attend(
         out.stride(1), out.stride(2), out.stride(3),
         tokens, heads, heads // kv_heads, length, dim, scale, window, softcap,
         SPLITS=splits, BLOCK_N=block_n, BLOCK_D=block_d, SOFTCAP=softcap > 0,
-        HAS_WINDOW=window > 0, TILE_M=block_m, num_warps=warps,
+        HAS_WINDOW=window > 0, TILE_M=block_m, PDL=pdl, num_warps=warps,
     )  # fmt: skip
     if splits == 1:
         return out
-    launch(_combine_kernel)[(tokens * heads,)](
+    launch(aotc_pdl_combine)[(tokens * heads,)](
         part, out, rows, positions,
         part.stride(0), part.stride(1),
         out.stride(1), out.stride(2), out.stride(3),
         tokens, heads, length, dim,
-        SPLITS=splits, BLOCK_D=block_d, TILE_M=block_m,
+        SPLITS=splits, BLOCK_D=block_d, TILE_M=block_m, PDL=pdl,
     )  # fmt: skip
     return out
 

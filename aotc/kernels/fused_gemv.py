@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from aotc.kernels.gemv import streaming_multiprocessors
+from aotc.kernels.gemv import streaming_multiprocessors, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
 MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the weight (from L2)
@@ -63,7 +63,7 @@ def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr
 
 
 @triton.jit
-def _fused_gemv_kernel(
+def aotc_pdl_fused_gemv(
     x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, out_ptr, n_out, x_stride, eps, clamp,
     K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -160,12 +160,13 @@ def fused_gemv(
     programs = streaming_multiprocessors(x.device.index or 0)
     block_n, block_k, warps = shape or launch_shape(n_out, k_in, programs)
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
-    launch(_fused_gemv_kernel)[(triton.cdiv(n_out, block_n), rows)](
+    launch(aotc_pdl_fused_gemv)[(triton.cdiv(n_out, block_n), rows)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight,
         weight if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
         K=k_in, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, BLOCK_N=block_n, BLOCK_K=block_k,
-        PDL=pdl, num_warps=warps, num_stages=1, **({"launch_pdl": True} if pdl else {}),
+        PDL=pdl or waits_programmatically(x.device), num_warps=warps, num_stages=1,
+        **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
 

@@ -27,6 +27,7 @@ from aotc.compiler.package_writer import (
     write_tokenizer,
 )
 from aotc.compiler.profile import TuningProgress, inductor_phase_times
+from aotc.compiler.programmatic_launch import programmatic_launches
 from aotc.compiler.ptxas import same_ptxas_as_workers
 from aotc.compiler.reproducible import normalize_archive
 from aotc.compiler.state_file import write_state
@@ -60,6 +61,12 @@ def build(cfg: BuildConfig, progress: Progress, started: float) -> BuildResult:
         raise UserInputError(
             "--device cuda but this machine has no usable CUDA GPU; build with --device cpu or on a GPU machine"
         )
+    if cfg.pdl and torch.cuda.get_device_capability()[0] < 9:
+        raise UserInputError(
+            f"--pdl needs compute capability 9.0 or later (Hopper); this GPU "
+            f"({torch.cuda.get_device_name()}) has {torch.cuda.get_device_capability()[0]}.x: "
+            "build without --pdl"
+        )
     compiler, compiler_record = compiler_options(cfg.bsymbolic)
     # Inductor's worker processes read $CXX when they start: name the compiler before anything
     # imports torch._inductor (see toolchain.use_compiler); on CUDA, give this process the ptxas
@@ -67,6 +74,11 @@ def build(cfg: BuildConfig, progress: Progress, started: float) -> BuildResult:
     with use_compiler(compiler["cpp.cxx"][1]), same_ptxas_as_workers(cfg.device == "cuda") as ptxas:
         if cfg.device == "cuda":
             compiler_record = {**compiler_record, "ptxas": ptxas or "triton's bundled ptxas"}
+        if cfg.pdl:
+            compiler_record = {
+                **compiler_record,
+                "kernel_launch": "aotc's kernels with programmatic dependent launch",
+            }
         return _build(cfg, progress, started, compiler, compiler_record)
 
 
@@ -156,12 +168,13 @@ def _build(
                 ),
                 inductor_phase_times(phases),
             ):
-                compile_aoti(
-                    placed,
-                    staging / MODEL_FILE,
-                    {**options, **compiler, **described},
-                    cfg.precision,
-                )
+                with programmatic_launches(cfg.pdl):
+                    compile_aoti(
+                        placed,
+                        staging / MODEL_FILE,
+                        {**options, **compiler, **described},
+                        cfg.precision,
+                    )
                 if empty_weights_blob(staging / MODEL_FILE):
                     # weights that lowering folded away (known only now): compiled again as above
                     options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
