@@ -58,3 +58,59 @@ def test_aotcs_kernels_carry_the_prefix():
         "aotc_pdl_tiled_attention",
         "aotc_pdl_fused_gemv",
     }
+
+
+@pytest.mark.gpu
+def test_inductor_sees_what_each_kernel_writes_with_the_wait_compiled_in():
+    """AOTInductor copies every argument of a user Triton kernel it cannot analyse (it assumes
+    each one written): an impure inline asm makes it give up, and then a package copies each
+    weight before each product. The wait is declared pure so that the analysis still finds
+    only the outputs."""
+    import torch
+    from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the wait is compiled in from compute capability 9.0")
+
+    from aotc.kernels import attention
+    from aotc.kernels.fused_gemv import aotc_pdl_fused_gemv
+
+    def written(kernel, arguments) -> list:
+        accesses = identify_accessed_tensors(kernel, arguments, {})
+        return sorted(dep.name for dep in accesses.read_writes.writes)
+
+    bf16 = {"dtype": torch.bfloat16, "device": "cuda"}
+    x, w, norm = torch.randn(1, 64, **bf16), torch.randn(32, 64, **bf16), torch.randn(64, **bf16)
+    residual, out = torch.randn(1, 32, **bf16), torch.empty(1, 32, **bf16)
+    flags = {"NORM": True, "GATED": False, "BIAS": False, "RESIDUAL": True, "CLAMP": False}
+    product = {"x_ptr": x, "w_ptr": w, "b_ptr": w, "norm_ptr": norm, "res_ptr": residual,
+               "out_ptr": out, "n_out": 32, "x_stride": 64, "eps": 1e-5, "clamp": 0.0, "K": 64,
+               **flags, "BLOCK_N": 16, "BLOCK_K": 64, "PDL": True}  # fmt: skip
+    assert written(aotc_pdl_fused_gemv, product) == ["out_ptr"]
+
+    launched = []
+
+    class Recorder:  # attend's launches, their arguments by name
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def call(*args, **kwargs):
+                named = dict(zip(self.kernel.arg_names, args))
+                named.update({k: v for k, v in kwargs.items() if k in self.kernel.arg_names})
+                launched.append((self.kernel, named))
+
+            return call
+
+    query = torch.randn(1, 4, 64, 64, **bf16)
+    keys = torch.randn(1, 129, 2, 64, **bf16)
+    rows, positions = torch.zeros(64, dtype=torch.long, device="cuda"), torch.arange(64).cuda()
+    attention.attend(query, keys, keys.clone(), rows, positions, 0.125, 0, 0.0, 4, launch=Recorder)
+    found = {
+        kernel.fn.__name__: (named["PDL"], written(kernel, named)) for kernel, named in launched
+    }
+    assert found == {
+        "aotc_pdl_tiled_attention": (True, ["out_ptr"]),
+        "aotc_pdl_attention": (True, ["part_ptr"]),
+        "aotc_pdl_combine": (True, ["out_ptr"]),
+    }

@@ -43,7 +43,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # the launch-shape rule, and the algorithm without Triton that CI tests on the CPU
-from aotc.kernels.gemv import waits_programmatically
+from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 from aotc.kernels.split_attention import BLOCK_M, BLOCK_N, split_count
 
 OP = "aotc::cached_attention_cuda"
@@ -64,17 +64,6 @@ def _in_tiled_block(token, rows_ptr, positions_ptr, tokens, length, BLOCK_M: tl.
         own = (tl.load(positions_ptr + head) < length) & (tl.load(positions_ptr + tail) < length)
         tiled = whole & one_row & own
     return tiled
-
-
-@triton.jit
-def _after_predecessor(PDL: tl.constexpr):
-    """With programmatic dependent launch (aotc/compiler/programmatic_launch.py) a kernel may
-    start before its predecessor ends: it waits here for it to end and its writes to be visible,
-    and only then lets its own successor start. Everything these kernels read may be a
-    predecessor's output (the cache, the queries, the spans), so they wait first."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -100,8 +89,8 @@ def aotc_pdl_attention(
     SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr, TILE_M: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    _after_predecessor(PDL)
-    token_head = tl.program_id(0)
+    # everything read here may be a predecessor's output: every offset after the wait
+    token_head = tl.program_id(0) + after_predecessor(PDL)
     split = tl.program_id(1)
     token = token_head // heads
     head = token_head % heads
@@ -170,8 +159,7 @@ def aotc_pdl_combine(
     tokens, heads, length, dim,
     SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, TILE_M: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    _after_predecessor(PDL)
-    token_head = tl.program_id(0)
+    token_head = tl.program_id(0) + after_predecessor(PDL)  # the spans read after the wait
     token = token_head // heads
     head = token_head % heads
     # a tiled block's token has no spans (the tiled kernel wrote its output): read and write nothing
@@ -202,8 +190,7 @@ def aotc_pdl_tiled_attention(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    _after_predecessor(PDL)
-    start = tl.program_id(0) * BLOCK_M
+    start = tl.program_id(0) * BLOCK_M + after_predecessor(PDL)  # every read after the wait
     head = tl.program_id(1)
     kv_head = head // group
     tiled = _in_tiled_block(start, rows_ptr, positions_ptr, tokens, length, BLOCK_M)

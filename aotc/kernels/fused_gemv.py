@@ -35,7 +35,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from aotc.kernels.gemv import streaming_multiprocessors, waits_programmatically
+from aotc.kernels.gemv import streaming_multiprocessors
+from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
 MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the weight (from L2)
@@ -79,16 +80,14 @@ def aotc_pdl_fused_gemv(
     predecessor complete and its writes visible) only before it reads the activations; it lets
     its own successor start at once, which waits the same way."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row = tl.program_id(1)
     n_ok = n < n_out
-    x_row = x_ptr + row * x_stride
     w_dtype = w_ptr.dtype.element_ty
     k = tl.arange(0, BLOCK_K)
     k_ok = k < K
     w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    # the activations and the residual (a predecessor's) read after the wait
+    row = tl.program_id(1) + after_predecessor(PDL)
+    x_row = x_ptr + row * x_stride
     inverse_rms = 1.0
     if NORM:  # the row's mean square, in fp32 as the unfused norm takes it
         squares = tl.zeros((BLOCK_K,), tl.float32)

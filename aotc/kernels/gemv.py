@@ -81,13 +81,6 @@ def streaming_multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def waits_programmatically(device: torch.device) -> bool:
-    """Whether aotc's kernels on `device` carry programmatic dependent launch's wait and release
-    (compute capability 9.0 and later; aotc/compiler/programmatic_launch.py launches them so).
-    Launched plainly, both are no-ops."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def launch_shape(
     n_out: int, k_in: int, programs_wanted: int, scale_block: int = 0
 ) -> tuple[int, int, int, int]:
