@@ -12,5 +12,13 @@ a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that refe
   stored weight dequantized and multiplied (aotc/export/quantized_linear.py), the CPU's own
   product, tested by tests/test_quantize.py; tests/test_gpu_quantize.py holds the kernel to it.
 
+- fused_gemv.py: a decode step's product with its RMSNorm or gated activation and its residual
+  add (aotc::fused_gemv_cuda, `aotc build --fused-products`); its reference is
+  aotc/export/fused_products.py's `reference` (tests/test_fused_products.py on the CPU,
+  tests/test_gpu_fused_products.py on the GPU).
+- programmatic.py: the wait for the kernel before and the release of the kernel after that aotc's
+  kernels carry on compute capability 9.0+, for `aotc build --pdl`
+  (aotc/compiler/programmatic_launch.py); tests/test_programmatic_launch.py.
+
 Importing attention.py or gemv.py needs Triton (CUDA builds); split_attention.py does not.
 """
