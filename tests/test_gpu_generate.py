@@ -527,9 +527,9 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
 
 
 def test_a_package_with_programmatic_launches_gives_the_same_tokens(built, no_tf32, tmp_path):
-    """--fused-products --pdl (compute capability 9.0+): aotc's kernels start while their
-    predecessors end and wait in the kernel; in fp32 the tokens are those of the default build,
-    and the manifest says how the kernels are launched."""
+    """--fused-products --pdl (compute capability 9.0+): aotc's and Inductor's kernels start
+    while their predecessors end and wait in the kernel; in fp32 the tokens are those of the
+    default build, and the manifest says how the kernels are launched."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
     package, _ = built["llama", "fp32"]
@@ -544,5 +544,8 @@ def test_a_package_with_programmatic_launches_gives_the_same_tokens(built, no_tf
     want = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     got = aotc_runtime.load(pdl_package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
     assert got.tolist() == want.tolist()
-    toolchain = json.loads((pdl_package / "manifest.json").read_text())["toolchain"]
-    assert toolchain["kernel_launch"] == "aotc's kernels with programmatic dependent launch"
+    manifest = json.loads((pdl_package / "manifest.json").read_text())
+    assert manifest["toolchain"]["kernel_launch"] == (
+        "programmatic dependent launch for aotc_pdl_*, triton_poi_*, triton_per_*, triton_red_*"
+    )
+    assert manifest["inductor_options"]["triton.enable_pdl"] is True  # Inductor's kernels too

@@ -7,19 +7,25 @@ from __future__ import annotations
 import pytest
 from torch._inductor.codegen import common
 
-from aotc.compiler.programmatic_launch import PDL_PREFIX, programmatic_driver, programmatic_launches
+from aotc.compiler.programmatic_launch import (
+    INDUCTOR_PDL_PREFIXES,
+    PDL_PREFIX,
+    launched_prefixes,
+    programmatic_driver,
+    programmatic_launches,
+)
 from aotc.errors import BuildError
 
 
-def test_only_aotcs_kernels_are_launched_programmatically():
+def test_only_the_named_kernels_are_launched_programmatically():
     plain = common.get_device_op_overrides("cuda").kernel_driver()
     assert "cuLaunchKernelEx" not in plain
-    with programmatic_launches(True):
+    with programmatic_launches(True, (PDL_PREFIX, "triton_poi_")):
         driver = common.get_device_op_overrides("cuda").kernel_driver()
-    # the same helpers, one launch helper replaced: the attribute for names with the prefix, and
-    # the plain launch for every other kernel
+    # the same helpers, one launch helper replaced: the attribute for names with the prefixes,
+    # and the plain launch for every other kernel
     assert driver.count("static inline void launchKernel(") == 1
-    assert f'const char* prefix = "{PDL_PREFIX}";' in driver
+    assert f'prefixes[] = {{"{PDL_PREFIX}", "triton_poi_"}};' in driver
     assert "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION" in driver
     assert driver.count("cuLaunchKernel(") == 1 and driver.count("cuLaunchKernelEx(") == 1
     assert (
@@ -30,6 +36,16 @@ def test_only_aotcs_kernels_are_launched_programmatically():
     assert common.get_device_op_overrides("cuda").kernel_driver() == plain
     with programmatic_launches(False):
         assert common.get_device_op_overrides("cuda").kernel_driver() == plain
+
+
+def test_inductors_kernels_are_named_only_when_inductor_writes_their_wait():
+    """Inductor writes the wait and release into its kernels under triton.enable_pdl (a --pdl
+    build's default); without it only aotc's kernels are launched so."""
+    assert launched_prefixes({}) == (PDL_PREFIX,)
+    assert launched_prefixes({"triton.enable_pdl": False}) == (PDL_PREFIX,)
+    assert launched_prefixes({"triton.enable_pdl": True}) == (PDL_PREFIX, *INDUCTOR_PDL_PREFIXES)
+    # Inductor's templates get no wait (torch's _enable_pdl_codegen): never named
+    assert not any(prefix.startswith("triton_tem") for prefix in INDUCTOR_PDL_PREFIXES)
 
 
 def test_a_launcher_of_another_form_is_refused_not_patched():

@@ -1,25 +1,26 @@
-"""`aotc build --pdl`: aotc's kernels in a CUDA package launched with Hopper's programmatic
-dependent launch (PDL).
+"""`aotc build --pdl`: the kernels of a CUDA package launched with Hopper's programmatic dependent
+launch (PDL) where they wait for their predecessor themselves.
 
 A batch-1 decode step is a chain of short kernels, each of which waits for the one before it to
 finish before it even starts. With PDL a kernel is launched while its predecessor still runs: it
-reads its weights, which nothing before it writes, and waits (griddepcontrol.wait) only before it
-reads what its predecessor wrote. On an H200 the chain of SmolLM2-135M's fused products took 271
-us a step that way against 418 without (scripts/pdl_chain.py, docs/benchmarks.md).
+reads what nothing before it writes (a product's weights) and waits (griddepcontrol.wait) only
+before it reads what its predecessor wrote. On an H200 the chain of SmolLM2-135M's fused products
+took 271 us a step that way against 418 without (scripts/pdl_chain.py, docs/benchmarks.md).
 
 AOTInductor's C++ wrapper launches every Triton kernel with plain `cuLaunchKernel`, from a helper
 (`launchKernel`) that Inductor's CUDA device overrides write into the wrapper's source. For the
 build, this module registers overrides whose helper launches with the programmatic-serialization
-attribute (`cuLaunchKernelEx`) the kernels whose names start with PDL_PREFIX, and every other
-kernel as before. Only aotc's kernels carry the prefix (aotc/kernels/), and each of them waits
-for its predecessor before reading anything a kernel writes and lets its successor start only
-after that wait, so:
-- a kernel of Inductor's or cuBLAS's after one of aotc's is launched plainly: it starts when its
-  predecessor has finished, as without PDL;
-- one of aotc's after another starts early and waits in the kernel; what the earlier one waited
-  for has finished by the time the later one may start.
-Outside such a package (the Python JIT path, a GPU below compute capability 9.0) the kernels'
-wait and release are no-ops.
+attribute (`cuLaunchKernelEx`) the kernels whose names start with one of the given prefixes, and
+every other kernel as before:
+- aotc's kernels (aotc/kernels/, named `aotc_pdl_*`): each waits for its predecessor before it
+  reads anything a kernel writes, and lets its successor start only after that wait;
+- with Inductor's `triton.enable_pdl` (on with --pdl unless `--option triton.enable_pdl=false`),
+  Inductor's pointwise, persistent-reduction and reduction kernels, which Inductor then writes
+  with the same wait and release (its templates, `triton_tem_*`, get neither and stay plain).
+A kernel launched plainly (cuBLAS's, a template) starts when its predecessor has finished, as
+without PDL; a kernel launched early waits in the kernel, and whatever its predecessor waited
+for has finished before the predecessor let it start. Outside such a package (the Python JIT
+path, a GPU below compute capability 9.0) the wait and the release are no-ops.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import contextlib
 from aotc.errors import BuildError
 
 PDL_PREFIX = "aotc_pdl_"
+# Inductor's kernels that carry the wait and the release under triton.enable_pdl
+INDUCTOR_PDL_PREFIXES = ("triton_poi_", "triton_per_", "triton_red_")
 
 # the helper Inductor writes (torch 2.11 to 2.13), replaced whole; any other form is refused
 # rather than patched half-way
@@ -46,21 +49,26 @@ _PLAIN_LAUNCH = """static inline void launchKernel(
                 ));
             }"""
 
-_PROGRAMMATIC_LAUNCH = (
-    """static inline bool aotcLaunchesProgrammatically(CUfunction func) {
-                // aotc's kernels (their names start with "PDL_PREFIX") wait for their
-                // predecessor themselves; every other kernel is launched as before
+_PROGRAMMATIC_LAUNCH = """static inline bool aotcLaunchesProgrammatically(CUfunction func) {
+                // the kernels that wait for their predecessor themselves (by name); every other
+                // kernel is launched as before
+                static const char* const prefixes[] = {PREFIXES};
                 const char* name = nullptr;
                 if (cuFuncGetName(&name, func) != CUDA_SUCCESS || name == nullptr) {
                     return false;
                 }
-                const char* prefix = "PDL_PREFIX";
-                for (; *prefix != '\\0'; ++prefix, ++name) {
-                    if (*name != *prefix) {
-                        return false;
+                for (const char* prefix : prefixes) {
+                    const char* at = name;
+                    const char* wanted = prefix;
+                    while (*wanted != '\\0' && *at == *wanted) {
+                        ++at;
+                        ++wanted;
+                    }
+                    if (*wanted == '\\0') {
+                        return true;
                     }
                 }
-                return true;
+                return false;
             }
 
             static inline void launchKernel(
@@ -94,24 +102,32 @@ _PROGRAMMATIC_LAUNCH = (
                     func, gridX, gridY, gridZ, 32*numWarps, 1, 1, sharedMemBytes, stream, args, nullptr
                 ));
             }"""
-).replace("PDL_PREFIX", PDL_PREFIX)
 
 
-def programmatic_driver(source: str) -> str:
-    """Inductor's CUDA kernel-driver source with the launch helper that launches aotc's kernels
-    with PDL."""
+def programmatic_driver(source: str, prefixes: tuple = (PDL_PREFIX,)) -> str:
+    """Inductor's CUDA kernel-driver source with the launch helper that launches the kernels
+    whose names start with one of `prefixes` with PDL."""
     if source.count(_PLAIN_LAUNCH) != 1:
         raise BuildError(
             "--pdl: this torch's AOTInductor launches kernels in a form aotc does not know; "
             "build without --pdl"
         )
-    return source.replace(_PLAIN_LAUNCH, _PROGRAMMATIC_LAUNCH)
+    listed = ", ".join(f'"{prefix}"' for prefix in prefixes)
+    return source.replace(
+        _PLAIN_LAUNCH, _PROGRAMMATIC_LAUNCH.replace("{PREFIXES}", "{" + listed + "}")
+    )
+
+
+def launched_prefixes(options: dict) -> tuple:
+    """The kernel-name prefixes a --pdl build launches with PDL, given its Inductor options."""
+    inductor = bool(options.get("triton.enable_pdl"))
+    return (PDL_PREFIX, *(INDUCTOR_PDL_PREFIXES if inductor else ()))
 
 
 @contextlib.contextmanager
-def programmatic_launches(enabled: bool):
-    """Within it, AOTInductor writes CUDA wrappers whose launcher launches aotc's kernels with
-    PDL (when `enabled`); the usual overrides are back after it."""
+def programmatic_launches(enabled: bool, prefixes: tuple = (PDL_PREFIX,)):
+    """Within it, AOTInductor writes CUDA wrappers whose launcher launches the kernels named with
+    `prefixes` with PDL (when `enabled`); the usual overrides are back after it."""
     if not enabled:
         yield
         return
@@ -122,9 +138,9 @@ def programmatic_launches(enabled: bool):
 
     class ProgrammaticLaunches(type(plain)):  # type: ignore[misc]
         def kernel_driver(self) -> str:
-            return programmatic_driver(super().kernel_driver())
+            return programmatic_driver(super().kernel_driver(), prefixes)
 
-    programmatic_driver(plain.kernel_driver())  # an unknown form refused before compiling
+    programmatic_driver(plain.kernel_driver(), prefixes)  # an unknown form refused before compiling
     common.register_device_op_overrides("cuda", ProgrammaticLaunches())
     try:
         yield

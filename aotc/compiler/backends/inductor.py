@@ -27,7 +27,7 @@ from aotc.compiler.package_writer import (
     write_tokenizer,
 )
 from aotc.compiler.profile import TuningProgress, inductor_phase_times
-from aotc.compiler.programmatic_launch import programmatic_launches
+from aotc.compiler.programmatic_launch import launched_prefixes, programmatic_launches
 from aotc.compiler.ptxas import same_ptxas_as_workers
 from aotc.compiler.reproducible import normalize_archive
 from aotc.compiler.state_file import write_state
@@ -74,11 +74,6 @@ def build(cfg: BuildConfig, progress: Progress, started: float) -> BuildResult:
     with use_compiler(compiler["cpp.cxx"][1]), same_ptxas_as_workers(cfg.device == "cuda") as ptxas:
         if cfg.device == "cuda":
             compiler_record = {**compiler_record, "ptxas": ptxas or "triton's bundled ptxas"}
-        if cfg.pdl:
-            compiler_record = {
-                **compiler_record,
-                "kernel_launch": "aotc's kernels with programmatic dependent launch",
-            }
         return _build(cfg, progress, started, compiler, compiler_record)
 
 
@@ -99,6 +94,13 @@ def _build(
     cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict
 ) -> BuildResult:
     options = resolve_options(cfg)
+    if cfg.pdl:  # Inductor's kernels wait and release too, unless an --option says otherwise
+        options = {"triton.enable_pdl": True, **options}
+        compiler_record = {
+            **compiler_record,
+            "kernel_launch": "programmatic dependent launch for "
+            + ", ".join(f"{prefix}*" for prefix in launched_prefixes(options)),
+        }
     check_space(cfg.output, cfg.artifact)
     estimates = planned_stages(cfg, progress)
     with progress.stage(f"loading {cfg.artifact}", key="load"):
@@ -168,7 +170,7 @@ def _build(
                 ),
                 inductor_phase_times(phases),
             ):
-                with programmatic_launches(cfg.pdl):
+                with programmatic_launches(cfg.pdl, launched_prefixes(options)):
                     compile_aoti(
                         placed,
                         staging / MODEL_FILE,
