@@ -68,6 +68,53 @@ def test_a_bf16_build_fuses_the_same_products_through_its_casts(generation_packa
     assert fusions == Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
 
 
+def int8_program(generation_packages, low):
+    """The zoo Llama's unlifted program in `low`, its linears quantized int8-weight-only for CUDA
+    as a build does (placement.place_program's steps), on the CPU."""
+    from aotc.export import quantization
+    from aotc.export.placement import (
+        cast_weight_matmul_operands,
+        clamp_float_extremes,
+        drop_dtype_assertions,
+    )
+    from aotc.quantize_schemes import Quantization
+
+    ep, meta, module, example, inputs = unlifted("llama", generation_packages)
+    module = copy.deepcopy(module).to(dtype=low)
+    if low is torch.bfloat16:
+        drop_dtype_assertions(module)
+        cast_weight_matmul_operands(module, low)
+        clamp_float_extremes(module, low)
+    quantization.quantize_graph(module, Quantization("int8-weight-only"), "cuda", low, {})
+    return module, example[:inputs] + [t.to(low) for t in example[inputs:]]
+
+
+def test_int8_products_are_fused_and_compute_what_the_unfused_ones_do(
+    generation_packages, monkeypatch
+):
+    """int8-weight-only products (quantization.py's cuda_int8_linear) take their neighbours in
+    as float ones do, in fp32 and through a bf16 build's casts. On the CPU the int8 product is
+    the fp32 sums scaled, which the unfused program computes too (its CUDA kernel stood in for)."""
+    from aotc.export import quantization
+
+    def int8_sums(x, q, scale):
+        return (x.float() @ q.float().T * scale.float()).to(x.dtype)
+
+    monkeypatch.setattr(quantization, "_gemv", int8_sums)
+    expected = Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
+    module, example = int8_program(generation_packages, torch.float32)
+    fused = copy.deepcopy(module)
+    assert fuse_products(fused) == expected
+    for ours, theirs in zip(fused(*copy.deepcopy(example)), module(*copy.deepcopy(example))):
+        assert torch.equal(ours, theirs)
+    int8 = [n for n in fused.graph.nodes if n.target is quantization.cuda_int8_linear]
+    assert len(int8) == 1  # the output layer's, which reads the picked rows
+    module, _ = int8_program(generation_packages, torch.bfloat16)
+    assert fuse_products(module) == expected
+    operands = {n.args[-1] for n in module.graph.nodes if n.target is fused_linear}
+    assert operands == {torch.bfloat16}  # the dtype the build casts the activations to
+
+
 def test_a_product_not_in_the_pattern_is_left_alone():
     """A norm whose output has another user, and a product whose add scales it, are not fused."""
 

@@ -15,6 +15,10 @@ a model's module names, so every family that writes it is fused:
   (reduced_precision.py);
 - the residual add of the product's only user, `residual + product`.
 
+The products are float linears (`aten.linear`) and int8-weight-only ones (quantization.py's
+`cuda_int8_linear`: int8 rows and a scale per output feature), whose fused kernel multiplies the
+int8 weights as they are stored and scales each output feature's sum.
+
 Every node it removes had the product (or the next node of the pattern) as its only user, so
 nothing else in the graph changes. `reference` is the unfused computation, step by step with the
 same roundings: it is what the CPU and the row counts above the kernel's run, and what the tests
@@ -49,8 +53,12 @@ class Fusions:
         )
 
 
-def reference(x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float):
-    """The unfused computation: x [..., K] (or [..., 2K], gate then up, when `gated`)."""
+def reference(
+    x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
+    scale=None, operand_dtype=None,
+):  # fmt: skip
+    """The unfused computation: x [..., K] (or [..., 2K], gate then up, when `gated`); with
+    `scale`, `weight` is int8 rows and the product takes the activations in `operand_dtype`."""
     a = x
     if gated:
         gate, up = a.chunk(2, dim=-1)
@@ -59,16 +67,37 @@ def reference(x, weight, bias, norm_weight, residual, eps: float, gated: bool, c
         a = norm_weight * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps))
     if clamp:
         a = a.clamp(-clamp, clamp)
-    y = torch.nn.functional.linear(a.to(weight.dtype), weight, bias)
+    if scale is None:
+        y = torch.nn.functional.linear(a.to(weight.dtype), weight, bias)
+    else:
+        y = _int8_rows_product(a.to(operand_dtype), weight, scale)
+        y = y if bias is None else y + bias
     return y if residual is None else residual + y
 
 
-def fused_linear(x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float):
+def _int8_rows_product(a, q, scale):
+    """The unfused int8-weight-only product: on CUDA the package's own (quantization.py), on the
+    CPU (where no CUDA package runs, only the pass's tests) the same sums in fp32, scaled and
+    rounded to the operand's dtype as it rounds them."""
+    if a.is_cuda:
+        from aotc.export.quantization import cuda_int8_linear
+
+        return cuda_int8_linear(a, q, scale, None)
+    flat = a.reshape(-1, a.shape[-1]).float()
+    out = (flat @ q.float().T * scale.float()).to(a.dtype)
+    return out.reshape(*a.shape[:-1], q.shape[0])
+
+
+def fused_linear(
+    x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
+    scale=None, operand_dtype=None,
+):  # fmt: skip
     """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
     (decided at export when the row count is fixed there, else a cond node AOTInductor compiles
     to both)."""
+    settings = (eps, gated, clamp)
     if not x.is_cuda:
-        return reference(x, weight, bias, norm_weight, residual, eps, gated, clamp)
+        return reference(x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype)
     from aotc.export.quantization import by_rows
     from aotc.kernels.fused_gemv import MAX_ROWS  # importing it registers aotc::fused_gemv_cuda
 
@@ -76,19 +105,22 @@ def fused_linear(x, weight, bias, norm_weight, residual, eps: float, gated: bool
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     n_out = weight.shape[0]
     r2 = None if residual is None else residual.reshape(-1, n_out).contiguous()
-    present = [t for t in (bias, norm_weight, r2) if t is not None]
+    present = [t for t in (bias, norm_weight, r2, scale) if t is not None]
+    product_dtype = operand_dtype or weight.dtype
 
     def unpack(tensors):
         it = iter(tensors)
-        return [None if t is None else next(it) for t in (bias, norm_weight, r2)]
+        return [None if t is None else next(it) for t in (bias, norm_weight, r2, scale)]
 
     def small(x2, weight, *rest):
-        b, nw, r = unpack(rest)
-        return torch.ops.aotc.fused_gemv_cuda(x2, weight, b, nw, r, eps, gated, clamp)
+        b, nw, r, sc = unpack(rest)
+        return torch.ops.aotc.fused_gemv_cuda(
+            x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype
+        )
 
     def large(x2, weight, *rest):
-        b, nw, r = unpack(rest)
-        return reference(x2, weight, b, nw, r, eps, gated, clamp)
+        b, nw, r, sc = unpack(rest)
+        return reference(x2, weight, b, nw, r, *settings, sc, operand_dtype)
 
     operands = (x2, weight, *present)
     return by_rows(x2, small, large, operands, limit=MAX_ROWS).reshape(*lead, n_out)
@@ -96,10 +128,20 @@ def fused_linear(x, weight, bias, norm_weight, residual, eps: float, gated: bool
 
 def fuse_products(module) -> Fusions:
     """Fuse the products of `module` (an unlifted GraphModule) in place; what was fused."""
+    from aotc.export.quantization import cuda_int8_linear
+
     graph = module.graph
     fusions = Fusions()
-    for node in [n for n in graph.nodes if _is(n, aten.linear.default)]:
-        x, weight, bias = (list(node.args) + [None])[:3]
+    products = [n for n in graph.nodes if _is(n, aten.linear.default) or _is(n, cuda_int8_linear)]
+    for node in products:
+        if node.target is cuda_int8_linear:  # int8 rows: its scales, its operand's dtype
+            x, weight, scale, bias = node.args
+            operand_dtype = _dtype_of(x)
+            if operand_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                continue
+        else:
+            x, weight, bias = (list(node.args) + [None])[:3]
+            scale, operand_dtype = None, None
         doomed: list = []
         a, clamp = _cast_and_clamp(x, doomed)
         norm = _rms_norm(a, doomed)
@@ -125,7 +167,8 @@ def fuse_products(module) -> Fusions:
         with graph.inserting_before(replaced):
             fused = graph.call_function(
                 fused_linear,
-                (a, weight, bias, norm_weight, residual, eps, gate_up is not None, clamp),
+                (a, weight, bias, norm_weight, residual, eps, gate_up is not None, clamp)
+                + ((scale, operand_dtype) if scale is not None else ()),
             )
         fused.meta = dict(replaced.meta)
         replaced.replace_all_uses_with(fused)
@@ -145,6 +188,15 @@ def fuse_products(module) -> Fusions:
 
 def _is(node, target) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _dtype_of(node):
+    """The dtype of a node's value: a cast's target (the precision passes add casts with no
+    traced value), else its traced value's (None if it has none)."""
+    if _is(node, aten.to.dtype):
+        return node.args[1]
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return getattr(value, "dtype", None)
 
 
 def _is_attr(node) -> bool:

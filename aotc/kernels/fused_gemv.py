@@ -16,6 +16,9 @@ them long; docs/benchmarks.md). This kernel does the three in one:
 - epilogue: the bias, the rounding to the weight's dtype that the unfused product's output has,
   and the residual added in the residual's precision.
 
+An int8-weight-only product (int8 rows, a scale per output feature) runs the same way: the int8
+tile converted as it is loaded, each output feature's sum scaled in the epilogue.
+
 Each step rounds where the unfused program rounds (aotc/export/fused_products.py's `reference`
 is that program), so a fused package computes what the unfused one does, up to the order of the
 sums. No split of the input features: the epilogue needs a row's whole sum, so small matrices take
@@ -42,11 +45,30 @@ OP = "aotc::fused_gemv_cuda"
 MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the weight (from L2)
 
 
+# the product's operand dtype (OPERAND): the weight's (a float weight), or the one named here (an
+# int8 weight, whose product takes the activations as the graph casts them)
+OPERANDS = {torch.bfloat16: 16, torch.float16: 17, torch.float32: 32}
+
+
+@triton.jit
+def _rounded(v, w_dtype, OPERAND: tl.constexpr):
+    """`v` rounded to the product's operand dtype."""
+    if OPERAND == 16:
+        r = v.to(tl.bfloat16)
+    elif OPERAND == 17:
+        r = v.to(tl.float16)
+    elif OPERAND == 32:
+        r = v.to(tl.float32)
+    else:
+        r = v.to(w_dtype)
+    return r
+
+
 @triton.jit
 def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr,
-             GATED: tl.constexpr, CLAMP: tl.constexpr, w_dtype):  # fmt: skip
+             GATED: tl.constexpr, CLAMP: tl.constexpr, w_dtype, OPERAND: tl.constexpr):  # fmt: skip
     """The product's operand at input features `k`: the row's activations through the prologue
-    (silu(gate) * up, the norm, the clamp), in the weight's dtype, as fp32."""
+    (silu(gate) * up, the norm, the clamp), in the operand dtype, as fp32."""
     x_dtype = x_row.dtype.element_ty
     a = tl.load(x_row + k, mask=k_ok, other=0.0)
     if GATED:  # silu(gate) * up, each rounded to the activations' dtype as the graph does
@@ -59,16 +81,16 @@ def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr
         a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * (a * inverse_rms)
     if CLAMP:
         a = tl.minimum(tl.maximum(a, -clamp), clamp)
-    # the product's operand in the weight's dtype, as the unfused product takes it
-    return a.to(w_dtype).to(tl.float32)
+    # the product's operand in its dtype, as the unfused product takes it
+    return _rounded(a, w_dtype, OPERAND).to(tl.float32)
 
 
 @triton.jit
 def aotc_pdl_fused_gemv(
-    x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, out_ptr, n_out, x_stride, eps, clamp,
+    x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, scale_ptr, out_ptr, n_out, x_stride, eps, clamp,
     K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
-    RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, SCALED: tl.constexpr, OPERAND: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One row (program_id 1) times BLOCK_N output features (program_id 0). With K <= BLOCK_K the
     row and the weight tile are one load each, all in flight at once: the kernel costs about one
@@ -78,7 +100,11 @@ def aotc_pdl_fused_gemv(
     programmatic dependent launch, the kernel launched with it) the kernel starts while its
     predecessor finishes, its weight read in flight, and waits (griddepcontrol.wait: the
     predecessor complete and its writes visible) only before it reads the activations; it lets
-    its own successor start at once, which waits the same way."""
+    its own successor start at once, which waits the same way.
+
+    SCALED: an int8 weight with a scale per output feature (int8-weight-only): the sums of the
+    int8 weights times the operand, times the row's scale, rounded to the operand's dtype, then
+    the bias added, as the unfused int8 product and its bias add round."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_out
     w_dtype = w_ptr.dtype.element_ty
@@ -95,7 +121,9 @@ def aotc_pdl_fused_gemv(
             xk = tl.load(x_row + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
             squares += xk * xk
         inverse_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-    a = _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype)
+    a = _operand(
+        x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
+    )
     acc = tl.sum(w.to(tl.float32) * a[None, :], axis=1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         kk = k0 + k
@@ -103,12 +131,21 @@ def aotc_pdl_fused_gemv(
         w = tl.load(
             w_ptr + n[:, None] * K + kk[None, :], mask=n_ok[:, None] & kk_ok[None, :], other=0.0
         )
-        a = _operand(x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype)
+        a = _operand(
+            x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
+        )
         acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-    y = acc
-    if BIAS:
-        y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-    y = y.to(w_dtype)  # the unfused product's output
+    if SCALED:  # the int8 product's output, then its bias added in that dtype
+        y = _rounded(acc * tl.load(scale_ptr + n, mask=n_ok, other=0.0).to(tl.float32), w_dtype,
+                     OPERAND)  # fmt: skip
+        if BIAS:
+            b = tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+            y = _rounded(y.to(tl.float32) + b, w_dtype, OPERAND)
+    else:  # the float product's output, its bias summed in
+        y = acc
+        if BIAS:
+            y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        y = y.to(w_dtype)
     if RESIDUAL:
         r = tl.load(res_ptr + row * n_out + n, mask=n_ok, other=0.0)
         out = r.to(tl.float32) + y.to(tl.float32)
@@ -144,16 +181,25 @@ def fused_gemv(
     launch=lambda k: k,
     shape: tuple[int, int, int] | None = None,
     pdl: bool = False,
+    scale: torch.Tensor | None = None,
+    operand_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [rows, K] (or [rows, 2K] gate then up when `gated`), weight [N, K]: the fused product
-    [rows, N], in the residual's and the weight's promoted dtype when there is a residual [rows,
-    N], else in the weight's. `clamp` 0: no clamp. `shape`: (BLOCK_N, BLOCK_K, warps) instead of
-    launch_shape's (scripts/fused_gemv.py sweeps them). `pdl`: launched with programmatic dependent
-    launch (Hopper and later; scripts/pdl_chain.py measures it)."""
+    [rows, N], in the residual's and the product's promoted dtype when there is a residual [rows,
+    N], else in the product's: the weight's, or for an int8 weight with its `scale` [N] (int8
+    rows), `operand_dtype`, the dtype its activations are cast to. `clamp` 0: no clamp. `shape`:
+    (BLOCK_N, BLOCK_K, warps) instead of launch_shape's (scripts/fused_gemv.py sweeps them).
+    `pdl`: launched by Triton with programmatic dependent launch (scripts/pdl_chain.py; a
+    package's launcher decides that itself)."""
     rows = x.shape[0]
     n_out, k_in = weight.shape
+    product_dtype = weight.dtype if scale is None else operand_dtype
+    if product_dtype is None:
+        raise ValueError("an int8 weight's product needs its operand dtype")
     out_dtype = (
-        torch.promote_types(residual.dtype, weight.dtype) if residual is not None else weight.dtype
+        torch.promote_types(residual.dtype, product_dtype)
+        if residual is not None
+        else product_dtype
     )
     out = torch.empty((rows, n_out), dtype=out_dtype, device=x.device)
     programs = streaming_multiprocessors(x.device.index or 0)
@@ -161,9 +207,11 @@ def fused_gemv(
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
     launch(aotc_pdl_fused_gemv)[(triton.cdiv(n_out, block_n), rows)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight,
-        weight if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
+        weight if residual is None else residual, weight if scale is None else scale, out, n_out,
+        x.stride(0), eps, clamp,
         K=k_in, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
-        RESIDUAL=residual is not None, CLAMP=clamp > 0, BLOCK_N=block_n, BLOCK_K=block_k,
+        RESIDUAL=residual is not None, CLAMP=clamp > 0, SCALED=scale is not None,
+        OPERAND=0 if scale is None else OPERANDS[product_dtype], BLOCK_N=block_n, BLOCK_K=block_k,
         PDL=pdl or waits_programmatically(x.device), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
@@ -180,6 +228,11 @@ def fused_gemv_cuda(
     eps: float,
     gated: bool,
     clamp: float,
+    scale: torch.Tensor | None,
+    operand_dtype: torch.dtype,
 ) -> torch.Tensor:
     """The fused product (fused_gemv) of at most MAX_ROWS rows, compiled into the package."""
-    return fused_gemv(x, weight, bias, norm_weight, residual, eps, gated, clamp, launch=wrap_triton)
+    return fused_gemv(
+        x, weight, bias, norm_weight, residual, eps, gated, clamp, launch=wrap_triton,
+        scale=scale, operand_dtype=operand_dtype,
+    )  # fmt: skip
