@@ -209,6 +209,18 @@ def test_bad_quantize_flags_exit_2_in_one_line(llama, tmp_path, flags, message):
     assert not (tmp_path / "pkg").exists()
 
 
+def test_gptq_for_a_model_that_is_not_a_language_model_exits_2(packages, tmp_path):
+    """GPTQ calibrates on text fed through a generation step: a one-call model has neither."""
+    artifact = packages.get("dynamic_mlp").artifact
+    done = invoke(
+        "build", artifact, "--device", "cpu", "--quantize", "int4-weight-only",
+        "--group-size", "32", "--quantize-method", "gptq", "-o", tmp_path / "pkg", "--quiet",
+    )  # fmt: skip
+    assert done.exit_code == 2, done.stderr
+    assert "--quantize-method gptq calibrates a language model on text" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "pkg").exists()
+
+
 def test_a_model_without_linear_layers_exits_2(tmp_path):
     source = tmp_path / "conv.py"
     source.write_text(
