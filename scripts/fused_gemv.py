@@ -59,8 +59,9 @@ def graph_time(calls, replays: int) -> float:
 
 
 def measure(
-    k_in: int, n_out: int, form: str, rows: int, layers: int, replays: int, dtype, sweep=()
-):
+    k_in: int, n_out: int, form: str, rows: int, layers: int, replays: int, dtype, sweep=(),
+    int4_group: int = 0,
+):  # fmt: skip
     device = "cuda"
     norm, gated, residual = "norm" in form, "gated" in form, "residual" in form
     clamp = torch.finfo(dtype).max if dtype != torch.float32 else 0.0
@@ -78,6 +79,21 @@ def measure(
         "inductor": [lambda w=w: unfused(x, w, None, nw, r, 1e-5, gated, clamp) for w in weights],
         "cublas_product": [lambda w=w: torch.nn.functional.linear(plain_x, w) for w in weights],
     }
+    if int4_group:  # the same products over int4 groups: aotc's kernel, and tinygemm's alone
+        from aotc.export.quantized_linear import int4_groups, int4_tinygemm, int4_tinygemm_mm
+        from aotc.kernels.fused_gemv import fused_int4_gemv
+
+        groups = [int4_groups(w, int4_group, dtype) for w in weights]
+        tiles = [int4_tinygemm(w, int4_group) for w in weights]
+        forms["fused_int4"] = [
+            lambda p=p, sz=sz: fused_int4_gemv(
+                x, p, sz, int4_group, None, nw, r, 1e-5, gated, clamp, dtype
+            )
+            for p, sz in groups
+        ]
+        forms["tinygemm_product"] = [
+            lambda t=t, sz=sz: int4_tinygemm_mm(plain_x, t, sz, int4_group) for t, sz in tiles
+        ]
     for block_n, block_k, warps in sweep:
         forms[f"fused {block_n}x{block_k}/{warps}w"] = [
             lambda w=w, c=(block_n, block_k, warps): fused_gemv(
@@ -107,6 +123,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", type=Path)
     parser.add_argument(
+        "--int4",
+        type=int,
+        default=0,
+        metavar="GROUP",
+        help="also time the products over int4 groups of GROUP: aotc's fused kernel and tinygemm",
+    )
+    parser.add_argument(
         "--sweep",
         action="store_true",
         help="also time the fused kernel's launch shapes around its rule",
@@ -123,7 +146,9 @@ def main() -> None:
             # the output layer is one product a step: fewer copies keep its memory in bounds
             layers = 4 if n_out > 20000 else args.layers
             sweep = sweep_shapes(k_in) if args.sweep else ()
-            seconds, nbytes = measure(k_in, n_out, form, rows, layers, args.replays, dtype, sweep)
+            seconds, nbytes = measure(
+                k_in, n_out, form, rows, layers, args.replays, dtype, sweep, args.int4
+            )
             floor = nbytes / bandwidth
             record = {"k": k_in, "n": n_out, "form": form, "rows": rows, "bytes": nbytes,
                       "floor_us": floor * 1e6,
@@ -142,6 +167,14 @@ def main() -> None:
                 f"({floor / seconds['fused']:.2f} of floor), inductor {seconds['inductor'] * 1e6:6.2f}, "
                 f"cuBLAS product alone {seconds['cublas_product'] * 1e6:6.2f}"
             )
+            if args.int4:  # 4 bits a weight, and a bf16 scale and zero a group
+                int4_bytes = k_in * n_out // 2 + 4 * (k_in // args.int4) * n_out
+                record["int4_bytes"] = int4_bytes
+                print(
+                    f"  int4 g{args.int4}: fused {seconds['fused_int4'] * 1e6:6.2f} us "
+                    f"({int4_bytes / bandwidth / seconds['fused_int4']:.2f} of its floor), "
+                    f"tinygemm product alone {seconds['tinygemm_product'] * 1e6:6.2f}"
+                )
     if args.out:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "copy_bandwidth_tb_s": bandwidth / 1e12, "date": time.strftime("%Y-%m-%d")}  # fmt: skip

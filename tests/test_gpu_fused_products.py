@@ -69,3 +69,38 @@ def test_the_kernel_computes_the_unfused_int8_product(form, dtype, rows, k_in, n
     assert got.dtype == expected.dtype and got.shape == expected.shape
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, k_in, n_out, group", [(1, 576, 960, 64), (3, 2048, 72, 128)])
+def test_the_int4_kernel_computes_the_product_of_the_dequantized_weights(
+    form, dtype, rows, k_in, n_out, group
+):
+    """aotc's product over int4 groups as aotc stores them (quantized_linear.int4_groups): the
+    unfused computation with the weights dequantized, the output rounded to the operand's dtype
+    and the bias added after, as the int4 product and its bias add round."""
+    from aotc.export.fused_products import reference
+    from aotc.export.quantized_linear import int4_groups, int4_groups_dequantized
+    from aotc.kernels.fused_gemv import fused_int4_gemv
+
+    norm, gated, bias, residual, clamp = FORMS[form]
+    torch.manual_seed(0)
+    device = "cuda"
+    x = torch.randn(rows, 2 * k_in if gated else k_in, device=device)
+    x = x if norm else x.to(dtype)
+    packed, scale_zero = int4_groups(torch.randn(n_out, k_in, device=device), group, dtype)
+    dequantized = int4_groups_dequantized(packed, scale_zero, group)  # fp32, as the kernel
+    b = torch.randn(n_out, device=device).to(dtype) if bias else None
+    nw = (1 + 0.1 * torch.randn(k_in, device=device)).to(dtype) if norm else None
+    r = torch.randn(rows, n_out, device=device) if residual else None
+    got = fused_int4_gemv(x, packed, scale_zero, group, b, nw, r, 1e-6, gated, clamp, dtype)
+    product = reference(x, dequantized, None, nw, None, 1e-6, gated, clamp).to(dtype)
+    expected = product if b is None else product + b
+    expected = expected if r is None else r + expected
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    # fp32: the same sums in another order; bf16: the operand rounded to bf16 in the kernel (not
+    # here) and the output's roundings, against the outputs' scale
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    scale = expected.float().abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * scale)

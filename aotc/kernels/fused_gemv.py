@@ -154,6 +154,86 @@ def aotc_pdl_fused_gemv(
     tl.store(out_ptr + row * n_out + n, out, mask=n_ok)
 
 
+@triton.jit
+def _int4_tile(p_ptr, sz_ptr, n, n_ok, g, j, groups, K: tl.constexpr, H: tl.constexpr):
+    """Groups `g` of output features `n`: their packed bytes [BLOCK_N, BLOCK_G, H] and their
+    scales and zeros [BLOCK_N, BLOCK_G] (fp32); groups past the last read as 0."""
+    g_ok = g < groups
+    both = n_ok[:, None] & g_ok[None, :]
+    offsets = n[:, None, None] * (K // 2) + g[None, :, None] * H + j[None, None, :]
+    packed = tl.load(p_ptr + offsets, mask=both[:, :, None], other=0)
+    at = (n[:, None] * groups + g[None, :]) * 2
+    scale = tl.load(sz_ptr + at, mask=both, other=0.0).to(tl.float32)
+    zero = tl.load(sz_ptr + at + 1, mask=both, other=0.0).to(tl.float32)
+    return packed, scale, zero
+
+
+@triton.jit
+def aotc_pdl_fused_int4_gemv(
+    x_ptr, p_ptr, sz_ptr, b_ptr, norm_ptr, res_ptr, out_ptr, n_out, x_stride, eps, clamp,
+    K: tl.constexpr, GROUP: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+    BIAS: tl.constexpr, RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, OPERAND: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The fused product over int4 groups as aotc stores them (quantized_linear.int4_groups: two
+    levels a byte, a group's first half in the low nibbles and its second half in the high ones,
+    w = (level - 8) * scale + zero per group). A program takes one row and BLOCK_N output
+    features, BLOCK_G groups of input features at a time; for each group it sums (level - 8) x
+    the operand, times the group's scale, plus its zero times the group's operand sum. The next
+    tile's bytes are loaded before the current one is multiplied, and the first before the
+    wait for the predecessor (PDL). The output is rounded to the operand's dtype and the bias
+    added after, as the unfused int4 product and its bias add round."""
+    H: tl.constexpr = GROUP // 2
+    groups = K // GROUP
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < n_out
+    g = tl.arange(0, BLOCK_G)
+    j = tl.arange(0, H)
+    packed, scale, zero = _int4_tile(p_ptr, sz_ptr, n, n_ok, g, j, groups, K, H)
+    row = tl.program_id(1) + after_predecessor(PDL)  # the activations read after the wait
+    x_row = x_ptr + row * x_stride
+    inverse_rms = 1.0
+    if NORM:  # the row's mean square, in fp32 as the unfused norm takes it
+        squares = tl.zeros((BLOCK_G, H), tl.float32)
+        for g0 in range(0, groups, BLOCK_G):
+            k = (g0 + g)[:, None] * GROUP + j[None, :]
+            ok = (g0 + g < groups)[:, None]
+            lo = tl.load(x_row + k, mask=ok, other=0.0).to(tl.float32)
+            hi = tl.load(x_row + k + H, mask=ok, other=0.0).to(tl.float32)
+            squares += lo * lo + hi * hi
+        inverse_rms = 1.0 / tl.sqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for g0 in range(0, groups, BLOCK_G):
+        k_lo = (g0 + g)[:, None] * GROUP + j[None, :]  # [BLOCK_G, H]: the low nibbles' features
+        ok = (g0 + g < groups)[:, None] & (j < H)[None, :]
+        a_lo = _operand(
+            x_row, norm_ptr, k_lo, ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, tl.float32,
+            OPERAND,
+        )  # fmt: skip
+        a_hi = _operand(
+            x_row, norm_ptr, k_lo + H, ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, tl.float32,
+            OPERAND,
+        )  # fmt: skip
+        this_packed, this_scale, this_zero = packed, scale, zero
+        # the next tile's bytes in flight while this one is multiplied
+        packed, scale, zero = _int4_tile(p_ptr, sz_ptr, n, n_ok, g0 + BLOCK_G + g, j, groups, K, H)
+        low = (this_packed & 15).to(tl.float32) - 8.0
+        high = (this_packed >> 4).to(tl.float32) - 8.0
+        levels = tl.sum(low * a_lo[None, :, :] + high * a_hi[None, :, :], axis=2)
+        sums = tl.sum(a_lo + a_hi, axis=1)  # each group's operand sum, for its zero
+        acc += tl.sum(levels * this_scale + this_zero * sums[None, :], axis=1)
+    y = _rounded(acc, tl.float32, OPERAND)  # the unfused int4 product's output
+    if BIAS:
+        b = tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        y = _rounded(y.to(tl.float32) + b, tl.float32, OPERAND)
+    if RESIDUAL:
+        r = tl.load(res_ptr + row * n_out + n, mask=n_ok, other=0.0)
+        out = r.to(tl.float32) + y.to(tl.float32)
+    else:
+        out = y
+    tl.store(out_ptr + row * n_out + n, out, mask=n_ok)
+
+
 def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps): input features in one block up to 2,048 (more loop over blocks
     of 2,048), and the widest tile of output features (16 down to 1) that still gives
@@ -214,6 +294,61 @@ def fused_gemv(
         OPERAND=0 if scale is None else OPERANDS[product_dtype], BLOCK_N=block_n, BLOCK_K=block_k,
         PDL=pdl or waits_programmatically(x.device), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}),
+    )  # fmt: skip
+    return out
+
+
+def int4_launch_shape(
+    n_out: int, k_in: int, group: int, programs_wanted: int
+) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_G, warps) of the int4 kernel: at most 4,096 packed bytes (8,192 levels) a
+    tile, the widest tile of output features (16 down to 1) that still gives `programs_wanted`
+    programs a row, and as many of the row's groups as the tile then holds."""
+    groups = k_in // group
+    block_n = next((b for b in (16, 8, 4, 2) if triton.cdiv(n_out, b) >= programs_wanted), 1)
+    block_g = max(1, min(triton.next_power_of_2(groups), 4096 // (block_n * group // 2)))
+    warps = 8 if block_n * block_g * group >= 8192 else 4
+    return block_n, block_g, warps
+
+
+def fused_int4_gemv(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_zero: torch.Tensor,
+    group: int,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    gated: bool,
+    clamp: float,
+    operand_dtype: torch.dtype,
+    launch=lambda k: k,
+    shape: tuple[int, int, int] | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """fused_gemv over int4 groups (quantized_linear.int4_groups: packed [N, K/2] uint8,
+    scale_zero [N, K/group, 2]): [rows, N] in the residual's and `operand_dtype`'s promoted dtype
+    when there is a residual, else in `operand_dtype`."""
+    rows = x.shape[0]
+    n_out, k_in = packed.shape[0], packed.shape[1] * 2
+    out_dtype = (
+        torch.promote_types(residual.dtype, operand_dtype)
+        if residual is not None
+        else operand_dtype
+    )
+    out = torch.empty((rows, n_out), dtype=out_dtype, device=x.device)
+    programs = streaming_multiprocessors(x.device.index or 0)
+    block_n, block_g, warps = shape or int4_launch_shape(n_out, k_in, group, programs)
+    # an absent operand's pointer is the scales': the kernel never reads it (its flag is off)
+    launch(aotc_pdl_fused_int4_gemv)[(triton.cdiv(n_out, block_n), rows)](
+        x, packed, scale_zero, scale_zero if bias is None else bias,
+        scale_zero if norm_weight is None else norm_weight,
+        scale_zero if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
+        K=k_in, GROUP=group, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
+        RESIDUAL=residual is not None, CLAMP=clamp > 0, OPERAND=OPERANDS[operand_dtype],
+        BLOCK_N=block_n, BLOCK_G=block_g, PDL=pdl or waits_programmatically(x.device),
+        num_warps=warps, num_stages=1, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
 
