@@ -68,9 +68,9 @@ def test_a_bf16_build_fuses_the_same_products_through_its_casts(generation_packa
     assert fusions == Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
 
 
-def int8_program(generation_packages, low):
-    """The zoo Llama's unlifted program in `low`, its linears quantized int8-weight-only for CUDA
-    as a build does (placement.place_program's steps), on the CPU."""
+def quantized_program(generation_packages, low, scheme="int8-weight-only", group=None):
+    """The zoo Llama's unlifted program in `low`, its linears quantized for CUDA as a build with
+    --fused-products does (placement.place_program's steps), on the CPU."""
     from aotc.export import quantization
     from aotc.export.placement import (
         cast_weight_matmul_operands,
@@ -85,7 +85,9 @@ def int8_program(generation_packages, low):
         drop_dtype_assertions(module)
         cast_weight_matmul_operands(module, low)
         clamp_float_extremes(module, low)
-    quantization.quantize_graph(module, Quantization("int8-weight-only"), "cuda", low, {})
+    quantization.quantize_graph(
+        module, Quantization(scheme, group), "cuda", low, {}, groups_product=True
+    )
     return module, example[:inputs] + [t.to(low) for t in example[inputs:]]
 
 
@@ -102,17 +104,41 @@ def test_int8_products_are_fused_and_compute_what_the_unfused_ones_do(
 
     monkeypatch.setattr(quantization, "_gemv", int8_sums)
     expected = Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
-    module, example = int8_program(generation_packages, torch.float32)
+    module, example = quantized_program(generation_packages, torch.float32)
     fused = copy.deepcopy(module)
     assert fuse_products(fused) == expected
     for ours, theirs in zip(fused(*copy.deepcopy(example)), module(*copy.deepcopy(example))):
         assert torch.equal(ours, theirs)
     int8 = [n for n in fused.graph.nodes if n.target is quantization.cuda_int8_linear]
     assert len(int8) == 1  # the output layer's, which reads the picked rows
-    module, _ = int8_program(generation_packages, torch.bfloat16)
+    module, _ = quantized_program(generation_packages, torch.bfloat16)
     assert fuse_products(module) == expected
-    operands = {n.args[-1] for n in module.graph.nodes if n.target is fused_linear}
+    operands = {n.args[9] for n in module.graph.nodes if n.target is fused_linear}
     assert operands == {torch.bfloat16}  # the dtype the build casts the activations to
+
+
+def test_int4_groups_products_are_fused_and_compute_what_the_unfused_ones_do(
+    generation_packages,
+):
+    """With fused products a CUDA int4 build stores aotc's int4 groups (not tinygemm's tiles),
+    multiplied by aotc's kernel; the pass takes their neighbours in. On the CPU both programs
+    multiply the dequantized groups."""
+    from aotc.export import quantization
+
+    expected = Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
+    module, example = quantized_program(
+        generation_packages, torch.float32, "int4-weight-only", group=32
+    )
+    stored = {name for name, _ in module.named_buffers()}
+    assert any(name.endswith("packed") for name in stored)
+    assert not any("tiles" in name for name in stored)
+    fused = copy.deepcopy(module)
+    assert fuse_products(fused) == expected
+    for ours, theirs in zip(fused(*copy.deepcopy(example)), module(*copy.deepcopy(example))):
+        assert torch.equal(ours, theirs)
+    int4 = [n for n in fused.graph.nodes if n.target is quantization.cuda_int4_groups_linear]
+    assert len(int4) == 1  # the output layer's, which reads the picked rows
+    assert {n.args[-1] for n in fused.graph.nodes if n.target is fused_linear} == {32}
 
 
 def test_a_product_not_in_the_pattern_is_left_alone():

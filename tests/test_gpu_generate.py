@@ -526,6 +526,25 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
     assert fused.tolist() == unfused.tolist()
 
 
+def test_quantized_packages_with_fused_products_pass_their_check(built, no_tf32, tmp_path):
+    """--fused-products with int8 and int4 (aotc's int4 groups, not tinygemm's tiles): each
+    package passes the build's check against its dequantized weights (logits and greedy tokens)
+    and records what was fused, and generates."""
+    artifact, _ = built.artifact("llama")
+    for scheme, extra in (("int8-weight-only", ()), ("int4-weight-only", ("--group-size", "32"))):
+        package = tmp_path / scheme
+        done = invoke(
+            "build", artifact, "--device", "cuda", "--mode", "reduce-overhead", "--quantize",
+            scheme, *extra, "--fused-products", "-o", package, "--quiet",
+        )  # fmt: skip
+        assert done.exit_code == 0, done.stderr
+        manifest = json.loads((package / "manifest.json").read_text())
+        assert manifest["fused_products"] == {"norm": 4, "gated": 2, "residual": 4}
+        ids, mask = prompts()
+        got = aotc_runtime.load(package).generate(ids, mask, max_new_tokens=NEW, eos_token_ids=[])
+        assert got.shape == (ids.shape[0], ids.shape[1] + NEW)
+
+
 def test_a_package_with_programmatic_launches_gives_the_same_tokens(built, no_tf32, tmp_path):
     """--fused-products --pdl (compute capability 9.0+): aotc's and Inductor's kernels start
     while their predecessors end and wait in the kernel; in fp32 the tokens are those of the

@@ -15,9 +15,11 @@ a model's module names, so every family that writes it is fused:
   (reduced_precision.py);
 - the residual add of the product's only user, `residual + product`.
 
-The products are float linears (`aten.linear`) and int8-weight-only ones (quantization.py's
+The products are float linears (`aten.linear`), int8-weight-only ones (quantization.py's
 `cuda_int8_linear`: int8 rows and a scale per output feature), whose fused kernel multiplies the
-int8 weights as they are stored and scales each output feature's sum.
+int8 weights as they are stored and scales each output feature's sum, and int4-weight-only ones
+stored as aotc's int4 groups (quantization.py's `cuda_int4_groups_linear`, the form a build with
+--fused-products stores), multiplied by the int4 kernel.
 
 Every node it removes had the product (or the next node of the pattern) as its only user, so
 nothing else in the graph changes. `reference` is the unfused computation, step by step with the
@@ -55,10 +57,11 @@ class Fusions:
 
 def reference(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
-    scale=None, operand_dtype=None,
+    scale=None, operand_dtype=None, group: int = 0,
 ):  # fmt: skip
     """The unfused computation: x [..., K] (or [..., 2K], gate then up, when `gated`); with
-    `scale`, `weight` is int8 rows and the product takes the activations in `operand_dtype`."""
+    `scale`, `weight` is int8 rows (or with `group`, int4 groups whose scales and zeros `scale`
+    holds) and the product takes the activations in `operand_dtype`."""
     a = x
     if gated:
         gate, up = a.chunk(2, dim=-1)
@@ -70,7 +73,15 @@ def reference(
     if scale is None:
         y = torch.nn.functional.linear(a.to(weight.dtype), weight, bias)
     else:
-        y = _int8_rows_product(a.to(operand_dtype), weight, scale)
+        a = a.to(operand_dtype)
+        if group:  # the weights dequantized in the operand's dtype
+            from aotc.export.quantized_linear import int4_groups_dequantized
+
+            y = torch.nn.functional.linear(
+                a, int4_groups_dequantized(weight, scale, group, a.dtype)
+            )
+        else:
+            y = _int8_rows_product(a, weight, scale)
         y = y if bias is None else y + bias
     return y if residual is None else residual + y
 
@@ -90,20 +101,22 @@ def _int8_rows_product(a, q, scale):
 
 def fused_linear(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
-    scale=None, operand_dtype=None,
+    scale=None, operand_dtype=None, group: int = 0,
 ):  # fmt: skip
     """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
     (decided at export when the row count is fixed there, else a cond node AOTInductor compiles
     to both)."""
     settings = (eps, gated, clamp)
     if not x.is_cuda:
-        return reference(x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype)
+        return reference(
+            x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype, group
+        )
     from aotc.export.quantization import by_rows
     from aotc.kernels.fused_gemv import MAX_ROWS  # importing it registers aotc::fused_gemv_cuda
 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    n_out = weight.shape[0]
+    n_out = weight.shape[0]  # int4 groups: [N, K/2] bytes
     r2 = None if residual is None else residual.reshape(-1, n_out).contiguous()
     present = [t for t in (bias, norm_weight, r2, scale) if t is not None]
     product_dtype = operand_dtype or weight.dtype
@@ -114,13 +127,17 @@ def fused_linear(
 
     def small(x2, weight, *rest):
         b, nw, r, sc = unpack(rest)
+        if group:
+            return torch.ops.aotc.fused_int4_gemv_cuda(
+                x2, weight, sc, group, b, nw, r, eps, gated, clamp, product_dtype
+            )
         return torch.ops.aotc.fused_gemv_cuda(
             x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype
         )
 
     def large(x2, weight, *rest):
         b, nw, r, sc = unpack(rest)
-        return reference(x2, weight, b, nw, r, *settings, sc, operand_dtype)
+        return reference(x2, weight, b, nw, r, *settings, sc, operand_dtype, group)
 
     operands = (x2, weight, *present)
     return by_rows(x2, small, large, operands, limit=MAX_ROWS).reshape(*lead, n_out)
@@ -128,14 +145,20 @@ def fused_linear(
 
 def fuse_products(module) -> Fusions:
     """Fuse the products of `module` (an unlifted GraphModule) in place; what was fused."""
-    from aotc.export.quantization import cuda_int8_linear
+    from aotc.export.quantization import cuda_int4_groups_linear, cuda_int8_linear
 
     graph = module.graph
     fusions = Fusions()
-    products = [n for n in graph.nodes if _is(n, aten.linear.default) or _is(n, cuda_int8_linear)]
+    quantized = (cuda_int8_linear, cuda_int4_groups_linear)
+    products = [
+        n for n in graph.nodes if _is(n, aten.linear.default) or any(_is(n, q) for q in quantized)
+    ]
     for node in products:
-        if node.target is cuda_int8_linear:  # int8 rows: its scales, its operand's dtype
-            x, weight, scale, bias = node.args
+        group = 0
+        if node.target in quantized:  # the stored form, its scales, its operand's dtype
+            x, weight, scale, bias = node.args[:4]
+            if node.target is cuda_int4_groups_linear:
+                group = node.args[4]
             operand_dtype = _dtype_of(x)
             if operand_dtype not in (torch.bfloat16, torch.float16, torch.float32):
                 continue
@@ -168,7 +191,7 @@ def fuse_products(module) -> Fusions:
             fused = graph.call_function(
                 fused_linear,
                 (a, weight, bias, norm_weight, residual, eps, gate_up is not None, clamp)
-                + ((scale, operand_dtype) if scale is not None else ()),
+                + ((scale, operand_dtype, group) if scale is not None else ()),
             )
         fused.meta = dict(replaced.meta)
         replaced.replace_all_uses_with(fused)

@@ -75,9 +75,11 @@ def place_program(
     if quantization is not None:
         # the reference rounds each weight to the package's precision before quantizing it
         weights = getattr(torch, REDUCED[emulate]) if emulate in REDUCED else low
+        # with fused products, CUDA int4 in the form their kernel reads (aotc's int4 groups)
         quantize_graph(
-            inner, quantization, device, weights, calibration, emulate is not None, chosen_by
-        )
+            inner, quantization, device, weights, calibration, emulate is not None, chosen_by,
+            groups_product=fusions is not None,
+        )  # fmt: skip
     if fusions is not None:
         found = fuse_products(inner)
         fusions.norm, fusions.gated, fusions.residual = found.norm, found.gated, found.residual

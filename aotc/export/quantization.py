@@ -39,6 +39,7 @@ def quantize_graph(
     inputs: dict,
     emulate=False,
     chosen_by=None,
+    groups_product=False,
 ):
     """Quantize the linear weights of `module` (an unlifted GraphModule, in `dtype` on `device`)
     in place, filling quantization.layers and .kept. `inputs`: linear_inputs of the float program
@@ -46,7 +47,9 @@ def quantize_graph(
     package: the same stored tensors, dequantized and multiplied in fp32 by eager PyTorch; it
     measures no errors (the package's build did, on the same weights). `chosen_by`: (the float
     program, its calibration calls) for a calibrated method (gptq.py), which fills
-    quantization.calibrated; the reference takes the levels from there."""
+    quantization.calibrated; the reference takes the levels from there. `groups_product`: CUDA
+    int4 stored as aotc's int4 groups and multiplied by aotc's kernel (cuda_int4_groups_linear),
+    the form the fused products take in (fused_products.py), instead of tinygemm's tiles."""
     graph = module.graph
     weights = _weight_uses(module)
     if not any(uses["linear"] for uses in weights.values()):
@@ -66,7 +69,9 @@ def quantize_graph(
             quantization.kept.append({"name": name, "why": why})
         else:
             chosen[target] = uses
-    forms = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate)
+    forms = Forms(
+        quantization.scheme, quantization.group_size, device, dtype, emulate, groups_product
+    )
     reference = Forms(quantization.scheme, quantization.group_size, device, dtype, emulate=True)
     if chosen_by is not None:
         quantization.calibrated = _calibrated(module, chosen, chosen_by, forms)
@@ -310,12 +315,22 @@ class _Attr(str):
 class Forms:
     """One scheme on one device: how a weight is stored, multiplied and gathered."""
 
-    def __init__(self, scheme: str, group_size: int | None, device: str, dtype, emulate: bool):
+    def __init__(
+        self,
+        scheme: str,
+        group_size: int | None,
+        device: str,
+        dtype,
+        emulate: bool,
+        groups_product: bool = False,
+    ):
         self.scheme = scheme
         self.group = group_size or DEFAULT_GROUP_SIZE
         self.device = device
         self.dtype = dtype
         self.emulate = emulate
+        # CUDA int4 in aotc's groups and kernel, not tinygemm's tiles (quantize_graph)
+        self.groups_product = groups_product and device == "cuda" and scheme == "int4-weight-only"
 
     def pack(self, weight, with_embedding: bool, levels=None) -> dict:
         """The stored tensors of `weight`. `levels`: int4's (levels, scale, zero) where a
@@ -353,7 +368,7 @@ class Forms:
             return stored
         packed, scale_zero = ql.int4_groups(w, self.group, self.dtype, levels)
         stored = {"packed": packed, "scale_zero": scale_zero}
-        if self.device == "cuda" and not self.emulate:
+        if self.device == "cuda" and not self.emulate and not self.groups_product:
             tiles, tile_scale_zero = ql.int4_tinygemm(w, self.group, levels)
             stored = {"tiles": tiles, "tile_scale_zero": tile_scale_zero}
             if with_embedding:
@@ -399,6 +414,8 @@ class Forms:
             return dynamic_int8_linear, (x, a["q_t"], a["scale"], bias)
         if self.scheme == "fp8":
             return fp8_linear, (x, a["q"], a["scale"], bias)
+        if self.groups_product:
+            return cuda_int4_groups_linear, (x, a["packed"], a["scale_zero"], bias, self.group)
         if self.device == "cuda":
             return tinygemm_linear, (x, a["tiles"], a["tile_scale_zero"], bias, self.group)
         return cpu_int4_linear, (x, a["cpu_tiles"], a["cpu_scale_zero"], bias, self.group)
@@ -479,6 +496,15 @@ def fp8_linear(x, q, scale, bias):
 
 def tinygemm_linear(x, tiles, scale_zero, bias, group):
     return _finish(x, ql.int4_tinygemm_mm(_flat(x), tiles, scale_zero, group), bias)
+
+
+def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
+    """int4 groups as aotc stores them (quantized_linear.int4_groups), multiplied by aotc's
+    kernel at decode's row counts and as dequantized weights above them: fused_products.py's
+    fused product with nothing around it (that pass takes the norm and residual in)."""
+    from aotc.export.fused_products import fused_linear
+
+    return fused_linear(x, packed, bias, None, None, 0.0, False, 0.0, scale_zero, x.dtype, group)
 
 
 def dynamic_int8_linear(x, q_t, scale, bias):

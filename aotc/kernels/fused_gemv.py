@@ -42,6 +42,7 @@ from aotc.kernels.gemv import streaming_multiprocessors
 from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
+OP_INT4 = "aotc::fused_int4_gemv_cuda"
 MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the weight (from L2)
 
 
@@ -370,4 +371,25 @@ def fused_gemv_cuda(
     return fused_gemv(
         x, weight, bias, norm_weight, residual, eps, gated, clamp, launch=wrap_triton,
         scale=scale, operand_dtype=operand_dtype,
+    )  # fmt: skip
+
+
+@triton_op(OP_INT4, mutates_args={})
+def fused_int4_gemv_cuda(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_zero: torch.Tensor,
+    group: int,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    gated: bool,
+    clamp: float,
+    operand_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The fused product over int4 groups (fused_int4_gemv) of at most MAX_ROWS rows."""
+    return fused_int4_gemv(
+        x, packed, scale_zero, group, bias, norm_weight, residual, eps, gated, clamp,
+        operand_dtype, launch=wrap_triton,
     )  # fmt: skip
