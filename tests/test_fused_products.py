@@ -91,27 +91,43 @@ def quantized_program(generation_packages, low, scheme="int8-weight-only", group
     return module, example[:inputs] + [t.to(low) for t in example[inputs:]]
 
 
-def test_int8_products_are_fused_and_compute_what_the_unfused_ones_do(
-    generation_packages, monkeypatch
+@pytest.mark.parametrize("scheme", ["int8-weight-only", "fp8"])
+def test_int8_and_fp8_products_are_fused_and_compute_what_the_unfused_ones_do(
+    generation_packages, monkeypatch, scheme
 ):
-    """int8-weight-only products (quantization.py's cuda_int8_linear) take their neighbours in
-    as float ones do, in fp32 and through a bf16 build's casts. On the CPU the int8 product is
-    the fp32 sums scaled, which the unfused program computes too (its CUDA kernel stood in for)."""
+    """int8-weight-only and fp8 products (quantization.py's cuda_int8_linear and fp8_linear)
+    take their neighbours in as float ones do, in fp32 and through a bf16 build's casts. On the
+    CPU each product is the fp32 sums of its stored weights, scaled per row (int8) or per block
+    (fp8), which the unfused program computes too (its CUDA kernels stood in for)."""
+    import sys
+    import types
+
     from aotc.export import quantization
+    from aotc.export import quantized_linear as ql
 
     def int8_sums(x, q, scale):
         return (x.float() @ q.float().T * scale.float()).to(x.dtype)
 
+    def fp8_sums(x, q, scale):
+        return (x.float() @ ql.fp8_blocks_dequantized(q, scale).T).to(x.dtype)
+
     monkeypatch.setattr(quantization, "_gemv", int8_sums)
+    monkeypatch.setitem(
+        sys.modules, "aotc.kernels.gemv", types.SimpleNamespace(blocks_gemv=fp8_sums)
+    )
+    product = (
+        quantization.cuda_int8_linear if scheme == "int8-weight-only" else quantization.fp8_linear
+    )
     expected = Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
-    module, example = quantized_program(generation_packages, torch.float32)
+    module, example = quantized_program(generation_packages, torch.float32, scheme)
     fused = copy.deepcopy(module)
     assert fuse_products(fused) == expected
     for ours, theirs in zip(fused(*copy.deepcopy(example)), module(*copy.deepcopy(example))):
         assert torch.equal(ours, theirs)
-    int8 = [n for n in fused.graph.nodes if n.target is quantization.cuda_int8_linear]
-    assert len(int8) == 1  # the output layer's, which reads the picked rows
-    module, _ = quantized_program(generation_packages, torch.bfloat16)
+    # the output layer reads the picked rows and stays as it was: int8, or fp8's base precision
+    left = [n for n in fused.graph.nodes if n.target is product]
+    assert len(left) == (1 if scheme == "int8-weight-only" else 0)
+    module, _ = quantized_program(generation_packages, torch.bfloat16, scheme)
     assert fuse_products(module) == expected
     operands = {n.args[9] for n in module.graph.nodes if n.target is fused_linear}
     assert operands == {torch.bfloat16}  # the dtype the build casts the activations to

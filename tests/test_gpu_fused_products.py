@@ -45,29 +45,37 @@ def test_the_kernel_computes_the_unfused_product(form, dtype, rows, k_in, n_out)
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("scheme", ["int8-weight-only", "fp8"])
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows, k_in, n_out", [(1, 576, 960), (3, 4100, 72)])
-def test_the_kernel_computes_the_unfused_int8_product(form, dtype, rows, k_in, n_out):
-    """int8-weight-only: the int8 rows multiplied as stored, each output feature's sum scaled,
-    against the unfused program's own int8 product (quantization.py's cuda_int8_linear)."""
+@pytest.mark.parametrize("rows, k_in, n_out", [(1, 576, 960), (3, 4096, 72)])
+def test_the_kernel_computes_the_unfused_int8_and_fp8_products(
+    scheme, form, dtype, rows, k_in, n_out
+):
+    """int8-weight-only: the int8 rows multiplied as stored, each output feature's sum scaled;
+    fp8: each weight times its block's scale inside the sum. Against the unfused program's own
+    products (quantization.py's cuda_int8_linear and fp8_linear)."""
     from aotc.export.fused_products import reference
-    from aotc.export.quantized_linear import int8_rows
+    from aotc.export.quantized_linear import fp8_blocks, int8_rows
     from aotc.kernels.fused_gemv import fused_gemv
 
+    if scheme == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9")
     norm, gated, bias, residual, clamp = FORMS[form]
     torch.manual_seed(0)
     device = "cuda"
     x = torch.randn(rows, 2 * k_in if gated else k_in, device=device)
     x = x if norm else x.to(dtype)
-    q, scale = int8_rows(torch.randn(n_out, k_in, device=device) / k_in**0.5, dtype)
+    w = torch.randn(n_out, k_in, device=device) / k_in**0.5
+    q, scale = int8_rows(w, dtype) if scheme == "int8-weight-only" else fp8_blocks(w)
     b = torch.randn(n_out, device=device).to(dtype) if bias else None
     nw = (1 + 0.1 * torch.randn(k_in, device=device)).to(dtype) if norm else None
     r = torch.randn(rows, n_out, device=device) if residual else None
     got = fused_gemv(x, q, b, nw, r, 1e-6, gated, clamp, scale=scale, operand_dtype=dtype)
     expected = reference(x, q, b, nw, r, 1e-6, gated, clamp, scale, dtype)
     assert got.dtype == expected.dtype and got.shape == expected.shape
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    # fp32: the same products summed in another order, over up to 4,096 features
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
 
 

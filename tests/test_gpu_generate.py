@@ -527,11 +527,12 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
 
 
 def test_quantized_packages_with_fused_products_pass_their_check(built, no_tf32, tmp_path):
-    """--fused-products with int8 and int4 (aotc's int4 groups, not tinygemm's tiles): each
+    """--fused-products with int8, fp8 and int4 (aotc's int4 groups, not tinygemm's tiles): each
     package passes the build's check against its dequantized weights (logits and greedy tokens)
     and records what was fused, and generates."""
     artifact, _ = built.artifact("llama")
-    for scheme, extra in (("int8-weight-only", ()), ("int4-weight-only", ("--group-size", "32"))):
+    schemes = [("int8-weight-only", ()), ("fp8", ()), ("int4-weight-only", ("--group-size", "32"))]
+    for scheme, extra in schemes:
         package = tmp_path / scheme
         done = invoke(
             "build", artifact, "--device", "cuda", "--mode", "reduce-overhead", "--quantize",

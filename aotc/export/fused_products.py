@@ -17,7 +17,9 @@ a model's module names, so every family that writes it is fused:
 
 The products are float linears (`aten.linear`), int8-weight-only ones (quantization.py's
 `cuda_int8_linear`: int8 rows and a scale per output feature), whose fused kernel multiplies the
-int8 weights as they are stored and scales each output feature's sum, and int4-weight-only ones
+int8 weights as they are stored and scales each output feature's sum, fp8 ones (`fp8_linear`: a
+scale per output feature and block of input features, applied inside the sum), and
+int4-weight-only ones
 stored as aotc's int4 groups (quantization.py's `cuda_int4_groups_linear`, the form a build with
 --fused-products stores), multiplied by the int4 kernel.
 
@@ -81,22 +83,29 @@ def reference(
                 a, int4_groups_dequantized(weight, scale, group, a.dtype)
             )
         else:
-            y = _int8_rows_product(a, weight, scale)
+            y = _scaled_product(a, weight, scale)
         y = y if bias is None else y + bias
     return y if residual is None else residual + y
 
 
-def _int8_rows_product(a, q, scale):
-    """The unfused int8-weight-only product: on CUDA the package's own (quantization.py), on the
-    CPU (where no CUDA package runs, only the pass's tests) the same sums in fp32, scaled and
-    rounded to the operand's dtype as it rounds them."""
-    if a.is_cuda:
-        from aotc.export.quantization import cuda_int8_linear
+def _scaled_product(a, q, scale):
+    """The unfused int8-weight-only or fp8 product (int8 rows and their scales, or fp8 and a
+    scale per block): on CUDA the package's own (quantization.py), on the CPU (where no CUDA
+    package runs, only the pass's tests) the same sums in fp32, rounded to the operand's dtype
+    as it rounds them."""
+    from aotc.export import quantized_linear as ql
 
-        return cuda_int8_linear(a, q, scale, None)
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if a.is_cuda:
+        from aotc.export.quantization import cuda_int8_linear, fp8_linear
+
+        return (fp8_linear if fp8 else cuda_int8_linear)(a, q, scale, None)
     flat = a.reshape(-1, a.shape[-1]).float()
-    out = (flat @ q.float().T * scale.float()).to(a.dtype)
-    return out.reshape(*a.shape[:-1], q.shape[0])
+    if fp8:
+        out = flat @ ql.fp8_blocks_dequantized(q, scale).T
+    else:
+        out = flat @ q.float().T * scale.float()
+    return out.to(a.dtype).reshape(*a.shape[:-1], q.shape[0])
 
 
 def fused_linear(
@@ -145,11 +154,11 @@ def fused_linear(
 
 def fuse_products(module) -> Fusions:
     """Fuse the products of `module` (an unlifted GraphModule) in place; what was fused."""
-    from aotc.export.quantization import cuda_int4_groups_linear, cuda_int8_linear
+    from aotc.export.quantization import cuda_int4_groups_linear, cuda_int8_linear, fp8_linear
 
     graph = module.graph
     fusions = Fusions()
-    quantized = (cuda_int8_linear, cuda_int4_groups_linear)
+    quantized = (cuda_int8_linear, fp8_linear, cuda_int4_groups_linear)
     products = [
         n for n in graph.nodes if _is(n, aten.linear.default) or any(_is(n, q) for q in quantized)
     ]

@@ -87,11 +87,22 @@ def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr
 
 
 @triton.jit
+def _weights(w, scale_ptr, n, n_ok, k, k_ok, K: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+    """The weight tile as fp32; with SCALE_BLOCK (fp8's blocks), each weight times its block's
+    scale (scales [N, K / SCALE_BLOCK])."""
+    w = w.to(tl.float32)
+    if SCALE_BLOCK:
+        at = n[:, None] * (K // SCALE_BLOCK) + k[None, :] // SCALE_BLOCK
+        w = w * tl.load(scale_ptr + at, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return w
+
+
+@triton.jit
 def aotc_pdl_fused_gemv(
     x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, scale_ptr, out_ptr, n_out, x_stride, eps, clamp,
     K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, SCALED: tl.constexpr, OPERAND: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One row (program_id 1) times BLOCK_N output features (program_id 0). With K <= BLOCK_K the
     row and the weight tile are one load each, all in flight at once: the kernel costs about one
@@ -105,7 +116,9 @@ def aotc_pdl_fused_gemv(
 
     SCALED: an int8 weight with a scale per output feature (int8-weight-only): the sums of the
     int8 weights times the operand, times the row's scale, rounded to the operand's dtype, then
-    the bias added, as the unfused int8 product and its bias add round."""
+    the bias added, as the unfused int8 product and its bias add round. With SCALE_BLOCK, an fp8
+    weight with a scale per output feature and block of SCALE_BLOCK input features (fp8): each
+    weight times its block's scale inside the sum, then rounded and the bias added the same way."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < n_out
     w_dtype = w_ptr.dtype.element_ty
@@ -125,7 +138,7 @@ def aotc_pdl_fused_gemv(
     a = _operand(
         x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
     )
-    acc = tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+    acc = tl.sum(_weights(w, scale_ptr, n, n_ok, k, k_ok, K, SCALE_BLOCK) * a[None, :], axis=1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         kk = k0 + k
         kk_ok = kk < K
@@ -135,10 +148,12 @@ def aotc_pdl_fused_gemv(
         a = _operand(
             x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
         )
-        acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-    if SCALED:  # the int8 product's output, then its bias added in that dtype
-        y = _rounded(acc * tl.load(scale_ptr + n, mask=n_ok, other=0.0).to(tl.float32), w_dtype,
-                     OPERAND)  # fmt: skip
+        w = _weights(w, scale_ptr, n, n_ok, kk, kk_ok, K, SCALE_BLOCK)
+        acc += tl.sum(w * a[None, :], axis=1)
+    if SCALED:  # the quantized product's output, then its bias added in that dtype
+        if SCALE_BLOCK == 0:  # int8 rows: the row's scale on its sum
+            acc = acc * tl.load(scale_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        y = _rounded(acc, w_dtype, OPERAND)
         if BIAS:
             b = tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
             y = _rounded(y.to(tl.float32) + b, w_dtype, OPERAND)
@@ -267,8 +282,9 @@ def fused_gemv(
 ) -> torch.Tensor:
     """x [rows, K] (or [rows, 2K] gate then up when `gated`), weight [N, K]: the fused product
     [rows, N], in the residual's and the product's promoted dtype when there is a residual [rows,
-    N], else in the product's: the weight's, or for an int8 weight with its `scale` [N] (int8
-    rows), `operand_dtype`, the dtype its activations are cast to. `clamp` 0: no clamp. `shape`:
+    N], else in the product's: the weight's, or for a quantized weight with its `scale` (int8
+    rows: [N]; fp8 blocks: [N, K / block]), `operand_dtype`, the dtype its activations are cast
+    to. `clamp` 0: no clamp. `shape`:
     (BLOCK_N, BLOCK_K, warps) instead of launch_shape's (scripts/fused_gemv.py sweeps them).
     `pdl`: launched by Triton with programmatic dependent launch (scripts/pdl_chain.py; a
     package's launcher decides that itself)."""
@@ -292,6 +308,7 @@ def fused_gemv(
         x.stride(0), eps, clamp,
         K=k_in, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, SCALED=scale is not None,
+        SCALE_BLOCK=k_in // scale.shape[1] if scale is not None and scale.dim() == 2 else 0,
         OPERAND=0 if scale is None else OPERANDS[product_dtype], BLOCK_N=block_n, BLOCK_K=block_k,
         PDL=pdl or waits_programmatically(x.device), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}),
