@@ -499,12 +499,28 @@ def tinygemm_linear(x, tiles, scale_zero, bias, group):
 
 
 def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
-    """int4 groups as aotc stores them (quantized_linear.int4_groups), multiplied by aotc's
-    kernel at decode's row counts and as dequantized weights above them: fused_products.py's
-    fused product with nothing around it (that pass takes the norm and residual in)."""
-    from aotc.export.fused_products import fused_linear
+    """int4 groups as aotc stores them (quantized_linear.int4_groups), multiplied by aotc's int4
+    kernel at decode's row counts and as dequantized weights above them (and on the CPU, where
+    only the fused products' tests run it). fused_products.py takes the norm and residual in."""
+    import torch
 
-    return fused_linear(x, packed, bias, None, None, 0.0, False, 0.0, scale_zero, x.dtype, group)
+    x2 = _flat(x)
+
+    def dequantized(x2, packed, scale_zero):
+        weight = ql.int4_groups_dequantized(packed, scale_zero, group, x2.dtype)
+        return torch.nn.functional.linear(x2, weight)
+
+    if not x.is_cuda:
+        return _finish(x, dequantized(x2, packed, scale_zero), bias)
+    from aotc.kernels.fused_gemv import MAX_ROWS  # importing it registers the kernel's op
+
+    def kernel(x2, packed, scale_zero):
+        return torch.ops.aotc.fused_int4_gemv_cuda(
+            x2.contiguous(), packed, scale_zero, group, None, None, None, 0.0, False, 0.0, x2.dtype
+        )
+
+    operands = (x2, packed, scale_zero)
+    return _finish(x, by_rows(x2, kernel, dequantized, operands, limit=MAX_ROWS), bias)
 
 
 def dynamic_int8_linear(x, q_t, scale, bias):
