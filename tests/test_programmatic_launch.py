@@ -20,7 +20,7 @@ from aotc.errors import BuildError
 def test_only_the_named_kernels_are_launched_programmatically():
     plain = common.get_device_op_overrides("cuda").kernel_driver()
     assert "cuLaunchKernelEx" not in plain
-    with programmatic_launches(True, (PDL_PREFIX, "triton_poi_")):
+    with programmatic_launches((PDL_PREFIX, "triton_poi_")):
         driver = common.get_device_op_overrides("cuda").kernel_driver()
     # the same helpers, one launch helper replaced: the attribute for names with the prefixes,
     # and the plain launch for every other kernel
@@ -34,7 +34,7 @@ def test_only_the_named_kernels_are_launched_programmatically():
     )
     # the usual launcher is back after the build
     assert common.get_device_op_overrides("cuda").kernel_driver() == plain
-    with programmatic_launches(False):
+    with programmatic_launches(()):
         assert common.get_device_op_overrides("cuda").kernel_driver() == plain
 
 

@@ -49,7 +49,8 @@ _PLAIN_LAUNCH = """static inline void launchKernel(
                 ));
             }"""
 
-_PROGRAMMATIC_LAUNCH = """static inline bool aotcLaunchesProgrammatically(CUfunction func) {
+# written before the plain helper: whether a kernel is launched programmatically, by its name
+_BY_NAME = """static inline bool aotcLaunchesProgrammatically(CUfunction func) {
                 // the kernels that wait for their predecessor themselves (by name); every other
                 // kernel is launched as before
                 static const char* const prefixes[] = {PREFIXES};
@@ -71,16 +72,11 @@ _PROGRAMMATIC_LAUNCH = """static inline bool aotcLaunchesProgrammatically(CUfunc
                 return false;
             }
 
-            static inline void launchKernel(
-                    CUfunction func,
-                    uint32_t gridX,
-                    uint32_t gridY,
-                    uint32_t gridZ,
-                    uint32_t numWarps,
-                    uint32_t sharedMemBytes,
-                    void* args[],
-                    cudaStream_t stream) {
-                if (aotcLaunchesProgrammatically(func)) {
+            """
+# put at the start of the plain helper's body: the named kernels launched with the attribute,
+# the rest fall through to the plain launch
+_BODY = "cudaStream_t stream) {\n"
+_PROGRAMMATIC_BRANCH = """                if (aotcLaunchesProgrammatically(func)) {
                     CUlaunchAttribute attribute[1];
                     attribute[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
                     attribute[0].value.programmaticStreamSerializationAllowed = 1;
@@ -98,10 +94,8 @@ _PROGRAMMATIC_LAUNCH = """static inline bool aotcLaunchesProgrammatically(CUfunc
                     CUDA_DRIVER_CHECK(cuLaunchKernelEx(&config, func, args, nullptr));
                     return;
                 }
-                CUDA_DRIVER_CHECK(cuLaunchKernel(
-                    func, gridX, gridY, gridZ, 32*numWarps, 1, 1, sharedMemBytes, stream, args, nullptr
-                ));
-            }"""
+"""
+_PROGRAMMATIC_LAUNCH = _BY_NAME + _PLAIN_LAUNCH.replace(_BODY, _BODY + _PROGRAMMATIC_BRANCH, 1)
 
 
 def programmatic_driver(source: str, prefixes: tuple = (PDL_PREFIX,)) -> str:
@@ -125,10 +119,10 @@ def launched_prefixes(options: dict) -> tuple:
 
 
 @contextlib.contextmanager
-def programmatic_launches(enabled: bool, prefixes: tuple = (PDL_PREFIX,)):
+def programmatic_launches(prefixes: tuple):
     """Within it, AOTInductor writes CUDA wrappers whose launcher launches the kernels named with
-    `prefixes` with PDL (when `enabled`); the usual overrides are back after it."""
-    if not enabled:
+    `prefixes` with PDL (none: the usual launcher); the usual overrides are back after it."""
+    if not prefixes:
         yield
         return
     import torch._inductor.codegen.cuda.device_op_overrides  # noqa: F401  (registers CUDA's)

@@ -94,12 +94,14 @@ def _build(
     cfg: BuildConfig, progress: Progress, started: float, compiler: dict, compiler_record: dict
 ) -> BuildResult:
     options = resolve_options(cfg)
+    pdl_prefixes: tuple = ()  # the kernels launched with PDL: none without --pdl
     if cfg.pdl:  # Inductor's kernels wait and release too, unless an --option says otherwise
         options = {"triton.enable_pdl": True, **options}
+        pdl_prefixes = launched_prefixes(options)
         compiler_record = {
             **compiler_record,
             "kernel_launch": "programmatic dependent launch for "
-            + ", ".join(f"{prefix}*" for prefix in launched_prefixes(options)),
+            + ", ".join(f"{prefix}*" for prefix in pdl_prefixes),
         }
     check_space(cfg.output, cfg.artifact)
     estimates = planned_stages(cfg, progress)
@@ -169,14 +171,14 @@ def _build(
                     key="compile",
                 ),
                 inductor_phase_times(phases),
+                programmatic_launches(pdl_prefixes),  # both compiles below
             ):
-                with programmatic_launches(cfg.pdl, launched_prefixes(options)):
-                    compile_aoti(
-                        placed,
-                        staging / MODEL_FILE,
-                        {**options, **compiler, **described},
-                        cfg.precision,
-                    )
+                compile_aoti(
+                    placed,
+                    staging / MODEL_FILE,
+                    {**options, **compiler, **described},
+                    cfg.precision,
+                )
                 if empty_weights_blob(staging / MODEL_FILE):
                     # weights that lowering folded away (known only now): compiled again as above
                     options = {k: v for k, v in options.items() if k not in PACKAGING_OPTIONS}
