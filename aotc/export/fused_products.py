@@ -19,9 +19,8 @@ The products are float linears (`aten.linear`), int8-weight-only ones (quantizat
 `cuda_int8_linear`: int8 rows and a scale per output feature), whose fused kernel multiplies the
 int8 weights as they are stored and scales each output feature's sum, fp8 ones (`fp8_linear`: a
 scale per output feature and block of input features, applied inside the sum), and
-int4-weight-only ones
-stored as aotc's int4 groups (quantization.py's `cuda_int4_groups_linear`, the form a build with
---fused-products stores), multiplied by the int4 kernel.
+int4-weight-only ones stored as aotc's int4 groups (quantization.py's `cuda_int4_groups_linear`,
+the form a build with --fused-products stores), multiplied by the int4 kernel.
 
 Every node it removes had the product (or the next node of the pattern) as its only user, so
 nothing else in the graph changes. `reference` is the unfused computation, step by step with the
@@ -74,38 +73,18 @@ def reference(
         a = a.clamp(-clamp, clamp)
     if scale is None:
         y = torch.nn.functional.linear(a.to(weight.dtype), weight, bias)
-    else:
-        a = a.to(operand_dtype)
-        if group:  # the weights dequantized in the operand's dtype
-            from aotc.export.quantized_linear import int4_groups_dequantized
+    else:  # the unfused quantized product (quantization.py's), on the operand as it is cast
+        from aotc.export import quantization
 
-            y = torch.nn.functional.linear(
-                a, int4_groups_dequantized(weight, scale, group, a.dtype)
-            )
+        a = a.to(operand_dtype)
+        if group:  # int4 groups, dequantized in the operand's dtype
+            y = quantization.int4_groups_dense(a, weight, scale, group)
+        elif weight.dtype == torch.float8_e4m3fn:
+            y = quantization.fp8_linear(a, weight, scale, None)
         else:
-            y = _scaled_product(a, weight, scale)
+            y = quantization.cuda_int8_linear(a, weight, scale, None)
         y = y if bias is None else y + bias
     return y if residual is None else residual + y
-
-
-def _scaled_product(a, q, scale):
-    """The unfused int8-weight-only or fp8 product (int8 rows and their scales, or fp8 and a
-    scale per block): on CUDA the package's own (quantization.py), on the CPU (where no CUDA
-    package runs, only the pass's tests) the same sums in fp32, rounded to the operand's dtype
-    as it rounds them."""
-    from aotc.export import quantized_linear as ql
-
-    fp8 = q.dtype == torch.float8_e4m3fn
-    if a.is_cuda:
-        from aotc.export.quantization import cuda_int8_linear, fp8_linear
-
-        return (fp8_linear if fp8 else cuda_int8_linear)(a, q, scale, None)
-    flat = a.reshape(-1, a.shape[-1]).float()
-    if fp8:
-        out = flat @ ql.fp8_blocks_dequantized(q, scale).T
-    else:
-        out = flat @ q.float().T * scale.float()
-    return out.to(a.dtype).reshape(*a.shape[:-1], q.shape[0])
 
 
 def fused_linear(

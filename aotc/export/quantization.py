@@ -507,8 +507,7 @@ def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
     x2 = _flat(x)
 
     def dequantized(x2, packed, scale_zero):
-        weight = ql.int4_groups_dequantized(packed, scale_zero, group, x2.dtype)
-        return torch.nn.functional.linear(x2, weight)
+        return int4_groups_dense(x2, packed, scale_zero, group)
 
     if not x.is_cuda:
         return _finish(x, dequantized(x2, packed, scale_zero), bias)
@@ -521,6 +520,15 @@ def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
 
     operands = (x2, packed, scale_zero)
     return _finish(x, by_rows(x2, kernel, dequantized, operands, limit=MAX_ROWS), bias)
+
+
+def int4_groups_dense(x, packed, scale_zero, group):
+    """x [..., K] times int4 groups dequantized in x's dtype: the int4 groups' product above
+    the kernel's row counts (and the fused products' reference)."""
+    import torch
+
+    weight = ql.int4_groups_dequantized(packed, scale_zero, group, x.dtype)
+    return torch.nn.functional.linear(x, weight)
 
 
 def dynamic_int8_linear(x, q_t, scale, bias):

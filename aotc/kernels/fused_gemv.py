@@ -221,7 +221,7 @@ def aotc_pdl_fused_int4_gemv(
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for g0 in range(0, groups, BLOCK_G):
         k_lo = (g0 + g)[:, None] * GROUP + j[None, :]  # [BLOCK_G, H]: the low nibbles' features
-        ok = (g0 + g < groups)[:, None] & (j < H)[None, :]
+        ok = (g0 + g < groups)[:, None]  # a group past the last reads 0
         a_lo = _operand(
             x_row, norm_ptr, k_lo, ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, tl.float32,
             OPERAND,
@@ -265,6 +265,15 @@ def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int,
     return block_n, block_k, warps
 
 
+def _output(x, n_out: int, residual, product_dtype) -> torch.Tensor:
+    """The fused product's output [rows, n_out]: in the product's dtype, promoted with the
+    residual's when one is added."""
+    dtype = (
+        product_dtype if residual is None else torch.promote_types(residual.dtype, product_dtype)
+    )
+    return torch.empty((x.shape[0], n_out), dtype=dtype, device=x.device)
+
+
 def fused_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -284,21 +293,16 @@ def fused_gemv(
     [rows, N], in the residual's and the product's promoted dtype when there is a residual [rows,
     N], else in the product's: the weight's, or for a quantized weight with its `scale` (int8
     rows: [N]; fp8 blocks: [N, K / block]), `operand_dtype`, the dtype its activations are cast
-    to. `clamp` 0: no clamp. `shape`:
-    (BLOCK_N, BLOCK_K, warps) instead of launch_shape's (scripts/fused_gemv.py sweeps them).
+    to. `clamp` 0: no clamp. `shape`: (BLOCK_N, BLOCK_K, warps) instead of launch_shape's
+    (scripts/fused_gemv.py sweeps them).
     `pdl`: launched by Triton with programmatic dependent launch (scripts/pdl_chain.py; a
     package's launcher decides that itself)."""
     rows = x.shape[0]
     n_out, k_in = weight.shape
     product_dtype = weight.dtype if scale is None else operand_dtype
     if product_dtype is None:
-        raise ValueError("an int8 weight's product needs its operand dtype")
-    out_dtype = (
-        torch.promote_types(residual.dtype, product_dtype)
-        if residual is not None
-        else product_dtype
-    )
-    out = torch.empty((rows, n_out), dtype=out_dtype, device=x.device)
+        raise ValueError("a quantized weight's product needs its operand dtype")
+    out = _output(x, n_out, residual, product_dtype)
     programs = streaming_multiprocessors(x.device.index or 0)
     block_n, block_k, warps = shape or launch_shape(n_out, k_in, programs)
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
@@ -350,12 +354,7 @@ def fused_int4_gemv(
     when there is a residual, else in `operand_dtype`."""
     rows = x.shape[0]
     n_out, k_in = packed.shape[0], packed.shape[1] * 2
-    out_dtype = (
-        torch.promote_types(residual.dtype, operand_dtype)
-        if residual is not None
-        else operand_dtype
-    )
-    out = torch.empty((rows, n_out), dtype=out_dtype, device=x.device)
+    out = _output(x, n_out, residual, operand_dtype)
     programs = streaming_multiprocessors(x.device.index or 0)
     block_n, block_g, warps = shape or int4_launch_shape(n_out, k_in, group, programs)
     # an absent operand's pointer is the scales': the kernel never reads it (its flag is off)
