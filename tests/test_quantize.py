@@ -315,6 +315,41 @@ def test_fp8_keeps_the_output_layer_and_takes_the_others(llama):
     assert quantization.record()["group_size"] == FP8_BLOCK
 
 
+@pytest.mark.parametrize(
+    ("scheme", "group"), [("int8-weight-only", None), ("int4-weight-only", 32)]
+)
+def test_a_bf16_packages_reference_gathers_a_quantized_tied_embedding_in_fp32(
+    generation_packages, scheme, group
+):
+    """The build's check of a bf16 package runs an fp32 reference on its weights dequantized: a
+    tied embedding, quantized with the output layer, is gathered in fp32 there, the dtype the
+    exported float program goes on in (a bf16 gather failed its re-export's dtype assertion)."""
+    from aotc.compiler.verify import reference_program
+    from aotc.config import Precision
+    from aotc.export.artifact import load_artifact
+    from aotc.quantize_schemes import Quantization
+
+    ep, meta = load_artifact(generation_packages.artifact("gpt2"))  # its output layer is tied
+    placed, _signature = reference_program(
+        ep, meta.signature, "cpu", Precision("bf16"), Quantization(scheme, group)
+    )
+    gathers = [
+        node
+        for node in placed.graph.nodes
+        if node.target is torch.ops.aten.embedding.default and "quantized" in str(node.args[0])
+    ]
+    assert gathers  # the tied embedding is the quantized one, not a float copy
+
+    def first_floats(node) -> set:  # the dtypes the gathered levels are dequantized in
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            return {val.dtype}
+        return set().union(*(first_floats(user) for user in node.users))
+
+    dequantized = set().union(*(first_floats(user) for node in gathers for user in node.users))
+    assert dequantized == {torch.float32}
+
+
 def test_int4_tiles_are_refused_where_torch_lays_them_out_another_way(llama, runner):
     """torch's CPU int4 kernel lays its weights out per CPU capability (AVX512: 64 output features
     to a block; AVX2 and the plain kernel their own ways), chosen when torch starts: run on another,

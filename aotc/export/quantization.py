@@ -423,11 +423,14 @@ class Forms:
     def embedding_call(self, attrs: dict, node):
         ids = node.args[1]
         a = {k: _Attr(v) for k, v in attrs.items()}
+        # the package gathers rows in its own dtype (its scales may be bf16 in an fp32 package);
+        # the reference in its widened scales' fp32, the dtype the float program goes on in
+        dtype = None if self.emulate else self.dtype
         if "packed" in a:
-            return int4_embedding, (a["packed"], a["scale_zero"], ids, self.group, self.dtype)
+            return int4_embedding, (a["packed"], a["scale_zero"], ids, self.group, dtype)
         if "rows_q" in a:
-            return int8_embedding, (a["rows_q"], a["rows_scale"], ids, self.dtype)
-        return int8_embedding, (a["q"], a["scale"], ids, self.dtype)
+            return int8_embedding, (a["rows_q"], a["rows_scale"], ids, dtype)
+        return int8_embedding, (a["q"], a["scale"], ids, dtype)
 
 
 # The products the pass puts into the graph: plain PyTorch over the stored tensors, traced by the

@@ -142,14 +142,17 @@ def aotc_pdl_fused_gemv(
     for k0 in range(BLOCK_K, K, BLOCK_K):
         kk = k0 + k
         kk_ok = kk < K
-        w = tl.load(
+        # a new name per iteration: Triton types a loop-carried variable once, and the stored
+        # weight (bf16, int8, fp8) is not the fp32 `_weights` returns
+        stored = tl.load(
             w_ptr + n[:, None] * K + kk[None, :], mask=n_ok[:, None] & kk_ok[None, :], other=0.0
         )
         a = _operand(
             x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
         )
-        w = _weights(w, scale_ptr, n, n_ok, kk, kk_ok, K, SCALE_BLOCK)
-        acc += tl.sum(w * a[None, :], axis=1)
+        acc += tl.sum(
+            _weights(stored, scale_ptr, n, n_ok, kk, kk_ok, K, SCALE_BLOCK) * a[None, :], axis=1
+        )
     if SCALED:  # the quantized product's output, then its bias added in that dtype
         if SCALE_BLOCK == 0:  # int8 rows: the row's scale on its sum
             acc = acc * tl.load(scale_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
