@@ -6,6 +6,10 @@ steps (on a reduce-overhead package, CUDA-graph replays) without the prefill. Pe
 
 - wall time per token (a third, unprofiled generation), GPU kernel time and their difference, which
   is time the GPU sat idle between kernels (launch gaps, host waits);
+- the time some kernel was on the GPU (the union of the kernels' intervals) and the wall's rest:
+  the idle figure that holds under programmatic dependent launch, where a kernel starts before
+  its predecessor ends and counts its wait as its own time, so that the kernels' sum exceeds the
+  wall;
 - the number of kernels, their time by family (GEMM, attention, Triton, copies), and the slowest.
 
 With --ahead N,M..., the wall time (and so the idle time) is measured once for each number of
@@ -39,8 +43,20 @@ def family(kernel: str) -> str:
     return next((f for f, marks in FAMILIES if any(m in name for m in marks)), "other")
 
 
-def kernels_of(package, ids, new_tokens: int) -> dict[str, list[float]]:
-    """{kernel name: [µs of each launch]} of one greedy generation of `new_tokens` tokens."""
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) intervals: time some kernel was on the GPU, two
+    overlapping kernels counted once. busy_us([(0, 2), (1, 3), (5, 6)]) == 4."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def kernels_of(package, ids, new_tokens: int) -> tuple[dict[str, list[float]], float]:
+    """({kernel name: [µs of each launch]}, µs some kernel was on the GPU) of one greedy
+    generation of `new_tokens` tokens."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -49,10 +65,12 @@ def kernels_of(package, ids, new_tokens: int) -> dict[str, list[float]]:
         package.generate(ids, max_new_tokens=new_tokens, eos_token_ids=[])
         torch.cuda.synchronize()
     launches: dict[str, list[float]] = collections.defaultdict(list)
+    intervals = []
     for event in prof.events():
         if event.device_type == DeviceType.CUDA:
             launches[event.name].append(event.device_time)
-    return launches
+            intervals.append((event.time_range.start, event.time_range.end))
+    return launches, busy_us(intervals)
 
 
 def profile_package(folder: Path, args) -> dict:
@@ -96,8 +114,9 @@ def profile_package(folder: Path, args) -> dict:
         wall_ms = (
             wall_by_ahead[default_ahead] if default_ahead in walls else min(wall_by_ahead.values())
         )
-        short = kernels_of(package, ids, 1)
-        long = kernels_of(package, ids, steps + 1)
+        short, short_busy = kernels_of(package, ids, 1)
+        long, long_busy = kernels_of(package, ids, steps + 1)
+    busy_ms = (long_busy - short_busy) / steps / 1e3
     per_step: dict[str, tuple[float, float]] = {}  # name -> (µs per step, launches per step)
     for name, times in long.items():
         extra_us = sum(times) - sum(short.get(name, ()))
@@ -118,6 +137,8 @@ def profile_package(folder: Path, args) -> dict:
         "wall_ms_per_step": round(wall_ms, 4),
         "kernel_ms_per_step": round(kernel_ms, 4),
         "idle_ms_per_step": round(wall_ms - kernel_ms, 4),
+        "busy_ms_per_step": round(busy_ms, 4),  # some kernel on the GPU (overlaps once)
+        "idle_of_busy_ms_per_step": round(wall_ms - busy_ms, 4),
         "by_steps_ahead": {
             str(n): {"wall_ms_per_step": round(w, 4), "idle_ms_per_step": round(w - kernel_ms, 4)}
             for n, w in wall_by_ahead.items()
@@ -136,6 +157,8 @@ def profile_package(folder: Path, args) -> dict:
     }
     print(f"\n{folder}: {wall_ms:.3f} ms a step, {kernel_ms:.3f} ms of it in "
           f"{record['kernels_per_step']} kernels, idle {wall_ms - kernel_ms:.3f} ms")  # fmt: skip
+    print(f"  some kernel on the GPU {busy_ms:.3f} ms a step (overlaps counted once): idle "
+          f"{wall_ms - busy_ms:.3f} ms, {(wall_ms - busy_ms) / wall_ms:.1%} of the step")  # fmt: skip
     print(f"  decode graph modes captured: {captured}; warnings: {capture_warnings}")
     for n, w in wall_by_ahead.items():
         print(f"  {n} step(s) queued ahead: {w:.3f} ms a step, idle {w - kernel_ms:.3f} ms")
