@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 AOTC := $(VENV)/bin/aotc
 DEMO := demo_out
 
-.PHONY: install demo test test-newest test-gpu gpu-wheels bench lint format runner clean
+.PHONY: install demo test test-newest test-kernels test-gpu gpu-wheels bench lint format runner clean
 
 install: $(VENV)/.installed
 
@@ -29,8 +29,8 @@ demo: install
 
 test: install runner
 	@command -v tmux >/dev/null || test "$$(id -u)" != 0 || (apt-get update -q && apt-get install -y -q tmux)  # aotc chat's terminal test
-	$(PY) -m pytest -q --durations=25 -n 2 tests --ignore=tests/test_transformers_release.py  # run by test-newest
-	$(MAKE) test-newest
+	$(PY) -m pytest -q --durations=25 -n 2 tests --ignore=tests/test_transformers_release.py --ignore=tests/test_kernel_frontend.py  # run by test-newest, test-kernels
+	$(MAKE) test-newest test-kernels
 
 # The text-generation parity tests again on the newest transformers of the supported range
 # (requirements-newest.txt), installed beside the pinned one in $(NEWEST) and put first on the
@@ -45,6 +45,20 @@ $(NEWEST)/.installed: requirements-newest.txt $(VENV)/.installed
 
 test-newest: install $(NEWEST)/.installed
 	PYTHONPATH=$(CURDIR)/$(NEWEST) $(PY) -m pytest -q -p no:cacheprovider tests/test_transformers_release.py
+
+# aotc's Triton kernels through Triton's front end and AOTInductor's analysis, a Hopper target
+# stubbed in (no GPU needed): Triton installed beside .venv in $(KERNELS) and put on the path for
+# this run only, so the other tests still run as a CPU user's machine does, without Triton.
+KERNELS := .triton-kernels
+TRITON := triton==3.6.0
+
+$(KERNELS)/.installed: Makefile $(VENV)/.installed
+	rm -rf $(KERNELS)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --target $(KERNELS) $(TRITON)
+	touch $@
+
+test-kernels: install $(KERNELS)/.installed
+	PYTHONPATH=$(CURDIR)/$(KERNELS) $(PY) -m pytest -q -p no:cacheprovider tests/test_kernel_frontend.py
 
 # On a GPU machine, with its own torch (not .venv's CPU build): aotc installed beside it, the tests'
 # dependencies from .gpu/wheels when there (offline machines), then the GPU tests. PYTEST_ARGS adds

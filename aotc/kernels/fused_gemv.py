@@ -306,8 +306,9 @@ def fused_gemv(
     if product_dtype is None:
         raise ValueError("a quantized weight's product needs its operand dtype")
     out = _output(x, n_out, residual, product_dtype)
-    programs = streaming_multiprocessors(x.device.index or 0)
-    block_n, block_k, warps = shape or launch_shape(n_out, k_in, programs)
+    block_n, block_k, warps = shape or launch_shape(
+        n_out, k_in, streaming_multiprocessors(x.device.index or 0)
+    )
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
     launch(aotc_pdl_fused_gemv)[(triton.cdiv(n_out, block_n), rows)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight,
@@ -358,8 +359,9 @@ def fused_int4_gemv(
     rows = x.shape[0]
     n_out, k_in = packed.shape[0], packed.shape[1] * 2
     out = _output(x, n_out, residual, operand_dtype)
-    programs = streaming_multiprocessors(x.device.index or 0)
-    block_n, block_g, warps = shape or int4_launch_shape(n_out, k_in, group, programs)
+    block_n, block_g, warps = shape or int4_launch_shape(
+        n_out, k_in, group, streaming_multiprocessors(x.device.index or 0)
+    )
     # an absent operand's pointer is the scales': the kernel never reads it (its flag is off)
     launch(aotc_pdl_fused_int4_gemv)[(triton.cdiv(n_out, block_n), rows)](
         x, packed, scale_zero, scale_zero if bias is None else bias,

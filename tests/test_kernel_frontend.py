@@ -1,0 +1,157 @@
+"""aotc's Triton kernels through Triton's front end and AOTInductor's analysis of them, on any
+machine with Triton installed, GPU or not (a Hopper target stubbed in; CI's CPU machine has no
+Triton and skips the file).
+
+Two faults reached the GPU before this check existed, and each cost a GPU session:
+- a kernel Triton refuses to compile (a loop-carried tile that changed dtype inside the loop):
+  Triton's interpreter, the CPU check of what the kernels compute, does not type loop variables;
+- a kernel AOTInductor cannot analyse (an impure inline asm): it then assumes every argument
+  written, and a package copies each weight before each product.
+
+Each kernel is launched by its own launcher with a recorder in place of Triton's launch (the
+arguments it would be called with, by name), in every form a build uses: float, int8 rows, fp8
+blocks and int4 groups; fp32 and bf16; with and without the PDL wait; then lowered to Triton's IR
+(torch's generate_ttir, what AOTInductor runs) and analysed (identify_accessed_tensors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+analysis = pytest.importorskip("torch._higher_order_ops.triton_kernel_wrap")
+if not hasattr(analysis, "identify_accessed_tensors"):  # torch before 2.12: the GPU test's job
+    pytest.skip("needs torch's identify_accessed_tensors (2.12+)", allow_module_level=True)
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+class _HopperWithoutGpu:
+    """Triton's active driver, answering only what lowering to its IR asks: the target."""
+
+    def get_current_target(self):
+        return HOPPER
+
+    def get_current_device(self):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_benchmarker(self):  # pragma: no cover (not asked while lowering)
+        raise RuntimeError("no GPU to time on")
+
+
+@pytest.fixture
+def hopper():
+    config = triton.runtime.driver
+    before = config._active  # None until asked: reset_active() would look for a GPU driver
+    config.set_active(_HopperWithoutGpu())
+    yield
+    config._active = before
+
+
+def recorded(launcher, *args, **kwargs) -> list[tuple]:
+    """[(kernel, {argument: value})] of each kernel `launcher` launches."""
+    launched = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def call(*positional, **named):
+                values = dict(zip(self.kernel.arg_names, positional))
+                values.update({k: v for k, v in named.items() if k in self.kernel.arg_names})
+                launched.append((self.kernel, values))
+
+            return call
+
+    launcher(*args, launch=Recorder, **kwargs)
+    return launched
+
+
+def written(kernel, arguments: dict) -> list[str]:
+    """The arguments AOTInductor finds the kernel writing, after lowering it to Triton's IR (a
+    kernel the front end refuses raises here, with Triton's message)."""
+    analysis.generate_ttir(kernel, arguments, {})
+    accesses = analysis.identify_accessed_tensors(kernel, arguments, {})
+    return sorted(dep.name for dep in accesses.read_writes.writes)
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+FORMS = ["float", "int8", "fp8"]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("neighbours", ["norm", "gated+residual"])
+def test_the_fused_product_lowers_and_writes_only_its_output(hopper, form, dtype, neighbours, pdl):
+    from aotc.kernels.fused_gemv import fused_gemv
+
+    if form == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("no fp8 dtype in this torch")
+    n_out, k_in = 96, 256
+    weight = torch.randn(n_out, k_in).to(dtype)
+    scale = None
+    if form == "int8":
+        weight, scale = torch.zeros(n_out, k_in, dtype=torch.int8), torch.ones(n_out, dtype=dtype)
+    elif form == "fp8":
+        weight = torch.zeros(n_out, k_in, dtype=torch.float8_e4m3fn)
+        scale = torch.ones(n_out, k_in // 128, dtype=torch.float32)
+    gated = "gated" in neighbours
+    x = torch.randn(2, 2 * k_in if gated else k_in, dtype=dtype)
+    norm = None if gated else torch.randn(k_in, dtype=dtype)
+    residual = torch.randn(2, n_out, dtype=dtype) if "residual" in neighbours else None
+    # two blocks of input features: the loop after the first tile is lowered too
+    launches = recorded(
+        fused_gemv, x, weight, None, norm, residual, 1e-5, gated, 0.0,
+        shape=(16, 128, 4), pdl=pdl, scale=scale, operand_dtype=None if scale is None else dtype,
+    )  # fmt: skip
+    assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
+        ("aotc_pdl_fused_gemv", ["out_ptr"])
+    ]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_fused_int4_product_lowers_and_writes_only_its_output(hopper, dtype, pdl):
+    from aotc.kernels.fused_gemv import fused_int4_gemv
+
+    n_out, k_in, group = 64, 512, 64
+    packed = torch.zeros(n_out, k_in // 2, dtype=torch.uint8)
+    scale_zero = torch.ones(n_out, k_in // group, 2, dtype=dtype)
+    x, norm = torch.randn(1, k_in, dtype=dtype), torch.randn(k_in, dtype=dtype)
+    residual = torch.randn(1, n_out, dtype=dtype)
+    launches = recorded(
+        fused_int4_gemv, x, packed, scale_zero, group, None, norm, residual, 1e-5, False, 0.0,
+        dtype, shape=(8, 2, 4), pdl=pdl,
+    )  # fmt: skip
+    assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
+        ("aotc_pdl_fused_int4_gemv", ["out_ptr"])
+    ]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_attention_kernels_lower_and_write_only_their_outputs(hopper, monkeypatch, dtype, pdl):
+    from aotc.kernels import attention
+
+    monkeypatch.setattr(attention, "waits_programmatically", lambda device: pdl)
+    query = torch.randn(1, 4, 64, 64, dtype=dtype)  # 64 packed tokens: tiled and split forms
+    keys = torch.randn(1, 129, 2, 64, dtype=dtype)
+    rows, positions = torch.zeros(64, dtype=torch.long), torch.arange(64)
+    launches = recorded(
+        attention.attend, query, keys, keys.clone(), rows, positions, 0.125, 0, 0.0, 4
+    )
+    found = {
+        kernel.fn.__name__: (values["PDL"], written(kernel, values)) for kernel, values in launches
+    }
+    assert found == {
+        "aotc_pdl_tiled_attention": (pdl, ["out_ptr"]),
+        "aotc_pdl_attention": (pdl, ["part_ptr"]),
+        "aotc_pdl_combine": (pdl, ["out_ptr"]),
+    }
