@@ -155,3 +155,26 @@ def test_the_attention_kernels_lower_and_write_only_their_outputs(hopper, monkey
         "aotc_pdl_attention": (pdl, ["part_ptr"]),
         "aotc_pdl_combine": (pdl, ["out_ptr"]),
     }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["int8", "fp8"])
+def test_the_split_quantized_product_lowers_and_writes_only_its_sums(
+    hopper, monkeypatch, form, dtype
+):
+    from aotc.kernels import gemv
+
+    if form == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("no fp8 dtype in this torch")
+    monkeypatch.setattr(gemv, "streaming_multiprocessors", lambda device: 132)  # an H100's
+    n_out, k_in = 128, 512
+    x = torch.randn(2, k_in, dtype=dtype)
+    if form == "int8":
+        weight, scale = torch.zeros(n_out, k_in, dtype=torch.int8), None
+    else:
+        weight = torch.zeros(n_out, k_in, dtype=torch.float8_e4m3fn)
+        scale = torch.ones(n_out, k_in // 128, dtype=torch.float32)
+    launches = recorded(gemv.partial_products, x, weight, scale)
+    assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
+        ("_gemv_kernel", ["out_ptr"])
+    ]
