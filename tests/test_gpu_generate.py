@@ -515,8 +515,15 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
 
     assert holds_kernel(fused_package) and not holds_kernel(package)
     # the zoo's Llama: 2 layers, each with q/k/v and gate/up normed, down gated, o and down added
-    recorded = json.loads((fused_package / "manifest.json").read_text())["fused_products"]
-    assert recorded == {"norm": 4, "gated": 2, "residual": 4}
+    manifest = json.loads((fused_package / "manifest.json").read_text())
+    assert manifest["fused_products"] == {"norm": 4, "gated": 2, "residual": 4}
+    # each float weight shape's tile timed on this GPU, the rule's kept unless clearly slower
+    tiles = manifest["product_tiles"]
+    assert tiles["tuned_on"] == torch.cuda.get_device_name()
+    assert tiles["tiles"] and all(
+        len(entry["tile"]) == 3 and entry["us"] <= entry["rule_us"]
+        for entry in tiles["tiles"].values()
+    )
     assert "fused_products" not in json.loads((package / "manifest.json").read_text())
     ids, mask = prompts()
     fused = aotc_runtime.load(fused_package).generate(

@@ -178,3 +178,67 @@ def test_the_split_quantized_product_lowers_and_writes_only_its_sums(
     assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
         ("_gemv_kernel", ["out_ptr"])
     ]
+
+
+# SmolLM2-135M's and Llama-3.2-1B's fused products (output x input features), at an H100's and
+# an H200's streaming multiprocessors: every tile a build may time lowers
+@pytest.mark.parametrize("programs", [132, 144])
+@pytest.mark.parametrize(
+    "n_out, k_in", [(960, 576), (576, 576), (3072, 576), (576, 1536), (3072, 2048), (2048, 8192)]
+)
+def test_every_tile_a_build_times_lowers(hopper, n_out, k_in, programs):
+    from aotc.kernels import product_tiles
+    from aotc.kernels.fused_gemv import fused_gemv, launch_shape
+
+    weight, x = (
+        torch.zeros(n_out, k_in, dtype=torch.bfloat16),
+        torch.zeros(1, k_in, dtype=torch.bfloat16),
+    )
+    for tile in product_tiles.candidates(n_out, k_in, launch_shape(n_out, k_in, programs)):
+        launches = recorded(fused_gemv, x, weight, None, None, None, 0.0, False, 0.0, shape=tile)
+        assert [written(kernel, values) for kernel, values in launches] == [["out_ptr"]], tile
+
+
+def test_the_product_takes_the_tile_in_force_for_its_weight(hopper):
+    from aotc.kernels import product_tiles
+    from aotc.kernels.fused_gemv import fused_gemv
+
+    weight, x = (
+        torch.zeros(960, 576, dtype=torch.bfloat16),
+        torch.zeros(1, 576, dtype=torch.bfloat16),
+    )
+    with product_tiles.tiles_in_force(
+        {product_tiles.key_of(960, 576, torch.bfloat16): (4, 256, 4)}
+    ):
+        [(_kernel, values)] = recorded(fused_gemv, x, weight, None, None, None, 0.0, False, 0.0)
+    assert (values["BLOCK_N"], values["BLOCK_K"]) == (4, 256)
+
+
+def test_the_build_finds_the_float_products_it_times(hopper):
+    """The keys are read from the exported program the build compiles: the float products, not
+    the int8 ones (their launch rule stays)."""
+    from aotc.kernels import product_tiles
+    from aotc.kernels.fused_gemv import fused_gemv_cuda  # noqa: F401 (registers the op)
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(96, 256))
+            self.q = torch.nn.Buffer(torch.zeros(64, 96, dtype=torch.int8))
+            self.s = torch.nn.Buffer(torch.ones(64))
+
+        def forward(self, x):
+            y = torch.ops.aotc.fused_gemv_cuda(
+                x, self.w, None, None, None, 0.0, False, 0.0, None, x.dtype
+            )
+            return torch.ops.aotc.fused_gemv_cuda(
+                y, self.q, None, None, None, 0.0, False, 0.0, self.s, x.dtype
+            )
+
+    tiles = {
+        product_tiles.key_of(96, 256, torch.float32): (8, 256, 4),
+        product_tiles.key_of(64, 96, torch.int8): (8, 128, 4),
+    }
+    with product_tiles.tiles_in_force(tiles):  # no GPU to take the launch rule's counts from
+        program = torch.export.export(Step(), (torch.randn(1, 256),), strict=False)
+    assert product_tiles.fused_product_keys(program.graph_module) == [(96, 256, "float32")]

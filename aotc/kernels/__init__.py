@@ -16,6 +16,9 @@ a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that refe
   add (aotc::fused_gemv_cuda, `aotc build --fused-products`); its reference is
   aotc/export/fused_products.py's `reference` (tests/test_fused_products.py on the CPU,
   tests/test_gpu_fused_products.py on the GPU).
+- product_tiles.py: the fused products' tiles a `--fused-products` build times on its GPU and
+  records in the manifest (`product_tiles`); tests/test_product_tiles.py, and the candidates'
+  kernels lowered by tests/test_kernel_frontend.py.
 - programmatic.py: the wait for the kernel before and the release of the kernel after that aotc's
   kernels carry on compute capability 9.0+, for `aotc build --pdl`
   (aotc/compiler/programmatic_launch.py); tests/test_programmatic_launch.py.

@@ -39,6 +39,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from aotc.kernels.gemv import streaming_multiprocessors
+from aotc.kernels.product_tiles import tile_in_force
 from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
@@ -306,8 +307,11 @@ def fused_gemv(
     if product_dtype is None:
         raise ValueError("a quantized weight's product needs its operand dtype")
     out = _output(x, n_out, residual, product_dtype)
-    block_n, block_k, warps = shape or launch_shape(
-        n_out, k_in, streaming_multiprocessors(x.device.index or 0)
+    # a tile the build chose on its GPU for this weight shape (product_tiles.py), else the rule's
+    block_n, block_k, warps = (
+        shape
+        or tile_in_force(n_out, k_in, weight.dtype)
+        or launch_shape(n_out, k_in, streaming_multiprocessors(x.device.index or 0))
     )
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
     launch(aotc_pdl_fused_gemv)[(triton.cdiv(n_out, block_n), rows)](

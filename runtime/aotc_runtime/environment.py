@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -59,6 +60,32 @@ def check_compatible(manifest: Manifest, package_path: object) -> None:
     _check_cpu_layout(manifest.device, where)
     if manifest.device.type == "cuda":
         _check_gpu(manifest.device, where)
+        note = tuned_elsewhere(manifest, gpu_description(torch.cuda.current_device())["gpu_name"])
+        if note:
+            _say_once(f"{where}: {note}")
+
+
+def tuned_elsewhere(manifest: Manifest, here: str) -> str | None:
+    """What to say when the package's build chose kernel tiles by timing them on another GPU (of
+    the same architecture: _check_gpu refuses any other): it runs correctly, maybe slower."""
+    tuned_on = manifest.product_tiles.get("tuned_on")
+    if not tuned_on or tuned_on == here:
+        return None
+    return (
+        f"its fused products' tiles were chosen on {tuned_on}, this GPU is {here}: it runs "
+        "correctly, maybe slower than a build made here; rebuild it on this GPU for tiles of its own"
+    )
+
+
+_SAID: set = set()
+
+
+def _say_once(line: str) -> None:
+    """A one-line note on stderr, once per process and line (a server loads a package per replica
+    and per request path, and would repeat it)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(f"aotc_runtime: {line}", file=sys.stderr)
 
 
 def _check_onnxruntime(manifest: Manifest, where: str) -> None:

@@ -333,6 +333,10 @@ class Manifest:
     # a CUDA generation build: how many products took their norm, gated activation and residual
     # add into aotc's fused kernel ({"norm": N, "gated": N, "residual": N}); {} for none
     fused_products: dict = field(default_factory=dict)
+    # the fused products' tiles the build chose by timing them on its GPU: {"tuned_on": GPU name,
+    # "tiles": {"NxK dtype": {"tile": [BLOCK_N, BLOCK_K, warps], "us": ..., "rule_us": ...}}}; {}
+    # for none. Another GPU of the same architecture runs the package correctly, maybe slower.
+    product_tiles: dict = field(default_factory=dict)
 
     @property
     def model_file(self) -> str:
@@ -398,6 +402,7 @@ class Manifest:
             tuning=fields.raw_object("tuning", {}),
             quantization=fields.raw_object("quantization", {}),
             fused_products=fields.raw_object("fused_products", {}),
+            product_tiles=fields.raw_object("product_tiles", {}),
             generation=Generation.read(fields.object("generation"))
             if generation is not None
             else None,
@@ -437,6 +442,8 @@ class Manifest:
             data["quantization"] = dict(self.quantization)
         if self.fused_products:
             data["fused_products"] = dict(self.fused_products)
+        if self.product_tiles:
+            data["product_tiles"] = dict(self.product_tiles)
         if self.generation is not None:
             data["generation"] = self.generation.to_json()
         if self.shared_weights is not None:

@@ -42,6 +42,7 @@ from aotc.export.fused_products import Fusions
 from aotc.export.gptq import calibration_for
 from aotc.export.placement import place_program, signature_in_precision
 from aotc.export.user_frames import first_line
+from aotc.kernels.product_tiles import tiles_in_force
 from aotc.math_mode import tf32_matmuls
 from aotc.progress import Progress
 from aotc.quiet import quiet_torch
@@ -136,6 +137,12 @@ def _build(
                 progress.note(fusions.describe())
             # a generation step's attention, as this device runs it best
             placed = lower_cached_attention(placed, implementation_for(cfg.device))
+            # the fused products' tiles, timed on this GPU (aotc/kernels/product_tiles.py)
+            tiles, tiles_record = (
+                chosen_tiles(placed, progress)
+                if fusions is not None and fusions.total()
+                else ({}, {})
+            )
         phases: dict = {}
         cxx = compiler["cpp.cxx"][1]
         # Inductor's vector-ISA probe runs in here: each of its answers once per machine, and
@@ -152,6 +159,8 @@ def _build(
                 manifest = with_cpu_layout(manifest, quantization, cfg.device)
             if fusions is not None and fusions.total():
                 manifest = dataclasses.replace(manifest, fused_products=dataclasses.asdict(fusions))
+            if tiles_record:
+                manifest = dataclasses.replace(manifest, product_tiles=tiles_record)
             if not placed.state_dict and not placed.constants:
                 # torch cannot open a 0-byte weights blob (mmap fails): a model without weights
                 # keeps the default layout, its (empty) constants inside the .so
@@ -172,6 +181,7 @@ def _build(
                 ),
                 inductor_phase_times(phases),
                 programmatic_launches(pdl_prefixes),  # both compiles below
+                tiles_in_force(tiles),
             ):
                 compile_aoti(
                     placed,
@@ -279,3 +289,27 @@ def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) ->
             f"AOTInductor could not compile the model: {type(exc).__name__}: {first_line(exc)[:300]}; "
             "rerun with --verbose for details"
         ) from exc
+
+
+def chosen_tiles(placed, progress) -> tuple[dict, dict]:
+    """(tiles in force while the package compiles, the manifest's product_tiles) for the fused
+    products of `placed`, each float weight shape's tile timed on this GPU (product_tiles.py)."""
+    import torch
+
+    from aotc.kernels import product_tiles
+    from aotc.kernels.fused_gemv import fused_gemv, launch_shape
+    from aotc.kernels.gemv import streaming_multiprocessors
+
+    keys = product_tiles.fused_product_keys(placed.graph_module)
+    if not keys:
+        return {}, {}
+    device = torch.device("cuda", torch.cuda.current_device())
+    name = torch.cuda.get_device_name(device)
+    programs = streaming_multiprocessors(device.index or 0)
+    progress.note(f"timing the tiles of {len(keys)} fused product shape(s) on {name}")
+    table, record = product_tiles.choose(
+        keys,
+        lambda key: launch_shape(key[0], key[1], programs),
+        lambda key, tile: product_tiles.seconds_on_gpu(key, tile, device, fused_gemv),
+    )
+    return table, {"tuned_on": name, "tiles": record}

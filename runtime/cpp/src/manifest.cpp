@@ -10,6 +10,7 @@
 #include <cstring>
 #include <set>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -333,6 +334,7 @@ Manifest read_fields(const json& data) {
   m.gpu_name = device.optional_text("gpu_name");
   m.compute_capability = device.optional_text("compute_capability");
   if (m.device_type == "cuda" && m.compute_capability.empty()) device.fail("compute_capability", "is missing for a cuda package");
+  if (f.has("product_tiles")) m.tiles_tuned_on = f.object("product_tiles").text_or("tuned_on", "");
   m.mode = f.choice("mode", {"default", "reduce-overhead", "max-autotune"});
   m.precision = f.choice("precision", {"fp32", "tf32", "bf16", "fp16"});
   f.object("inductor_options");
@@ -665,6 +667,12 @@ void check_compatible(const std::string& folder, const Manifest& m) {
   check_cpu_layout(where, m);
 }
 
+std::string tuned_elsewhere(const Manifest& m, const std::string& here) {
+  if (m.tiles_tuned_on.empty() || m.tiles_tuned_on == here) return "";
+  return "its fused products' tiles were chosen on " + m.tiles_tuned_on + ", this GPU is " + here +
+         ": it runs correctly, maybe slower than a build made here; rebuild it on this GPU for tiles of its own";
+}
+
 void check_device(const std::string& folder, const Manifest& m) {
   if (m.device_type != "cuda") return;
   std::string where = "package " + folder;
@@ -676,6 +684,8 @@ void check_device(const std::string& folder, const Manifest& m) {
       throw package_error(where + " was built for " + m.gpu_name + " (compute capability " + m.compute_capability +
                           "), this GPU is " + props->name + " (" + here + "); rebuild it on this GPU's architecture");
     }
+    std::string note = tuned_elsewhere(m, props->name);
+    if (!note.empty()) std::cerr << "aotc-runner: " << where << ": " << note << "\n";  // once: a package loads once
     return;
   }
 #endif

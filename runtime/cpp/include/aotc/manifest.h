@@ -79,6 +79,7 @@ struct Manifest {
   std::string torch, platform;                            // toolchain the package needs
   std::string device_type;                                // "cpu" or "cuda"
   std::string gpu_name, compute_capability;               // cuda packages
+  std::string tiles_tuned_on;  // product_tiles.tuned_on: the GPU the build timed its kernels' tiles on
   bool cuda_graphs = false, tf32 = false;                 // runtime settings
   bool cudnn_benchmark = false;  // cuDNN times its convolution algorithms (aotc build --cudnn-benchmark)
   bool finished = true;                                   // false: numeric_check pending (a build that never ended)
@@ -116,6 +117,9 @@ void check_compatible(const std::string& folder, const Manifest& manifest);
 // Refuse a CUDA package on a machine with no usable GPU or a GPU of another architecture (exit 7).
 // It initialises CUDA (about 100 ms on the H100 host): Package::load runs it beside the hash check.
 void check_device(const std::string& folder, const Manifest& manifest);
+// What to say when the build timed its kernels' tiles on another GPU (of the same architecture:
+// check_device refuses any other); "" when it did not
+std::string tuned_elsewhere(const Manifest& manifest, const std::string& here);
 
 // Refuse a package whose manifest does not describe its compiled model: METADATA is the model's
 // AOTInductor metadata (exit 7, naming the first difference with both sides).
