@@ -33,6 +33,24 @@ def test_a_neighbour_replaces_the_rules_tile_only_when_clearly_faster():
     assert table == {KEY: RULE} and record["960x576 bfloat16"]["tile"] == list(RULE)
 
 
+def test_a_neighbour_that_fails_is_no_candidate_but_the_rules_tile_failing_fails():
+    broken = pt.candidates(960, 576, RULE)[1]
+
+    def seconds(key, tile):
+        if tile == broken:
+            raise RuntimeError("out of resources")
+        return 1.0e-6
+
+    table, _record = pt.choose([KEY], lambda key: RULE, seconds)
+    assert table == {KEY: RULE}
+
+    def rule_fails(key, tile):
+        raise RuntimeError("out of resources")
+
+    with pytest.raises(RuntimeError, match="out of resources"):
+        pt.choose([KEY], lambda key: RULE, rule_fails)
+
+
 def test_every_candidate_is_timed_once_and_the_rules_tile_first():
     timed = []
     pt.choose([KEY], lambda key: RULE, lambda key, tile: timed.append(tile) or 1.0)

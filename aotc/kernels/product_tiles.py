@@ -19,6 +19,7 @@ fp8 and int4 weights keep the launch rules.
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -90,7 +91,9 @@ def choose(
     record: dict[str, dict[str, Any]] = {}
     for key in keys:
         rule = rule_of(key)
-        seconds = {tile: seconds_of(key, tile) for tile in candidates(key[0], key[1], rule)}
+        seconds = {
+            tile: _timed(seconds_of, key, tile, rule) for tile in candidates(key[0], key[1], rule)
+        }
         best = min(seconds, key=seconds.__getitem__)
         chosen = best if seconds[best] < seconds[rule] * (1 - margin) else rule
         table[key] = chosen
@@ -100,6 +103,17 @@ def choose(
             "rule_us": round(seconds[rule] * 1e6, 2),
         }
     return table, record
+
+
+def _timed(seconds_of: Callable[[Key, Tile], float], key: Key, tile: Tile, rule: Tile) -> float:
+    """seconds_of(key, tile); a neighbour that fails to compile or launch is no candidate (inf),
+    the rule's tile (what the package would use anyway) fails the build."""
+    if tile == rule:
+        return seconds_of(key, tile)
+    try:
+        return seconds_of(key, tile)
+    except Exception:  # e.g. Triton out of resources for this GPU
+        return math.inf
 
 
 def seconds_on_gpu(key: Key, tile: Tile, device: torch.device, product: Callable) -> float:
