@@ -23,6 +23,7 @@ analysis = pytest.importorskip("torch._higher_order_ops.triton_kernel_wrap")
 if not hasattr(analysis, "identify_accessed_tensors"):  # torch before 2.12: the GPU test's job
     pytest.skip("needs torch's identify_accessed_tensors (2.12+)", allow_module_level=True)
 
+from kernel_launches import recorded  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -51,26 +52,6 @@ def hopper():
     config.set_active(_HopperWithoutGpu())
     yield
     config._active = before
-
-
-def recorded(launcher, *args, **kwargs) -> list[tuple]:
-    """[(kernel, {argument: value})] of each kernel `launcher` launches."""
-    launched = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def call(*positional, **named):
-                values = dict(zip(self.kernel.arg_names, positional))
-                values.update({k: v for k, v in named.items() if k in self.kernel.arg_names})
-                launched.append((self.kernel, values))
-
-            return call
-
-    launcher(*args, launch=Recorder, **kwargs)
-    return launched
 
 
 def written(kernel, arguments: dict) -> list[str]:
@@ -242,3 +223,29 @@ def test_the_build_finds_the_float_products_it_times(hopper):
     with product_tiles.tiles_in_force(tiles):  # no GPU to take the launch rule's counts from
         program = torch.export.export(Step(), (torch.randn(1, 256),), strict=False)
     assert product_tiles.fused_product_keys(program.graph_module) == [(96, 256, "float32")]
+
+
+def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():
+    """A package's PDL launcher picks kernels by name (aotc/compiler/programmatic_launch.py): each
+    Triton kernel of aotc's that waits for its predecessor is named with the prefix. The helpers
+    (`_`-named, and programmatic.after_predecessor) are inlined into them, never launched."""
+    from aotc.compiler.programmatic_launch import PDL_PREFIX
+    from aotc.kernels import attention, fused_gemv
+
+    names = {
+        kernel.fn.__name__
+        for module in (attention, fused_gemv)
+        for kernel in vars(module).values()
+        if hasattr(kernel, "fn")
+        and kernel.fn.__module__ == module.__name__
+        and "PDL" in getattr(kernel, "arg_names", [])
+        and not kernel.fn.__name__.startswith("_")
+    }
+    assert names == {
+        "aotc_pdl_attention",
+        "aotc_pdl_combine",
+        "aotc_pdl_tiled_attention",
+        "aotc_pdl_fused_gemv",
+        "aotc_pdl_fused_int4_gemv",
+    }
+    assert all(name.startswith(PDL_PREFIX) for name in names)

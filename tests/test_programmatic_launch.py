@@ -54,28 +54,6 @@ def test_a_launcher_of_another_form_is_refused_not_patched():
         programmatic_driver(plain.replace("cuLaunchKernel(", "cuLaunchKernel_v2("))
 
 
-def test_aotcs_kernels_carry_the_prefix():
-    """The launcher picks kernels by name: each of aotc's Triton kernels that waits for its
-    predecessor is named with the prefix (the `_` helpers are inlined into them)."""
-    pytest.importorskip("triton")
-    from aotc.kernels import attention, fused_gemv
-
-    names = {
-        kernel.fn.__name__
-        for module in (attention, fused_gemv)
-        for kernel in vars(module).values()
-        if hasattr(kernel, "fn")
-        and "PDL" in getattr(kernel, "arg_names", [])
-        and not kernel.fn.__name__.startswith("_")
-    }
-    assert names == {
-        "aotc_pdl_attention",
-        "aotc_pdl_combine",
-        "aotc_pdl_tiled_attention",
-        "aotc_pdl_fused_gemv",
-    }
-
-
 @pytest.mark.gpu
 def test_inductor_sees_what_each_kernel_writes_with_the_wait_compiled_in():
     """AOTInductor copies every argument of a user Triton kernel it cannot analyse (it assumes
@@ -88,8 +66,10 @@ def test_inductor_sees_what_each_kernel_writes_with_the_wait_compiled_in():
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the wait is compiled in from compute capability 9.0")
 
+    from kernel_launches import recorded
+
     from aotc.kernels import attention
-    from aotc.kernels.fused_gemv import aotc_pdl_fused_gemv
+    from aotc.kernels.fused_gemv import fused_gemv
 
     def written(kernel, arguments) -> list:
         if not hasattr(analysis, "identify_accessed_tensors"):  # torch 2.11's name and answer
@@ -99,31 +79,16 @@ def test_inductor_sees_what_each_kernel_writes_with_the_wait_compiled_in():
 
     bf16 = {"dtype": torch.bfloat16, "device": "cuda"}
     x, w, norm = torch.randn(1, 64, **bf16), torch.randn(32, 64, **bf16), torch.randn(64, **bf16)
-    residual, out = torch.randn(1, 32, **bf16), torch.empty(1, 32, **bf16)
-    flags = {"NORM": True, "GATED": False, "BIAS": False, "RESIDUAL": True, "CLAMP": False}
-    product = {"x_ptr": x, "w_ptr": w, "b_ptr": w, "norm_ptr": norm, "res_ptr": residual,
-               "out_ptr": out, "n_out": 32, "x_stride": 64, "eps": 1e-5, "clamp": 0.0, "K": 64,
-               **flags, "BLOCK_N": 16, "BLOCK_K": 64, "PDL": True}  # fmt: skip
-    assert written(aotc_pdl_fused_gemv, product) == ["out_ptr"]
-
-    launched = []
-
-    class Recorder:  # attend's launches, their arguments by name
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def call(*args, **kwargs):
-                named = dict(zip(self.kernel.arg_names, args))
-                named.update({k: v for k, v in kwargs.items() if k in self.kernel.arg_names})
-                launched.append((self.kernel, named))
-
-            return call
+    residual = torch.randn(1, 32, **bf16)
+    [(kernel, named)] = recorded(fused_gemv, x, w, None, norm, residual, 1e-5, False, 0.0, pdl=True)
+    assert (named["PDL"], written(kernel, named)) == (True, ["out_ptr"])
 
     query = torch.randn(1, 4, 64, 64, **bf16)
     keys = torch.randn(1, 129, 2, 64, **bf16)
     rows, positions = torch.zeros(64, dtype=torch.long, device="cuda"), torch.arange(64).cuda()
-    attention.attend(query, keys, keys.clone(), rows, positions, 0.125, 0, 0.0, 4, launch=Recorder)
+    launched = recorded(
+        attention.attend, query, keys, keys.clone(), rows, positions, 0.125, 0, 0.0, 4
+    )
     found = {
         kernel.fn.__name__: (named["PDL"], written(kernel, named)) for kernel, named in launched
     }
