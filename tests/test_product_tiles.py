@@ -13,6 +13,19 @@ import pytest
 from aotc.kernels import product_tiles as pt
 
 RULE = (8, 1024, 8)
+
+
+def assert_manifest_field(name: str, value) -> None:
+    """`value` is what docs/manifest.schema.json says the manifest's `name` holds."""
+    import json
+
+    import jsonschema
+    from conftest import MANIFEST_SCHEMA
+
+    schema = json.loads(MANIFEST_SCHEMA.read_text())
+    jsonschema.validate(value, schema["properties"][name])
+
+
 KEY = (960, 576, "bfloat16")
 
 
@@ -25,6 +38,7 @@ def test_a_neighbour_replaces_the_rules_tile_only_when_clearly_faster():
     table, record = pt.choose([KEY], lambda key: RULE, seconds)
     assert table == {KEY: faster}
     assert record == {"960x576 bfloat16": {"tile": [16, 512, 4], "us": 0.9, "rule_us": 1.0}}
+    assert_manifest_field("product_tiles", {"tuned_on": "NVIDIA H200", "tiles": record})
 
     def within_noise(key, tile):
         return {faster: 0.98e-6}.get(tile, 1.0e-6)
