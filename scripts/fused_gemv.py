@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aotc.bench.generation import copy_bandwidth  # noqa: E402
 from aotc.export.fused_products import reference  # noqa: E402
 from aotc.kernels.fused_gemv import fused_gemv  # noqa: E402
+from aotc.kernels.graph_timing import replay_seconds  # noqa: E402
 
 # SmolLM2-135M's and Llama-3.2-1B's products (K x N) and what each takes in, and their output layers
 SHAPES = (
@@ -38,24 +39,12 @@ SHAPES = (
 
 def graph_time(calls, replays: int) -> float:
     """Median seconds per call of `calls` (closures) captured into one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:  # warm-up: Triton and Inductor compile outside the capture
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def step() -> None:
         for call in calls:
             call()
-    times = []
-    for _ in range(replays):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / len(calls))
-    return statistics.median(times)
+
+    return statistics.median(replay_seconds(step, replays)) / len(calls)
 
 
 def measure(

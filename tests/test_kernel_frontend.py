@@ -23,7 +23,7 @@ analysis = pytest.importorskip("torch._higher_order_ops.triton_kernel_wrap")
 if not hasattr(analysis, "identify_accessed_tensors"):  # torch before 2.12: the GPU test's job
     pytest.skip("needs torch's identify_accessed_tensors (2.12+)", allow_module_level=True)
 
-from kernel_launches import recorded  # noqa: E402
+from kernel_launches import attention_case, recorded  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -122,12 +122,7 @@ def test_the_attention_kernels_lower_and_write_only_their_outputs(hopper, monkey
     from aotc.kernels import attention
 
     monkeypatch.setattr(attention, "waits_programmatically", lambda device: pdl)
-    query = torch.randn(1, 4, 64, 64, dtype=dtype)  # 64 packed tokens: tiled and split forms
-    keys = torch.randn(1, 129, 2, 64, dtype=dtype)
-    rows, positions = torch.zeros(64, dtype=torch.long), torch.arange(64)
-    launches = recorded(
-        attention.attend, query, keys, keys.clone(), rows, positions, 0.125, 0, 0.0, 4
-    )
+    launches = recorded(attention.attend, *attention_case(dtype))  # tiled and split forms
     found = {
         kernel.fn.__name__: (values["PDL"], written(kernel, values)) for kernel, values in launches
     }

@@ -66,7 +66,7 @@ def test_inductor_sees_what_each_kernel_writes_with_the_wait_compiled_in():
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the wait is compiled in from compute capability 9.0")
 
-    from kernel_launches import recorded
+    from kernel_launches import attention_case, recorded
 
     from aotc.kernels import attention
     from aotc.kernels.fused_gemv import fused_gemv
@@ -83,12 +83,7 @@ def test_inductor_sees_what_each_kernel_writes_with_the_wait_compiled_in():
     [(kernel, named)] = recorded(fused_gemv, x, w, None, norm, residual, 1e-5, False, 0.0, pdl=True)
     assert (named["PDL"], written(kernel, named)) == (True, ["out_ptr"])
 
-    query = torch.randn(1, 4, 64, 64, **bf16)
-    keys = torch.randn(1, 129, 2, 64, **bf16)
-    rows, positions = torch.zeros(64, dtype=torch.long, device="cuda"), torch.arange(64).cuda()
-    launched = recorded(
-        attention.attend, query, keys, keys.clone(), rows, positions, 0.125, 0, 0.0, 4
-    )
+    launched = recorded(attention.attend, *attention_case(torch.bfloat16, "cuda"))
     found = {
         kernel.fn.__name__: (named["PDL"], written(kernel, named)) for kernel, named in launched
     }

@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+
+from aotc.kernels.graph_timing import replay_seconds
 
 Key = tuple[int, int, str]  # (output features, input features, the weight's dtype)
 Tile = tuple[int, int, int]  # (BLOCK_N, BLOCK_K, warps): fused_gemv's `shape`
@@ -135,22 +136,7 @@ def seconds_on_gpu(key: Key, tile: Tile, device: torch.device, product: Callable
         for weight in weights:
             product(x, weight, None, None, None, 0.0, False, 0.0, shape=tile)
 
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        step()  # Triton compiles outside the capture
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    times = []
-    for _ in range(REPLAYS):
-        torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - started) / layers)
-    return statistics.median(times)
+    return statistics.median(replay_seconds(step, REPLAYS, device)) / layers
 
 
 def fused_product_keys(module: torch.fx.GraphModule) -> list[Key]:
