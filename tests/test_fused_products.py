@@ -29,11 +29,11 @@ def unlifted(family: str, generation_packages):
     "family, expected, products",
     [
         # Llama's layers: the norm into q/k/v and into gate/up, silu(gate) * up into down, the
-        # residual after o and after down: each layer's four products fused; the final norm
-        # feeds the output layer through a slice, which stays a linear
-        ("llama", Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS),
-        ("qwen2", Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS),
-        ("qwen3", Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS),
+        # residual after o and after down: each layer's four products fused; and the final norm
+        # into the output layer, which reads the rows the step picks from it
+        ("llama", Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS + 1),
+        ("qwen2", Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS + 1),
+        ("qwen3", Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS), 4 * LAYERS + 1),
         # Gemma 2 scales by (1 + weight), uses gelu, and norms a product's output before the
         # residual: nothing there is the pattern
         ("gemma2", Fusions(), 0),
@@ -65,7 +65,7 @@ def test_a_bf16_build_fuses_the_same_products_through_its_casts(generation_packa
     ep, meta, *_ = unlifted("llama", generation_packages)
     fusions = Fusions()
     place_program(ep, "cpu", Precision.BF16, meta.signature, fusions=fusions)
-    assert fusions == Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
+    assert fusions == Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS)
 
 
 def quantized_program(generation_packages, low, scheme="int8-weight-only", group=None):
@@ -118,18 +118,20 @@ def test_int8_and_fp8_products_are_fused_and_compute_what_the_unfused_ones_do(
     product = (
         quantization.cuda_int8_linear if scheme == "int8-weight-only" else quantization.fp8_linear
     )
-    expected = Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
+    # the output layer takes the final norm in too, quantized or kept in the base precision
+    expected = Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS)
     module, example = quantized_program(generation_packages, torch.float32, scheme)
     fused = copy.deepcopy(module)
     assert fuse_products(fused) == expected
     for ours, theirs in zip(fused(*copy.deepcopy(example)), module(*copy.deepcopy(example))):
         assert torch.equal(ours, theirs)
-    # the output layer reads the picked rows and stays as it was: int8, or fp8's base precision
-    left = [n for n in fused.graph.nodes if n.target is product]
-    assert len(left) == (1 if scheme == "int8-weight-only" else 0)
+    # every product fused, the output layer's too
+    assert not [n for n in fused.graph.nodes if n.target is product]
     module, _ = quantized_program(generation_packages, torch.bfloat16, scheme)
     assert fuse_products(module) == expected
-    operands = {n.args[9] for n in module.graph.nodes if n.target is fused_linear}
+    operands = {
+        n.args[9] for n in module.graph.nodes if n.target is fused_linear and len(n.args) > 9
+    }  # the quantized products (fp8 keeps its output layer in the base precision)
     assert operands == {torch.bfloat16}  # the dtype the build casts the activations to
 
 
@@ -141,7 +143,7 @@ def test_int4_groups_products_are_fused_and_compute_what_the_unfused_ones_do(
     multiply the dequantized groups."""
     from aotc.export import quantization
 
-    expected = Fusions(norm=2 * LAYERS, gated=LAYERS, residual=2 * LAYERS)
+    expected = Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS)
     module, example = quantized_program(
         generation_packages, torch.float32, "int4-weight-only", group=32
     )
@@ -152,8 +154,8 @@ def test_int4_groups_products_are_fused_and_compute_what_the_unfused_ones_do(
     assert fuse_products(fused) == expected
     for ours, theirs in zip(fused(*copy.deepcopy(example)), module(*copy.deepcopy(example))):
         assert torch.equal(ours, theirs)
-    int4 = [n for n in fused.graph.nodes if n.target is quantization.cuda_int4_groups_linear]
-    assert len(int4) == 1  # the output layer's, which reads the picked rows
+    # every product fused, the output layer's (with the final norm) too
+    assert not [n for n in fused.graph.nodes if n.target is quantization.cuda_int4_groups_linear]
     assert {n.args[-1] for n in fused.graph.nodes if n.target is fused_linear} == {32}
 
 
@@ -178,6 +180,37 @@ def test_a_product_not_in_the_pattern_is_left_alone():
     assert fuse_products(fused) == Fusions()
     for ours, theirs in zip(fused(x), module(x)):
         assert torch.equal(ours, theirs)
+
+
+def test_rows_picked_between_the_norm_and_the_product_are_picked_first():
+    """The output layer's pattern (the final norm, the rows a step returns picked, the product):
+    the pass picks the rows of the norm's input and fuses the norm, which computes the same. A
+    pick of features (the last dimension) is not a row pick, and stays as it is."""
+
+    class Head(torch.nn.Module):
+        def __init__(self, features: bool):
+            super().__init__()
+            self.features = features
+            self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+            self.proj = torch.nn.Linear(8, 5, bias=False)
+
+        def forward(self, x, picks):
+            x32 = x.to(torch.float32)
+            normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)
+            scaled = self.weight * normed.to(torch.float32)
+            return self.proj(scaled[..., picks] if self.features else scaled[:, picks])
+
+    x = torch.randn(1, 6, 8)
+    for features, picks, expected in (
+        (False, torch.tensor([5, 2]), Fusions(norm=1)),
+        (True, torch.randperm(8), Fusions()),
+    ):
+        module = torch.export.export(Head(features), (x, picks)).module()
+        fused = copy.deepcopy(module)
+        assert fuse_products(fused) == expected
+        assert torch.equal(fused(x, picks), module(x, picks))
+        picks_rows = [n for n in fused.graph.nodes if n.target is torch.ops.aten.index.Tensor]
+        assert len(picks_rows) == 1
 
 
 def test_reference_is_transformers_rmsnorm_and_the_gated_mlp():

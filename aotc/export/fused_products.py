@@ -8,7 +8,10 @@ quantization passes, on the patterns they leave; a pattern is matched by what it
 a model's module names, so every family that writes it is fused:
 
 - the RMSNorm in front of a product, as transformers writes it: `x32 = x.to(float32)`, `x32 *
-  rsqrt(mean(x32 ** 2, -1, keepdim) + eps)`, cast to float32, times the norm's weight;
+  rsqrt(mean(x32 ** 2, -1, keepdim) + eps)`, cast to float32, times the norm's weight; also when
+  rows are picked between the norm and the product (the output layer reads the final norm's rows
+  whose logits a step returns): the norm is per row, so the pass picks the rows first and the
+  output layer takes the norm in as every other product does;
 - the gated MLP's `silu(gate) * up`, where gate and up are the two halves of one stacked product
   (sibling_linears.py stacks them at export);
 - the clamp and cast to the weight's dtype a reduced-precision build puts before a product
@@ -155,7 +158,13 @@ def fuse_products(module) -> Fusions:
             scale, operand_dtype = None, None
         doomed: list = []
         a, clamp = _cast_and_clamp(x, doomed)
-        norm = _rms_norm(a, doomed)
+        picked, rows = _picked_rows(a)
+        before_norm = len(doomed)
+        norm = _rms_norm(picked, doomed)
+        if norm is None:
+            rows = None
+        elif rows is not None:
+            doomed.insert(before_norm, a)  # the pick goes before the norm it read
         gate_up = _gated(a, doomed) if norm is None else None
         if norm is not None:
             a, norm_weight, eps = norm
@@ -176,6 +185,8 @@ def fuse_products(module) -> Fusions:
         if norm is None and gate_up is None and residual is None:
             continue  # nothing to take in: cuBLAS alone does it
         with graph.inserting_before(replaced):
+            if rows is not None:  # the rows picked from the norm's input instead of its output
+                a = graph.call_function(aten.index.Tensor, (a, rows))
             fused = graph.call_function(
                 fused_linear,
                 (a, weight, bias, norm_weight, residual, eps, gate_up is not None, clamp)
@@ -226,6 +237,18 @@ def _only_user(node, user) -> bool:
 
 def _plain_add(add) -> bool:
     return len(add.args) == 2 and add.kwargs.get("alpha", 1) == 1
+
+
+def _picked_rows(a) -> tuple:
+    """(the node `a` picks rows of, the pick's indices) if `a` is an `aten.index` over leading
+    dimensions only (each row's features untouched) and the only user of its source, else (a,
+    None)."""
+    if _is(a, aten.index.Tensor) and len(_users(a)) == 1:
+        source, indices = a.args
+        value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if value is not None and len(indices) < value.dim() and _only_user(source, a):
+            return source, indices
+    return a, None
 
 
 def _cast_and_clamp(x, doomed: list) -> tuple:
