@@ -112,8 +112,28 @@ def _attend(
         scores = scores.masked_fill(~mask, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
     else:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out = _scaled_dot_product(q, k, v, mask, scale)
     return out.transpose(1, 2).to(query.dtype)
+
+
+def _scaled_dot_product(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """softmax(q k^T * scale where `mask` [B, 1, S, n]) v, as scaled_dot_product_attention
+    computes it. A batch read from the device (`prefix`'s windows, traced for the CPU) calls the
+    kernel that function picks on the CPU, flash attention, itself, with the boolean mask made
+    additive as that function makes it: the same numbers. On torch 2.11 that function's choice of
+    kernel guards on whether the mask's batch is 1, which such a batch cannot answer while
+    tracing."""
+    # eager calls, and the reference (a static batch; the ONNX backend exports it), keep it
+    if q.device.type != "cpu" or not isinstance(q.shape[0], torch.SymInt):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale
+        )
+    blocked = torch.scalar_tensor(float("-inf"), dtype=q.dtype, device=q.device)
+    additive = torch.where(mask, 0.0, blocked)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return flash(q, k, v, attn_mask=additive, scale=scale)[0]
 
 
 def _zero_unowned(out: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
@@ -151,13 +171,22 @@ def windows(rows: torch.Tensor, positions: torch.Tensor, length: int, fed: torch
     return columns.clamp(min=0, max=steps - 1), starts, firsts
 
 
+def _size(value: torch.Tensor, most: Any) -> Any:
+    """`value`, one number from 1 to `most`, read from the device as a size: while tracing, an
+    unknown (unbacked) one. Marked a size, so that torch 2.11's Inductor, ordering the strides of
+    the attention's inputs, assumes it is not 0 or 1 rather than guarding on which it is."""
+    size = value.item()
+    torch._check_is_size(size)
+    torch._check(size >= 1)
+    torch._check(size <= most)
+    return size
+
+
 def _prefix_windows(q, keys, values, starts, scale, window, softcap, firsts, steps):
     """Each row's window [B, Hq, S, D] over the cache's first n positions, n the furthest any
     query reaches: what a step reads grows with its context, not with the cache's length."""
     length = keys.shape[1] - 1
-    reach = (starts.max() + steps).clamp(min=1, max=length).item()
-    torch._check(reach >= 1)
-    torch._check(reach <= length)
+    reach = _size((starts.max() + steps).clamp(min=1, max=length), length)
     allowed = _allowed(starts, steps, reach, window)
     out = _attend(q, keys.narrow(1, 0, reach), values.narrow(1, 0, reach), allowed, scale, softcap)
     padding = torch.arange(steps, device=out.device)[None, :] < firsts[:, None]
@@ -171,14 +200,10 @@ def prefix(query, keys, values, rows, positions, scale: float, window: int, soft
         return reference(query, keys, values, rows, positions, scale, window, softcap)
     length = keys.shape[1] - 1
     own = positions < length
-    used = (torch.where(own, rows, 0).max() + 1).clamp(max=keys.shape[0]).item()
-    torch._check(used >= 1)
-    torch._check(used <= keys.shape[0])
+    used = _size((torch.where(own, rows, 0).max() + 1).clamp(max=keys.shape[0]), keys.shape[0])
     fed = torch.zeros(keys.shape[0], dtype=rows.dtype, device=rows.device)
     fed = fed.scatter_add(0, rows, own.to(rows.dtype))
-    steps = fed.max().clamp(min=1).item()
-    torch._check(steps >= 1)
-    torch._check(steps <= query.shape[2])
+    steps = _size(fed.max().clamp(min=1), query.shape[2])
     rows_in = torch.where(own, rows, 0).clamp(max=used - 1)
     columns, starts, firsts = windows(rows_in, positions, length, fed.narrow(0, 0, used), steps)
     heads, dim = query.shape[1], query.shape[3]
