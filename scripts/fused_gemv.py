@@ -49,7 +49,7 @@ def graph_time(calls, replays: int) -> float:
 
 def measure(
     k_in: int, n_out: int, form: str, rows: int, layers: int, replays: int, dtype, sweep=(),
-    int4_group: int = 0,
+    int4_group: int = 0, one_byte: bool = False,
 ):  # fmt: skip
     device = "cuda"
     norm, gated, residual = "norm" in form, "gated" in form, "residual" in form
@@ -83,6 +83,17 @@ def measure(
         forms["tinygemm_product"] = [
             lambda t=t, sz=sz: int4_tinygemm_mm(plain_x, t, sz, int4_group) for t, sz in tiles
         ]
+    if one_byte:  # the same products over int8 rows and fp8 blocks: aotc's kernel
+        from aotc.export.quantized_linear import fp8_blocks, int8_rows
+
+        for name, quantize in (("int8", lambda w: int8_rows(w, dtype)), ("fp8", fp8_blocks)):
+            stored = [quantize(w.float()) for w in weights]
+            forms[f"fused_{name}"] = [
+                lambda q=q, s=s: fused_gemv(
+                    x, q, None, nw, r, 1e-5, gated, clamp, scale=s, operand_dtype=dtype
+                )
+                for q, s in stored
+            ]
     for block_n, block_k, warps in sweep:
         forms[f"fused {block_n}x{block_k}/{warps}w"] = [
             lambda w=w, c=(block_n, block_k, warps): fused_gemv(
@@ -119,6 +130,11 @@ def main() -> None:
         help="also time the products over int4 groups of GROUP: aotc's fused kernel and tinygemm",
     )
     parser.add_argument(
+        "--one-byte",
+        action="store_true",
+        help="also time aotc's fused kernel over int8 rows and fp8 blocks of the same weights",
+    )
+    parser.add_argument(
         "--sweep",
         action="store_true",
         help="also time the fused kernel's launch shapes around its rule",
@@ -136,7 +152,16 @@ def main() -> None:
             layers = 4 if n_out > 20000 else args.layers
             sweep = sweep_shapes(k_in) if args.sweep else ()
             seconds, nbytes = measure(
-                k_in, n_out, form, rows, layers, args.replays, dtype, sweep, args.int4
+                k_in,
+                n_out,
+                form,
+                rows,
+                layers,
+                args.replays,
+                dtype,
+                sweep,
+                args.int4,
+                args.one_byte,
             )
             floor = nbytes / bandwidth
             record = {"k": k_in, "n": n_out, "form": form, "rows": rows, "bytes": nbytes,
@@ -164,6 +189,13 @@ def main() -> None:
                     f"({int4_bytes / bandwidth / seconds['fused_int4']:.2f} of its floor), "
                     f"tinygemm product alone {seconds['tinygemm_product'] * 1e6:6.2f}"
                 )
+            if args.one_byte:  # a byte a weight, and the scales (int8: per row; fp8: per block)
+                for name in ("int8", "fp8"):
+                    one_byte_floor = k_in * n_out / bandwidth
+                    print(
+                        f"  {name}: fused {seconds[f'fused_{name}'] * 1e6:6.2f} us "
+                        f"({one_byte_floor / seconds[f'fused_{name}']:.2f} of its floor)"
+                    )
     if args.out:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "copy_bandwidth_tb_s": bandwidth / 1e12, "date": time.strftime("%Y-%m-%d")}  # fmt: skip

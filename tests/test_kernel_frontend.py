@@ -157,22 +157,43 @@ def test_the_split_quantized_product_lowers_and_writes_only_its_sums(
 
 
 # SmolLM2-135M's and Llama-3.2-1B's fused products (output x input features), at an H100's and
-# an H200's streaming multiprocessors: every tile a build may time lowers
+# an H200's streaming multiprocessors: every tile a build may time lowers, in each weight form
 @pytest.mark.parametrize("programs", [132, 144])
+@pytest.mark.parametrize("form", ["bfloat16", "int8", "float8_e4m3fn", "int4g64"])
 @pytest.mark.parametrize(
     "n_out, k_in", [(960, 576), (576, 576), (3072, 576), (576, 1536), (3072, 2048), (2048, 8192)]
 )
-def test_every_tile_a_build_times_lowers(hopper, n_out, k_in, programs):
+def test_every_tile_a_build_times_lowers(hopper, n_out, k_in, form, programs):
     from aotc.kernels import product_tiles
-    from aotc.kernels.fused_gemv import fused_gemv, launch_shape
+    from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
 
-    weight, x = (
-        torch.zeros(n_out, k_in, dtype=torch.bfloat16),
-        torch.zeros(1, k_in, dtype=torch.bfloat16),
-    )
-    for tile in product_tiles.candidates(n_out, k_in, launch_shape(n_out, k_in, programs)):
-        launches = recorded(fused_gemv, x, weight, None, None, None, 0.0, False, 0.0, shape=tile)
+    key = product_tiles.key_of(n_out, k_in, form, "plain")
+    x = torch.zeros(1, k_in, dtype=torch.bfloat16)
+    if form == "int4g64":
+        packed = torch.zeros(n_out, k_in // 2, dtype=torch.uint8)
+        scale_zero = torch.ones(n_out, k_in // 64, 2, dtype=torch.bfloat16)
+        args = (fused_int4_gemv, x, packed, scale_zero, 64, None, None, None, 0.0, False, 0.0,
+                torch.bfloat16)  # fmt: skip
+        kwargs: dict = {}
+    else:
+        weight = torch.zeros(n_out, k_in, dtype=getattr(torch, form))
+        scale = {"int8": torch.ones(n_out), "float8_e4m3fn": torch.ones(n_out, k_in // 64)}
+        args = (fused_gemv, x, weight, None, None, None, 0.0, False, 0.0)
+        kwargs = {"scale": scale.get(form)}
+        kwargs["operand_dtype"] = torch.bfloat16 if kwargs["scale"] is not None else None
+    for tile in product_tiles.candidates_for(key, product_tiles.rule_for(key, programs)):
+        launches = recorded(*args, shape=tile, **kwargs)
         assert [written(kernel, values) for kernel, values in launches] == [["out_ptr"]], tile
+
+
+def test_the_rule_for_a_key_is_its_kernels_launch_rule():
+    from aotc.kernels import product_tiles as pt
+    from aotc.kernels.fused_gemv import int4_launch_shape, launch_shape
+
+    assert pt.rule_for((3072, 2048, "int4g128", "norm"), 132) == int4_launch_shape(
+        3072, 2048, 128, 132
+    )
+    assert pt.rule_for((3072, 2048, "int8", "norm"), 132) == launch_shape(3072, 2048, 132)
 
 
 def test_the_product_takes_the_tile_in_force_for_its_weight(hopper):
@@ -184,17 +205,17 @@ def test_the_product_takes_the_tile_in_force_for_its_weight(hopper):
         torch.zeros(1, 576, dtype=torch.bfloat16),
     )
     with product_tiles.tiles_in_force(
-        {product_tiles.key_of(960, 576, torch.bfloat16): (4, 256, 4)}
+        {product_tiles.key_of(960, 576, torch.bfloat16, "plain"): (4, 256, 4)}
     ):
         [(_kernel, values)] = recorded(fused_gemv, x, weight, None, None, None, 0.0, False, 0.0)
     assert (values["BLOCK_N"], values["BLOCK_K"]) == (4, 256)
 
 
-def test_the_build_finds_the_float_products_it_times(hopper):
-    """The keys are read from the exported program the build compiles: the float products, not
-    the int8 ones (their launch rule stays)."""
+def test_the_build_finds_the_fused_products_it_times(hopper):
+    """The keys are read from the exported program the build compiles: each fused product's
+    weight shape and form (float, int8 rows, int4 groups with their group), once each."""
     from aotc.kernels import product_tiles
-    from aotc.kernels.fused_gemv import fused_gemv_cuda  # noqa: F401 (registers the op)
+    from aotc.kernels.fused_gemv import fused_gemv_cuda  # noqa: F401 (registers the ops)
 
     class Step(torch.nn.Module):
         def __init__(self):
@@ -202,22 +223,35 @@ def test_the_build_finds_the_float_products_it_times(hopper):
             self.w = torch.nn.Parameter(torch.randn(96, 256))
             self.q = torch.nn.Buffer(torch.zeros(64, 96, dtype=torch.int8))
             self.s = torch.nn.Buffer(torch.ones(64))
+            self.p = torch.nn.Buffer(torch.zeros(96, 32, dtype=torch.uint8))
+            self.sz = torch.nn.Buffer(torch.ones(96, 2, 2))
+            self.nw = torch.nn.Buffer(torch.ones(96))
 
         def forward(self, x):
             y = torch.ops.aotc.fused_gemv_cuda(
                 x, self.w, None, None, None, 0.0, False, 0.0, None, x.dtype
             )
-            return torch.ops.aotc.fused_gemv_cuda(
-                y, self.q, None, None, None, 0.0, False, 0.0, self.s, x.dtype
+            z = torch.ops.aotc.fused_gemv_cuda(
+                y, self.q, None, self.nw, None, 1e-5, False, 0.0, self.s, x.dtype
             )
+            again = torch.ops.aotc.fused_gemv_cuda(
+                x, self.w, None, None, None, 0.0, False, 0.0, None, x.dtype
+            )
+            w4 = torch.ops.aotc.fused_int4_gemv_cuda(
+                z, self.p, self.sz, 32, None, None, again, 0.0, False, 0.0, x.dtype
+            )
+            return again, w4
 
     tiles = {
-        product_tiles.key_of(96, 256, torch.float32): (8, 256, 4),
-        product_tiles.key_of(64, 96, torch.int8): (8, 128, 4),
+        product_tiles.key_of(96, 256, torch.float32, "plain"): (8, 256, 4),
+        product_tiles.key_of(64, 96, torch.int8, "norm"): (8, 128, 4),
+        product_tiles.key_of(96, 64, "int4g32", "residual"): (8, 2, 4),
     }
     with product_tiles.tiles_in_force(tiles):  # no GPU to take the launch rule's counts from
         program = torch.export.export(Step(), (torch.randn(1, 256),), strict=False)
-    assert product_tiles.fused_product_keys(program.graph_module) == [(96, 256, "float32")]
+    assert product_tiles.fused_product_keys(program.graph_module) == [
+        (96, 256, "float32", "plain"), (64, 96, "int8", "norm"), (96, 64, "int4g32", "residual")
+    ]  # fmt: skip
 
 
 def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():

@@ -26,7 +26,7 @@ def assert_manifest_field(name: str, value) -> None:
     jsonschema.validate(value, schema["properties"][name])
 
 
-KEY = (960, 576, "bfloat16")
+KEY = (960, 576, "bfloat16", "norm")
 
 
 def test_a_neighbour_replaces_the_rules_tile_only_when_clearly_faster():
@@ -37,14 +37,14 @@ def test_a_neighbour_replaces_the_rules_tile_only_when_clearly_faster():
 
     table, record = pt.choose([KEY], lambda key: RULE, seconds)
     assert table == {KEY: faster}
-    assert record == {"960x576 bfloat16": {"tile": [16, 512, 4], "us": 0.9, "rule_us": 1.0}}
+    assert record == {"960x576 bfloat16 norm": {"tile": [16, 512, 4], "us": 0.9, "rule_us": 1.0}}
     assert_manifest_field("product_tiles", {"tuned_on": "NVIDIA H200", "tiles": record})
 
     def within_noise(key, tile):
         return {faster: 0.98e-6}.get(tile, 1.0e-6)
 
     table, record = pt.choose([KEY], lambda key: RULE, within_noise)
-    assert table == {KEY: RULE} and record["960x576 bfloat16"]["tile"] == list(RULE)
+    assert table == {KEY: RULE} and record["960x576 bfloat16 norm"]["tile"] == list(RULE)
 
 
 def test_a_neighbour_that_fails_is_no_candidate_but_the_rules_tile_failing_fails():
@@ -79,25 +79,47 @@ def test_candidates_keep_the_kernels_register_bound(n_out, k_in, rule):
     found = pt.candidates(n_out, k_in, rule)
     assert found[0] == rule and len(found) == len(set(found))
     for block_n, block_k, warps in found[1:]:
-        assert 1 <= block_n <= n_out and block_k >= 128 and block_n * block_k <= 16384
+        assert 1 <= block_n <= n_out and 128 <= block_k <= max(rule[1], 2 * k_in)
+        assert block_n * block_k <= 16384
         assert warps in (4, 8)
+
+
+def test_a_one_byte_weight_may_hold_twice_the_elements_and_int4_tiles_their_bytes():
+    """int8 and fp8 weights hold the same bytes in flight as a bf16 tile of half the elements;
+    int4 tiles are bounded by their packed bytes and by the row's groups."""
+    rule = (8, 2048, 8)
+    int8 = pt.candidates_for((3072, 2048, "int8", "norm"), rule)
+    assert max(n * k for n, k, _w in int8) == 2 * pt.ELEMENTS
+    assert max(n * k for n, k, _w in pt.candidates_for((3072, 2048, "bfloat16", "norm"), rule)) == (
+        pt.ELEMENTS
+    )
+    int4_rule = (8, 8, 8)
+    int4 = pt.candidates_for((3072, 2048, "int4g128", "norm"), int4_rule)
+    assert int4[0] == int4_rule and len(int4) == len(set(int4))
+    for block_n, block_g, _warps in int4:
+        assert block_n * block_g * 128 // 2 <= pt.INT4_TILE_BYTES and block_g <= 16
+    assert (16, 8, 8) in int4 and (8, 16, 8) in int4  # twice either way, within the bytes
+    assert pt.int4_group((3072, 2048, "int4g128", "norm")) == 128 and pt.int4_group(KEY) == 0
 
 
 def test_tiles_are_in_force_only_inside_the_block():
     import torch
 
     with pt.tiles_in_force({KEY: (4, 512, 4)}):
-        assert pt.tile_in_force(960, 576, torch.bfloat16) == (4, 512, 4)
-        assert pt.tile_in_force(960, 576, torch.float32) is None  # the dtype is part of the key
+        assert pt.tile_in_force(960, 576, torch.bfloat16, "norm") == (4, 512, 4)
+        assert pt.tile_in_force(960, 576, torch.float32, "norm") is None  # the dtype is in the key
+        assert pt.tile_in_force(960, 576, torch.bfloat16, "plain") is None  # and what it takes in
         with pt.tiles_in_force({}):
-            assert pt.tile_in_force(960, 576, torch.bfloat16) is None
-        assert pt.tile_in_force(960, 576, torch.bfloat16) == (4, 512, 4)
-    assert pt.tile_in_force(960, 576, torch.bfloat16) is None
+            assert pt.tile_in_force(960, 576, torch.bfloat16, "norm") is None
+        assert pt.tile_in_force(960, 576, torch.bfloat16, "norm") == (4, 512, 4)
+    assert pt.tile_in_force(960, 576, torch.bfloat16, "norm") is None
+    assert pt.surroundings(True, False, True) == "norm+residual"
+    assert pt.surroundings(False, False, False) == "plain"
 
 
 TILES = {
     "tuned_on": "NVIDIA H100 80GB HBM3",
-    "tiles": {"960x576 bfloat16": {"tile": [8, 1024, 8], "us": 2.1, "rule_us": 2.1}},
+    "tiles": {"960x576 bfloat16 norm": {"tile": [8, 1024, 8], "us": 2.1, "rule_us": 2.1}},
 }
 
 

@@ -39,7 +39,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from aotc.kernels.gemv import streaming_multiprocessors
-from aotc.kernels.product_tiles import tile_in_force
+from aotc.kernels.product_tiles import surroundings, tile_in_force
 from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
@@ -88,14 +88,24 @@ def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr
 
 
 @triton.jit
-def _weights(w, scale_ptr, n, n_ok, k, k_ok, K: tl.constexpr, SCALE_BLOCK: tl.constexpr):
-    """The weight tile as fp32; with SCALE_BLOCK (fp8's blocks), each weight times its block's
-    scale (scales [N, K / SCALE_BLOCK])."""
-    w = w.to(tl.float32)
+def _tile_sums(w, a, scale_ptr, n, n_ok, k0, K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """Each output feature's sum over the tile's input features k0 + [0, BLOCK_K) of the weight
+    tile `w` times the operand `a`, in fp32. With SCALE_BLOCK (fp8's blocks; scales [N, K /
+    SCALE_BLOCK]): each block's sum times its scale, one scale read per block rather than one per
+    weight (a gather of four bytes for each byte of weight read cost fp8 its bandwidth)."""
+    products = w.to(tl.float32) * a[None, :]
     if SCALE_BLOCK:
-        at = n[:, None] * (K // SCALE_BLOCK) + k[None, :] // SCALE_BLOCK
-        w = w * tl.load(scale_ptr + at, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    return w
+        tl.static_assert(BLOCK_K % SCALE_BLOCK == 0, "a tile holds whole blocks of fp8 scales")
+        BLOCKS: tl.constexpr = BLOCK_K // SCALE_BLOCK
+        sums = tl.sum(tl.reshape(products, (BLOCK_N, BLOCKS, SCALE_BLOCK)), axis=2)
+        block = k0 // SCALE_BLOCK + tl.arange(0, BLOCKS)
+        at = n[:, None] * (K // SCALE_BLOCK) + block[None, :]
+        ok = n_ok[:, None] & (block < K // SCALE_BLOCK)[None, :]
+        total = tl.sum(sums * tl.load(scale_ptr + at, mask=ok, other=0.0), axis=1)
+    else:
+        total = tl.sum(products, axis=1)
+    return total
 
 
 @triton.jit
@@ -139,21 +149,18 @@ def aotc_pdl_fused_gemv(
     a = _operand(
         x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
     )
-    acc = tl.sum(_weights(w, scale_ptr, n, n_ok, k, k_ok, K, SCALE_BLOCK) * a[None, :], axis=1)
+    acc = _tile_sums(w, a, scale_ptr, n, n_ok, 0, K, SCALE_BLOCK, BLOCK_N, BLOCK_K)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         kk = k0 + k
         kk_ok = kk < K
-        # a new name per iteration: Triton types a loop-carried variable once, and the stored
-        # weight (bf16, int8, fp8) is not the fp32 `_weights` returns
+        # a name of its own: Triton types a variable carried through a loop once
         stored = tl.load(
             w_ptr + n[:, None] * K + kk[None, :], mask=n_ok[:, None] & kk_ok[None, :], other=0.0
         )
         a = _operand(
             x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
         )
-        acc += tl.sum(
-            _weights(stored, scale_ptr, n, n_ok, kk, kk_ok, K, SCALE_BLOCK) * a[None, :], axis=1
-        )
+        acc += _tile_sums(stored, a, scale_ptr, n, n_ok, k0, K, SCALE_BLOCK, BLOCK_N, BLOCK_K)
     if SCALED:  # the quantized product's output, then its bias added in that dtype
         if SCALE_BLOCK == 0:  # int8 rows: the row's scale on its sum
             acc = acc * tl.load(scale_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
@@ -307,10 +314,11 @@ def fused_gemv(
     if product_dtype is None:
         raise ValueError("a quantized weight's product needs its operand dtype")
     out = _output(x, n_out, residual, product_dtype)
+    taken_in = (norm_weight is not None, gated, residual is not None)
     # a tile the build chose on its GPU for this weight shape (product_tiles.py), else the rule's
     block_n, block_k, warps = (
         shape
-        or tile_in_force(n_out, k_in, weight.dtype)
+        or tile_in_force(n_out, k_in, weight.dtype, surroundings(*taken_in))
         or launch_shape(n_out, k_in, streaming_multiprocessors(x.device.index or 0))
     )
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
@@ -363,8 +371,12 @@ def fused_int4_gemv(
     rows = x.shape[0]
     n_out, k_in = packed.shape[0], packed.shape[1] * 2
     out = _output(x, n_out, residual, operand_dtype)
-    block_n, block_g, warps = shape or int4_launch_shape(
-        n_out, k_in, group, streaming_multiprocessors(x.device.index or 0)
+    taken_in = (norm_weight is not None, gated, residual is not None)
+    # a tile the build chose on its GPU for this weight shape (product_tiles.py), else the rule's
+    block_n, block_g, warps = (
+        shape
+        or tile_in_force(n_out, k_in, f"int4g{group}", surroundings(*taken_in))
+        or int4_launch_shape(n_out, k_in, group, streaming_multiprocessors(x.device.index or 0))
     )
     # an absent operand's pointer is the scales': the kernel never reads it (its flag is off)
     launch(aotc_pdl_fused_int4_gemv)[(triton.cdiv(n_out, block_n), rows)](

@@ -1,24 +1,29 @@
 """Tiles of aotc's fused products chosen at build, by timing them on the GPU the package is built
 on: the idea of `aotc build --tune`, applied to the kernels aotc writes itself.
 
-fused_gemv.launch_shape is a rule fitted to sweeps on an H200 (scripts/fused_gemv.py --sweep). A
-build with `--fused-products` times, for each distinct float weight shape of the step, the rule's
-tile and its neighbours (half and twice the output features a program takes, half the input
+fused_gemv.launch_shape and int4_launch_shape are rules fitted to sweeps on an H200
+(scripts/fused_gemv.py --sweep). A build with `--fused-products` times, for each distinct weight
+shape and form of the step (bf16 or fp32, int8 rows, fp8 blocks, int4 groups), the rule's tile and
+its neighbours (half and twice the output features a program takes, half or twice the input
 features a block holds, 4 or 8 warps), and keeps a neighbour only where it beats the rule's tile by
-more than MARGIN (timing noise otherwise decides). The choice is in force while AOTInductor compiles
-the package (tiles_in_force: the kernel's grid and constexprs are fixed as it is traced) and is
-recorded in the manifest with the GPU it was made on. The runtimes run such a package on any GPU of
-the same architecture, correctly, and say once that its tiles were chosen on another GPU.
+more than MARGIN (timing noise otherwise decides). A weight of one byte an element may take twice
+the elements a program: the same bytes in flight, which is what a product at batch 1 waits on. The
+choice is in force while AOTInductor compiles the package (tiles_in_force: the kernel's grid and
+constexprs are fixed as it is traced) and is recorded in the manifest with the GPU it was made on.
+The runtimes run such a package on any GPU of the same architecture, correctly, and say once that
+its tiles were chosen on another GPU.
 
-The timed form is the plain product of one row (no norm, activation or residual; those change
-what each program does before and after its loop, not the loop the tile sizes), each call on its
-own weights in one CUDA graph, so that the weights come from memory, as in a decode step. int8,
-fp8 and int4 weights keep the launch rules.
+Each product is timed in the form the step has it, one row: with its norm, gated activation and
+residual, which each program computes again for its tile (timed plain, the int4 kernel's
+choices ran at a third of their speed in the step), each call on its own weights in one CUDA
+graph, so that the weights come from memory, as in a decode step. A quantized weight's product
+is timed with bf16 activations, what a bf16 build casts them to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Iterator
@@ -28,28 +33,46 @@ import torch
 
 from aotc.kernels.graph_timing import replay_seconds
 
-Key = tuple[int, int, str]  # (output features, input features, the weight's dtype)
-Tile = tuple[int, int, int]  # (BLOCK_N, BLOCK_K, warps): fused_gemv's `shape`
+# (output features, input features, the weight's form: its dtype's name or "int4g<group>", what
+# the product takes in and adds: "norm", "gated+residual", "plain"...)
+Key = tuple[int, int, str, str]
+# fused_gemv's (BLOCK_N, BLOCK_K, warps) or fused_int4_gemv's (BLOCK_N, BLOCK_G, warps)
+Tile = tuple[int, int, int]
 MARGIN = 0.03  # a neighbour replaces the rule's tile only if it is this much faster
 WEIGHT_BYTES_TIMED = 256 << 20  # weights a timed graph reads: several times any GPU's L2
 REPLAYS = 20
+ELEMENTS = 16384  # a float tile's weights a program holds: 64 fp32 registers a thread at 8 warps
+INT4_TILE_BYTES = 16384  # packed bytes an int4 tile holds
+ONE_BYTE_FORMS = ("int8", "float8_e4m3fn")
 
 _IN_FORCE: dict[Key, Tile] = {}
 
 
-def key_of(n_out: int, k_in: int, dtype: torch.dtype) -> Key:
-    return (n_out, k_in, str(dtype).removeprefix("torch."))
+def key_of(n_out: int, k_in: int, form: torch.dtype | str, around: str = "plain") -> Key:
+    """`form`: the weight's dtype, or "int4g<group>" for int4 groups; `around`: surroundings()."""
+    return (n_out, k_in, str(form).removeprefix("torch."), around)
+
+
+def surroundings(norm: bool, gated: bool, residual: bool) -> str:
+    """What a fused product takes in and adds, as its key names it: "norm+residual", "plain"."""
+    parts = [name for name, on in (("norm", norm), ("gated", gated), ("residual", residual)) if on]
+    return "+".join(parts) or "plain"
+
+
+def int4_group(key: Key) -> int:
+    """The group of an int4 key's weights (0: not int4 groups)."""
+    return int(key[2].removeprefix("int4g")) if key[2].startswith("int4g") else 0
 
 
 def label(key: Key) -> str:
-    """The manifest's name for a key: "576x960 bfloat16" (output x input features)."""
-    n_out, k_in, dtype = key
-    return f"{n_out}x{k_in} {dtype}"
+    """The manifest's name for a key: "576x960 bfloat16 norm" (output x input features)."""
+    n_out, k_in, form, around = key
+    return f"{n_out}x{k_in} {form} {around}"
 
 
-def tile_in_force(n_out: int, k_in: int, dtype: torch.dtype) -> Tile | None:
-    """The tile chosen for this weight shape by the build compiling now, if any."""
-    return _IN_FORCE.get(key_of(n_out, k_in, dtype))
+def tile_in_force(n_out: int, k_in: int, form: torch.dtype | str, around: str) -> Tile | None:
+    """The tile chosen for this product by the build compiling now, if any."""
+    return _IN_FORCE.get(key_of(n_out, k_in, form, around))
 
 
 @contextlib.contextmanager
@@ -66,18 +89,56 @@ def tiles_in_force(table: dict[Key, Tile]) -> Iterator[None]:
         _IN_FORCE.update(saved)
 
 
-def candidates(n_out: int, k_in: int, rule: Tile) -> list[Tile]:
-    """The rule's tile first, then its neighbours that keep at most 16K weight elements a program
-    (fused_gemv.launch_shape's register bound) and a block of input features of at least 128."""
+def candidates(n_out: int, k_in: int, rule: Tile, elements: int = ELEMENTS) -> list[Tile]:
+    """fused_gemv's: the rule's tile first, then its neighbours that keep at most `elements`
+    weight elements a program (launch_shape's register bound) and a block of input features from
+    128 to the row's length rounded up to a power of two."""
     block_n, block_k, _warps = rule
+    longest = max(block_k, 1 << max(0, k_in - 1).bit_length())
     found = [rule]
     for n in (block_n // 2, block_n, block_n * 2):
-        for k in (block_k // 2, block_k):
+        for k in (block_k // 2, block_k, block_k * 2):
             for warps in (4, 8):
                 tile = (n, k, warps)
-                if n >= 1 and k >= 128 and n * k <= 16384 and n <= n_out and tile not in found:
+                fits = 1 <= n <= n_out and 128 <= k <= longest and n * k <= elements
+                if fits and tile not in found:
                     found.append(tile)
     return found
+
+
+def int4_candidates(n_out: int, k_in: int, group: int, rule: Tile) -> list[Tile]:
+    """fused_int4_gemv's: the rule's tile first, then its neighbours of at most INT4_TILE_BYTES
+    packed bytes and at most the row's groups rounded up to a power of two."""
+    block_n, block_g, _warps = rule
+    most_groups = 1 << max(0, k_in // group - 1).bit_length()
+    found = [rule]
+    for n in (block_n // 2, block_n, block_n * 2):
+        for g in (block_g // 2, block_g, block_g * 2):
+            for warps in (4, 8):
+                tile = (n, g, warps)
+                fits = 1 <= n <= n_out and 1 <= g <= most_groups
+                if fits and n * g * group // 2 <= INT4_TILE_BYTES and tile not in found:
+                    found.append(tile)
+    return found
+
+
+def candidates_for(key: Key, rule: Tile) -> list[Tile]:
+    """The tiles timed for `key`: a weight of one byte an element may hold twice the elements."""
+    n_out, k_in, form, _around = key
+    group = int4_group(key)
+    if group:
+        return int4_candidates(n_out, k_in, group, rule)
+    return candidates(n_out, k_in, rule, 2 * ELEMENTS if form in ONE_BYTE_FORMS else ELEMENTS)
+
+
+def rule_for(key: Key, programs_wanted: int) -> Tile:
+    """The launch rule's tile for `key` (fused_gemv.py)."""
+    from aotc.kernels.fused_gemv import int4_launch_shape, launch_shape
+
+    group = int4_group(key)
+    if group:
+        return int4_launch_shape(key[0], key[1], group, programs_wanted)
+    return launch_shape(key[0], key[1], programs_wanted)
 
 
 def choose(
@@ -92,9 +153,7 @@ def choose(
     record: dict[str, dict[str, Any]] = {}
     for key in keys:
         rule = rule_of(key)
-        seconds = {
-            tile: _timed(seconds_of, key, tile, rule) for tile in candidates(key[0], key[1], rule)
-        }
+        seconds = {tile: _timed(seconds_of, key, tile, rule) for tile in candidates_for(key, rule)}
         best = min(seconds, key=seconds.__getitem__)
         chosen = best if seconds[best] < seconds[rule] * (1 - margin) else rule
         table[key] = chosen
@@ -117,44 +176,97 @@ def _timed(seconds_of: Callable[[Key, Tile], float], key: Key, tile: Tile, rule:
         return math.inf
 
 
-def seconds_on_gpu(key: Key, tile: Tile, device: torch.device, product: Callable) -> float:
-    """Median seconds of one plain `product` (fused_gemv.fused_gemv, passed in: it reads this
-    module's table) of one row with `tile`, on weights of `key`'s shape read from memory (a CUDA
-    graph of calls on distinct weights, replayed)."""
-    n_out, k_in, dtype_name = key
-    dtype = getattr(torch, dtype_name)
-    size = n_out * k_in * dtype.itemsize
-    layers = max(2, min(64, WEIGHT_BYTES_TIMED // size))
+def _products(key: Key, tile: Tile, device: torch.device, layers: int) -> list[Callable]:
+    """`layers` products of one row with `tile` in `key`'s form, each on its own weights of
+    `key`'s shape (random: the time does not depend on the values)."""
+    from aotc.export.quantized_linear import fp8_block_size
+    from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
+
+    n_out, k_in, form, around = key
+    norm, gated, residual = (name in around.split("+") for name in ("norm", "gated", "residual"))
+    group = int4_group(key)
+    quantized = bool(group) or form in ONE_BYTE_FORMS
+    operand = torch.bfloat16 if quantized else getattr(torch, form)
     generator = torch.Generator(device=device).manual_seed(0)
-    weights = [
-        torch.randn(n_out, k_in, device=device, dtype=dtype, generator=generator)
-        for _ in range(layers)
-    ]
-    x = torch.randn(1, k_in, device=device, dtype=dtype, generator=generator)
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device=device, generator=generator).to(dtype)
+
+    # a norm reads the fp32 residual stream (transformers' norm casts up), as does a residual add
+    x = randn(1, 2 * k_in if gated else k_in, dtype=torch.float32 if norm else operand)
+    norm_weight = torch.ones(k_in, device=device, dtype=operand) if norm else None
+    added = randn(1, n_out) if residual else None
+    products: list[Callable] = []
+    for _ in range(layers):
+        if group:
+            packed = torch.randint(
+                0, 256, (n_out, k_in // 2), device=device, dtype=torch.uint8, generator=generator
+            )
+            scale_zero = torch.rand(n_out, k_in // group, 2, device=device, dtype=operand)
+            products.append(functools.partial(
+                fused_int4_gemv, x, packed, scale_zero, group, None, norm_weight, added, 1e-5,
+                gated, 0.0, operand, shape=tile,
+            ))  # fmt: skip
+            continue
+        weight = randn(n_out, k_in)
+        scale = None
+        if form == "int8":
+            weight = weight.mul(40).round().clamp(-127, 127).to(torch.int8)
+            scale = torch.rand(n_out, device=device, dtype=operand)
+        elif form == "float8_e4m3fn":
+            weight = weight.to(torch.float8_e4m3fn)
+            scale = torch.rand(n_out, k_in // fp8_block_size(k_in), device=device)
+        else:
+            weight = weight.to(operand)
+        products.append(functools.partial(
+            fused_gemv, x, weight, None, norm_weight, added, 1e-5, gated, 0.0, shape=tile,
+            scale=scale, operand_dtype=operand if quantized else None,
+        ))  # fmt: skip
+    return products
+
+
+def seconds_on_gpu(key: Key, tile: Tile, device: torch.device) -> float:
+    """Median seconds of one plain fused product of one row with `tile`, on weights of `key`'s
+    shape and form read from memory (a CUDA graph of calls on distinct weights, replayed)."""
+    n_out, k_in, form, _around = key
+    group = int4_group(key)
+    weight_bytes = n_out * k_in // 2 if group else n_out * k_in * getattr(torch, form).itemsize
+    layers = max(2, min(64, WEIGHT_BYTES_TIMED // weight_bytes))
+    products = _products(key, tile, device, layers)
 
     def step() -> None:
-        for weight in weights:
-            product(x, weight, None, None, None, 0.0, False, 0.0, shape=tile)
+        for product in products:
+            product()
 
     return statistics.median(replay_seconds(step, REPLAYS, device)) / layers
 
 
 def fused_product_keys(module: torch.fx.GraphModule) -> list[Key]:
-    """The distinct float weight shapes of `module`'s fused products (its subgraphs' too: a
-    product's row-count branch is a cond), in the order met. The product's op is registered by
-    whoever put it in the graph (fused_gemv.py)."""
-    op = torch.ops.aotc.fused_gemv_cuda.default
+    """The distinct weight shapes, forms and surroundings of `module`'s fused products (its subgraphs' too: a
+    product's row-count branch is a cond), in the order met. The products' ops are registered by
+    whoever put them in the graph (fused_gemv.py)."""
+    dense = torch.ops.aotc.fused_gemv_cuda.default
+    int4 = getattr(torch.ops.aotc, "fused_int4_gemv_cuda", None)
     keys: dict[Key, None] = {}
     for graph_module in module.modules():
         if not isinstance(graph_module, torch.fx.GraphModule):
             continue
         for node in graph_module.graph.nodes:
-            if node.op != "call_function" or node.target is not op:
+            if node.op != "call_function":
                 continue
-            weight, scale = node.args[1], node.args[8]
-            if scale is not None:  # int8 or fp8: the launch rule
-                continue
-            val = weight.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                keys[key_of(val.shape[0], val.shape[1], val.dtype)] = None
+            if node.target is dense:  # (x, weight, bias, norm, residual, eps, gated, ...)
+                val = node.args[1].meta.get("val")
+                around = surroundings(
+                    node.args[3] is not None, node.args[6], node.args[4] is not None
+                )
+                if isinstance(val, torch.Tensor):
+                    keys[key_of(val.shape[0], val.shape[1], val.dtype, around)] = None
+            elif int4 is not None and node.target is int4.default:
+                # (x, packed, scale_zero, group, bias, norm, residual, eps, gated, ...)
+                val, group = node.args[1].meta.get("val"), node.args[3]
+                around = surroundings(
+                    node.args[5] is not None, node.args[8], node.args[6] is not None
+                )
+                if isinstance(val, torch.Tensor):
+                    keys[key_of(val.shape[0], val.shape[1] * 2, f"int4g{group}", around)] = None
     return list(keys)

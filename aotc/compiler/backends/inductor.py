@@ -293,11 +293,10 @@ def compile_aoti(ep, package_path: Path, options: dict, precision: Precision) ->
 
 def chosen_tiles(placed, progress) -> tuple[dict, dict]:
     """(tiles in force while the package compiles, the manifest's product_tiles) for the fused
-    products of `placed`, each float weight shape's tile timed on this GPU (product_tiles.py)."""
+    products of `placed`, each weight shape and form's tile timed on this GPU (product_tiles.py)."""
     import torch
 
     from aotc.kernels import product_tiles
-    from aotc.kernels.fused_gemv import fused_gemv, launch_shape
     from aotc.kernels.gemv import streaming_multiprocessors
 
     keys = product_tiles.fused_product_keys(placed.graph_module)
@@ -309,7 +308,7 @@ def chosen_tiles(placed, progress) -> tuple[dict, dict]:
     progress.note(f"timing the tiles of {len(keys)} fused product shape(s) on {name}")
     table, record = product_tiles.choose(
         keys,
-        lambda key: launch_shape(key[0], key[1], programs),
-        lambda key, tile: product_tiles.seconds_on_gpu(key, tile, device, fused_gemv),
+        lambda key: product_tiles.rule_for(key, programs),
+        lambda key, tile: product_tiles.seconds_on_gpu(key, tile, device),
     )
     return table, {"tuned_on": name, "tiles": record}
