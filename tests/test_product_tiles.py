@@ -138,3 +138,22 @@ def test_the_record_travels_in_the_manifest_and_another_gpu_is_named_once(packag
     assert "runs correctly" in note and "\n" not in note
     assert tuned_elsewhere(manifest, "NVIDIA H100 80GB HBM3") is None
     assert tuned_elsewhere(dataclasses.replace(manifest, product_tiles={}), "NVIDIA H200") is None
+
+
+@pytest.mark.parametrize("tuned_on", [7, None, ["NVIDIA H200"]])
+def test_a_package_whose_tiles_name_no_gpu_is_refused_as_the_cpp_runner_refuses_it(
+    packages, tmp_path, tuned_on
+):
+    """The runtimes read `tuned_on` for their note on another GPU: anything but text there is a
+    manifest error naming the field, in Python as in C++ (runtime/cpp/src/manifest.cpp)."""
+    from conftest import tampered_copy
+
+    import aotc_runtime
+    from aotc_runtime.errors import PackageError
+
+    tiles = dict(TILES, tuned_on=tuned_on)
+    copy = tampered_copy(
+        packages.get("mlp").package, tmp_path / "bad", edit=lambda m: m.update(product_tiles=tiles)
+    )
+    with pytest.raises(PackageError, match="product_tiles.tuned_on"):
+        aotc_runtime.load(copy)

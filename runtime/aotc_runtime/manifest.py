@@ -367,6 +367,9 @@ class Manifest:
         specializations = fields.items("specializations", Specialization.read, [])
         generation = fields.value("generation", None)
         _check_specializations(fields, specializations, signature, files)
+        product_tiles = fields.raw_object("product_tiles", {})
+        if product_tiles:  # read by the runtimes (the note on another GPU): text, as the C++ reads it
+            fields.object("product_tiles").text("tuned_on")
         shared = fields.value("shared_weights", None)
         shared_weights = SharedWeights.read(fields.object("shared_weights")) if shared else None
         if shared_weights is not None:
@@ -402,7 +405,7 @@ class Manifest:
             tuning=fields.raw_object("tuning", {}),
             quantization=fields.raw_object("quantization", {}),
             fused_products=fields.raw_object("fused_products", {}),
-            product_tiles=fields.raw_object("product_tiles", {}),
+            product_tiles=product_tiles,
             generation=Generation.read(fields.object("generation"))
             if generation is not None
             else None,
