@@ -368,7 +368,8 @@ class Manifest:
         generation = fields.value("generation", None)
         _check_specializations(fields, specializations, signature, files)
         product_tiles = fields.raw_object("product_tiles", {})
-        if product_tiles:  # read by the runtimes (the note on another GPU): text, as the C++ reads it
+        # the runtimes read tuned_on (their note on another GPU): text, as the C++ runner reads it
+        if product_tiles:
             fields.object("product_tiles").text("tuned_on")
         shared = fields.value("shared_weights", None)
         shared_weights = SharedWeights.read(fields.object("shared_weights")) if shared else None
