@@ -278,3 +278,31 @@ def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():
         "aotc_pdl_fused_int4_gemv",
     }
     assert all(name.startswith(PDL_PREFIX) for name in names)
+
+
+@pytest.fixture(scope="module")
+def kernel_sass():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "kernel_sass.py"
+    spec = importlib.util.spec_from_file_location("kernel_sass", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "weight, k_in, tile",
+    [("bf16", 8192, (8, 1024, 8)), ("int8", 8192, (8, 1024, 8)), ("fp8", 8192, (8, 1024, 8)),
+     ("int4", 2048, (16, 4, 8))],
+)  # fmt: skip
+@pytest.mark.parametrize("around", ["norm", "gated+residual"])
+def test_each_product_compiles_to_hopper_machine_code(kernel_sass, weight, k_in, tile, around):
+    """Through ptxas to SASS for compute capability 9.0 (what the GPU's first build would find:
+    an inline asm ptxas refuses, registers it cannot allocate), and scripts/kernel_sass.py finds
+    the main loop and its multiply-adds, a byte of weight costing some instructions."""
+    kernel = kernel_sass.compiled(weight, k_in, tile, around, 128)
+    loop = kernel_sass.main_loop(kernel_sass.sass_of(kernel))
+    assert loop["FFMA"] > 0 and loop["LDG"] > 0, loop
+    assert 1 < sum(loop.values()) / kernel_sass.weight_bytes_a_thread(weight, tile, 128) < 200
