@@ -35,6 +35,16 @@ DEVICES = {
 # do, and the build checks them with bf16's bounds (compiler/tolerances.py).
 BF16_ACTIVATIONS = {("int4-weight-only", "cpu"), ("int8-weight-only", "cpu")}
 FP8_BLOCK = 128  # input features per fp8 scale, at most (quantized_linear.fp8_blocks)
+
+
+def fp8_block_size(k_in: int) -> int:
+    """The input features one fp8 scale covers in a layer of `k_in`: FP8_BLOCK, or the largest
+    power of two below it that divides `k_in` (64 for SmolLM2's 576; fp8 layers have k_in % 16 == 0)."""
+    import math
+
+    return math.gcd(k_in, FP8_BLOCK)
+
+
 FP8_CAPABILITY = (8, 9)  # fp8 support: Ada (8.9) and Hopper (9.0) onwards
 TINYGEMM_CAPABILITY = (8, 0)
 
@@ -59,7 +69,7 @@ class Quantization:
         return {
             "scheme": self.scheme,
             # fp8: input features per scale (a layer whose input features it does not divide
-            # takes the largest power of two that does: quantized_linear.fp8_block_size)
+            # takes the largest power of two that does: fp8_block_size)
             "group_size": FP8_BLOCK if self.scheme == "fp8" else self.group_size,
             "skip": list(self.skip),
             "method": self.method,

@@ -164,7 +164,7 @@ def test_the_split_quantized_product_lowers_and_writes_only_its_sums(
     "n_out, k_in", [(960, 576), (576, 576), (3072, 576), (576, 1536), (3072, 2048), (2048, 8192)]
 )
 def test_every_tile_a_build_times_lowers(hopper, n_out, k_in, form, programs):
-    from aotc.kernels import product_tiles
+    from aotc.kernels import product_tiles, tile_timing
     from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
 
     key = product_tiles.key_of(n_out, k_in, form, "plain")
@@ -181,19 +181,19 @@ def test_every_tile_a_build_times_lowers(hopper, n_out, k_in, form, programs):
         args = (fused_gemv, x, weight, None, None, None, 0.0, False, 0.0)
         kwargs = {"scale": scale.get(form)}
         kwargs["operand_dtype"] = torch.bfloat16 if kwargs["scale"] is not None else None
-    for tile in product_tiles.candidates_for(key, product_tiles.rule_for(key, programs)):
+    for tile in product_tiles.candidates_for(key, tile_timing.rule_for(key, programs)):
         launches = recorded(*args, shape=tile, **kwargs)
         assert [written(kernel, values) for kernel, values in launches] == [["out_ptr"]], tile
 
 
 def test_the_rule_for_a_key_is_its_kernels_launch_rule():
-    from aotc.kernels import product_tiles as pt
+    from aotc.kernels import tile_timing as tt
     from aotc.kernels.fused_gemv import int4_launch_shape, launch_shape
 
-    assert pt.rule_for((3072, 2048, "int4g128", "norm"), 132) == int4_launch_shape(
+    assert tt.rule_for((3072, 2048, "int4g128", "norm"), 132) == int4_launch_shape(
         3072, 2048, 128, 132
     )
-    assert pt.rule_for((3072, 2048, "int8", "norm"), 132) == launch_shape(3072, 2048, 132)
+    assert tt.rule_for((3072, 2048, "int8", "norm"), 132) == launch_shape(3072, 2048, 132)
 
 
 def test_the_product_takes_the_tile_in_force_for_its_weight(hopper):

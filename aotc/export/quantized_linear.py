@@ -25,7 +25,7 @@ Kernel choices, measured with scripts/quantized_gemv.py (docs/quantization.md):
 
 from __future__ import annotations
 
-from aotc.quantize_schemes import FP8_BLOCK
+from aotc.quantize_schemes import fp8_block_size
 
 # Products with at most this many rows take the reduction form (the decode side of torch.cond).
 DECODE_ROWS = 8
@@ -190,14 +190,6 @@ def int4_tinygemm_mm(x, packed, scale_zero, group: int):
 
     out = torch.ops.aten._weight_int4pack_mm(x.to(torch.bfloat16), packed, group, scale_zero)
     return out.to(x.dtype)
-
-
-def fp8_block_size(k_in: int) -> int:
-    """The input features one fp8 scale covers in a layer of `k_in`: FP8_BLOCK, or the largest
-    power of two below it that divides `k_in` (64 for SmolLM2's 576; fp8 layers have k_in % 16 == 0)."""
-    import math
-
-    return math.gcd(k_in, FP8_BLOCK)
 
 
 def fp8_blocks(w):

@@ -1,10 +1,10 @@
 """Tiles of aotc's fused products chosen at build, by timing them on the GPU the package is built
 on: the idea of `aotc build --tune`, applied to the kernels aotc writes itself.
 
-fused_gemv.launch_shape and int4_launch_shape are rules fitted to sweeps on an H200
-(scripts/fused_gemv.py --sweep). A build with `--fused-products` times, for each distinct weight
-shape and form of the step (bf16 or fp32, int8 rows, fp8 blocks, int4 groups), the rule's tile and
-its neighbours (half and twice the output features a program takes, half or twice the input
+fused_gemv.launch_shape and int4_launch_shape (tile_timing.rule_for) are rules fitted to sweeps
+on an H200 (scripts/fused_gemv.py --sweep). A build with `--fused-products` times, for each
+distinct weight shape and form of the step (bf16 or fp32, int8 rows, fp8 blocks, int4 groups), the
+rule's tile and its neighbours (half and twice the output features a program takes, half or twice the input
 features a block holds, 4 or 8 warps), and keeps a neighbour only where it beats the rule's tile by
 more than MARGIN (timing noise otherwise decides). A weight of one byte an element may take twice
 the elements a program: the same bytes in flight, which is what a product at batch 1 waits on. The
@@ -13,25 +13,20 @@ constexprs are fixed as it is traced) and is recorded in the manifest with the G
 The runtimes run such a package on any GPU of the same architecture, correctly, and say once that
 its tiles were chosen on another GPU.
 
-Each product is timed in the form the step has it, one row: with its norm, gated activation and
-residual, which each program computes again for its tile (timed plain, the int4 kernel's
-choices ran at a third of their speed in the step), each call on its own weights in one CUDA
-graph, so that the weights come from memory, as in a decode step. A quantized weight's product
-is timed with bf16 activations, what a bf16 build casts them to.
+Each product is timed (tile_timing.py, which runs the kernels; this module only decides) in the
+form the step has it, one row: with its norm, gated activation and residual, which each program
+computes again for its tile (timed plain, the int4 kernel's choices ran at a third of their speed
+in the step).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import statistics
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-
-from aotc.kernels.graph_timing import replay_seconds
 
 # (output features, input features, the weight's form: its dtype's name or "int4g<group>", what
 # the product takes in and adds: "norm", "gated+residual", "plain"...)
@@ -39,8 +34,6 @@ Key = tuple[int, int, str, str]
 # fused_gemv's (BLOCK_N, BLOCK_K, warps) or fused_int4_gemv's (BLOCK_N, BLOCK_G, warps)
 Tile = tuple[int, int, int]
 MARGIN = 0.03  # a neighbour replaces the rule's tile only if it is this much faster
-WEIGHT_BYTES_TIMED = 256 << 20  # weights a timed graph reads: several times any GPU's L2
-REPLAYS = 20
 ELEMENTS = 16384  # a float tile's weights a program holds: 64 fp32 registers a thread at 8 warps
 INT4_TILE_BYTES = 16384  # packed bytes an int4 tile holds
 ONE_BYTE_FORMS = ("int8", "float8_e4m3fn")
@@ -131,16 +124,6 @@ def candidates_for(key: Key, rule: Tile) -> list[Tile]:
     return candidates(n_out, k_in, rule, 2 * ELEMENTS if form in ONE_BYTE_FORMS else ELEMENTS)
 
 
-def rule_for(key: Key, programs_wanted: int) -> Tile:
-    """The launch rule's tile for `key` (fused_gemv.py)."""
-    from aotc.kernels.fused_gemv import int4_launch_shape, launch_shape
-
-    group = int4_group(key)
-    if group:
-        return int4_launch_shape(key[0], key[1], group, programs_wanted)
-    return launch_shape(key[0], key[1], programs_wanted)
-
-
 def choose(
     keys: Iterable[Key],
     rule_of: Callable[[Key], Tile],
@@ -174,71 +157,6 @@ def _timed(seconds_of: Callable[[Key, Tile], float], key: Key, tile: Tile, rule:
         return seconds_of(key, tile)
     except Exception:  # e.g. Triton out of resources for this GPU
         return math.inf
-
-
-def _products(key: Key, tile: Tile, device: torch.device, layers: int) -> list[Callable]:
-    """`layers` products of one row with `tile` in `key`'s form, each on its own weights of
-    `key`'s shape (random: the time does not depend on the values)."""
-    from aotc.export.quantized_linear import fp8_block_size
-    from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
-
-    n_out, k_in, form, around = key
-    norm, gated, residual = (name in around.split("+") for name in ("norm", "gated", "residual"))
-    group = int4_group(key)
-    quantized = bool(group) or form in ONE_BYTE_FORMS
-    operand = torch.bfloat16 if quantized else getattr(torch, form)
-    generator = torch.Generator(device=device).manual_seed(0)
-
-    def randn(*shape, dtype=torch.float32):
-        return torch.randn(*shape, device=device, generator=generator).to(dtype)
-
-    # a norm reads the fp32 residual stream (transformers' norm casts up), as does a residual add
-    x = randn(1, 2 * k_in if gated else k_in, dtype=torch.float32 if norm else operand)
-    norm_weight = torch.ones(k_in, device=device, dtype=operand) if norm else None
-    added = randn(1, n_out) if residual else None
-    products: list[Callable] = []
-    for _ in range(layers):
-        if group:
-            packed = torch.randint(
-                0, 256, (n_out, k_in // 2), device=device, dtype=torch.uint8, generator=generator
-            )
-            scale_zero = torch.rand(n_out, k_in // group, 2, device=device, dtype=operand)
-            products.append(functools.partial(
-                fused_int4_gemv, x, packed, scale_zero, group, None, norm_weight, added, 1e-5,
-                gated, 0.0, operand, shape=tile,
-            ))  # fmt: skip
-            continue
-        weight = randn(n_out, k_in)
-        scale = None
-        if form == "int8":
-            weight = weight.mul(40).round().clamp(-127, 127).to(torch.int8)
-            scale = torch.rand(n_out, device=device, dtype=operand)
-        elif form == "float8_e4m3fn":
-            weight = weight.to(torch.float8_e4m3fn)
-            scale = torch.rand(n_out, k_in // fp8_block_size(k_in), device=device)
-        else:
-            weight = weight.to(operand)
-        products.append(functools.partial(
-            fused_gemv, x, weight, None, norm_weight, added, 1e-5, gated, 0.0, shape=tile,
-            scale=scale, operand_dtype=operand if quantized else None,
-        ))  # fmt: skip
-    return products
-
-
-def seconds_on_gpu(key: Key, tile: Tile, device: torch.device) -> float:
-    """Median seconds of one plain fused product of one row with `tile`, on weights of `key`'s
-    shape and form read from memory (a CUDA graph of calls on distinct weights, replayed)."""
-    n_out, k_in, form, _around = key
-    group = int4_group(key)
-    weight_bytes = n_out * k_in // 2 if group else n_out * k_in * getattr(torch, form).itemsize
-    layers = max(2, min(64, WEIGHT_BYTES_TIMED // weight_bytes))
-    products = _products(key, tile, device, layers)
-
-    def step() -> None:
-        for product in products:
-            product()
-
-    return statistics.median(replay_seconds(step, REPLAYS, device)) / layers
 
 
 def fused_product_keys(module: torch.fx.GraphModule) -> list[Key]:

@@ -304,7 +304,7 @@ def chosen_tiles(placed, progress) -> tuple[dict, dict]:
     products of `placed`, each weight shape and form's tile timed on this GPU (product_tiles.py)."""
     import torch
 
-    from aotc.kernels import product_tiles
+    from aotc.kernels import product_tiles, tile_timing
     from aotc.kernels.gemv import streaming_multiprocessors
 
     keys = product_tiles.fused_product_keys(placed.graph_module)
@@ -316,7 +316,7 @@ def chosen_tiles(placed, progress) -> tuple[dict, dict]:
     progress.note(f"timing the tiles of {len(keys)} fused product shape(s) on {name}")
     table, record = product_tiles.choose(
         keys,
-        lambda key: product_tiles.rule_for(key, programs),
-        lambda key, tile: product_tiles.seconds_on_gpu(key, tile, device),
+        lambda key: tile_timing.rule_for(key, programs),
+        lambda key, tile: tile_timing.seconds_on_gpu(key, tile, device),
     )
     return table, {"tuned_on": name, "tiles": record}
