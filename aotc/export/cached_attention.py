@@ -171,12 +171,17 @@ def windows(rows: torch.Tensor, positions: torch.Tensor, length: int, fed: torch
     return columns.clamp(min=0, max=steps - 1), starts, firsts
 
 
+MARK_SIZES = torch.__version__ < "2.13"  # TorchVersion compares as a version
+
+
 def _size(value: torch.Tensor, most: Any) -> Any:
     """`value`, one number from 1 to `most`, read from the device as a size: while tracing, an
-    unknown (unbacked) one. Marked a size, so that torch 2.11's Inductor, ordering the strides of
-    the attention's inputs, assumes it is not 0 or 1 rather than guarding on which it is."""
+    unknown (unbacked) one. On torch before 2.13 it is marked a size, so that Inductor, ordering
+    the strides of the attention's inputs, assumes it is not 0 or 1 rather than guarding on which
+    it is; later releases do not guard there, and 2.14 deprecates the marking."""
     size = value.item()
-    torch._check_is_size(size)
+    if MARK_SIZES:
+        torch._check_is_size(size)
     torch._check(size >= 1)
     torch._check(size <= most)
     return size
