@@ -77,8 +77,9 @@ def _products(key: Key, tile: Tile, device: torch.device, layers: int) -> list[C
 
 
 def seconds_on_gpu(key: Key, tile: Tile, device: torch.device) -> float:
-    """Median seconds of one plain fused product of one row with `tile`, on weights of `key`'s
-    shape and form read from memory (a CUDA graph of calls on distinct weights, replayed)."""
+    """Median seconds of one fused product of one row with `tile`, in `key`'s form (its norm,
+    gated activation, residual), on weights of `key`'s shape read from memory (a CUDA graph of
+    calls on distinct weights, replayed)."""
     n_out, k_in, form, _around = key
     group = int4_group(key)
     weight_bytes = n_out * k_in // 2 if group else n_out * k_in * getattr(torch, form).itemsize
