@@ -189,7 +189,7 @@ def main() -> None:
                     f"({int4_bytes / bandwidth / seconds['fused_int4']:.2f} of its floor), "
                     f"tinygemm product alone {seconds['tinygemm_product'] * 1e6:6.2f}"
                 )
-            if args.one_byte:  # a byte a weight, and the scales (int8: per row; fp8: per block)
+            if args.one_byte:  # a byte a weight; the scales (a row's, a block's) left out
                 for name in ("int8", "fp8"):
                     one_byte_floor = k_in * n_out / bandwidth
                     print(

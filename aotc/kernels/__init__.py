@@ -19,6 +19,8 @@ a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that refe
 - product_tiles.py: the fused products' tiles a `--fused-products` build times on its GPU and
   records in the manifest (`product_tiles`); tests/test_product_tiles.py, and the candidates'
   kernels lowered by tests/test_kernel_frontend.py.
+- tile_timing.py: the candidates of product_tiles.py run and timed on the GPU, each product in
+  the form the step has it.
 - graph_timing.py: GPU work timed as a decode step runs it (one CUDA graph, replayed), for the
   build's tile choice and the kernel benchmarks in scripts/.
 - programmatic.py: the wait for the kernel before and the release of the kernel after that aotc's

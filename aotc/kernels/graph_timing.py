@@ -1,5 +1,5 @@
 """Timing GPU work as a decode step runs it: captured into one CUDA graph and replayed, so that
-launch overhead from the host is out of the figure. The build's tile choice (product_tiles.py)
+launch overhead from the host is out of the figure. The build's tile choice (tile_timing.py)
 and the kernel benchmarks in scripts/ time their kernels this way."""
 
 from __future__ import annotations

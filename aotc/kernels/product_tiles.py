@@ -41,7 +41,7 @@ ONE_BYTE_FORMS = ("int8", "float8_e4m3fn")
 _IN_FORCE: dict[Key, Tile] = {}
 
 
-def key_of(n_out: int, k_in: int, form: torch.dtype | str, around: str = "plain") -> Key:
+def key_of(n_out: int, k_in: int, form: torch.dtype | str, around: str) -> Key:
     """`form`: the weight's dtype, or "int4g<group>" for int4 groups; `around`: surroundings()."""
     return (n_out, k_in, str(form).removeprefix("torch."), around)
 
@@ -82,37 +82,38 @@ def tiles_in_force(table: dict[Key, Tile]) -> Iterator[None]:
         _IN_FORCE.update(saved)
 
 
-def candidates(n_out: int, k_in: int, rule: Tile, elements: int = ELEMENTS) -> list[Tile]:
-    """fused_gemv's: the rule's tile first, then its neighbours that keep at most `elements`
-    weight elements a program (launch_shape's register bound) and a block of input features from
-    128 to the row's length rounded up to a power of two."""
-    block_n, block_k, _warps = rule
-    longest = max(block_k, 1 << max(0, k_in - 1).bit_length())
+def _neighbours(rule: Tile, fits: Callable[[int, int], bool]) -> list[Tile]:
+    """The rule's tile first, then its neighbours (half and twice each of its two sizes, 4 or 8
+    warps) whose sizes `fits`."""
+    first, second, _warps = rule
     found = [rule]
-    for n in (block_n // 2, block_n, block_n * 2):
-        for k in (block_k // 2, block_k, block_k * 2):
+    for a in (first // 2, first, first * 2):
+        for b in (second // 2, second, second * 2):
             for warps in (4, 8):
-                tile = (n, k, warps)
-                fits = 1 <= n <= n_out and 128 <= k <= longest and n * k <= elements
-                if fits and tile not in found:
-                    found.append(tile)
+                if (a, b, warps) not in found and fits(a, b):
+                    found.append((a, b, warps))
     return found
+
+
+def candidates(n_out: int, k_in: int, rule: Tile, elements: int = ELEMENTS) -> list[Tile]:
+    """fused_gemv's: the rule's tile and its neighbours that keep at most `elements` weight
+    elements a program (launch_shape's register bound) and a block of input features from 128 to
+    the row's length rounded up to a power of two."""
+    longest = max(rule[1], 1 << max(0, k_in - 1).bit_length())
+    return _neighbours(
+        rule, lambda n, k: 1 <= n <= n_out and 128 <= k <= longest and n * k <= elements
+    )
 
 
 def int4_candidates(n_out: int, k_in: int, group: int, rule: Tile) -> list[Tile]:
-    """fused_int4_gemv's: the rule's tile first, then its neighbours of at most INT4_TILE_BYTES
-    packed bytes and at most the row's groups rounded up to a power of two."""
-    block_n, block_g, _warps = rule
+    """fused_int4_gemv's: the rule's tile and its neighbours of at most INT4_TILE_BYTES packed
+    bytes and at most the row's groups rounded up to a power of two."""
     most_groups = 1 << max(0, k_in // group - 1).bit_length()
-    found = [rule]
-    for n in (block_n // 2, block_n, block_n * 2):
-        for g in (block_g // 2, block_g, block_g * 2):
-            for warps in (4, 8):
-                tile = (n, g, warps)
-                fits = 1 <= n <= n_out and 1 <= g <= most_groups
-                if fits and n * g * group // 2 <= INT4_TILE_BYTES and tile not in found:
-                    found.append(tile)
-    return found
+
+    def fits(n: int, g: int) -> bool:
+        return 1 <= n <= n_out and 1 <= g <= most_groups and n * g * group // 2 <= INT4_TILE_BYTES
+
+    return _neighbours(rule, fits)
 
 
 def candidates_for(key: Key, rule: Tile) -> list[Tile]:
@@ -160,8 +161,8 @@ def _timed(seconds_of: Callable[[Key, Tile], float], key: Key, tile: Tile, rule:
 
 
 def fused_product_keys(module: torch.fx.GraphModule) -> list[Key]:
-    """The distinct weight shapes, forms and surroundings of `module`'s fused products (its subgraphs' too: a
-    product's row-count branch is a cond), in the order met. The products' ops are registered by
+    """The distinct weight shapes, forms and surroundings of `module`'s fused products (its
+    subgraphs' too: a product's row-count branch is a cond), in the order met. The products' ops are registered by
     whoever put them in the graph (fused_gemv.py)."""
     dense = torch.ops.aotc.fused_gemv_cuda.default
     int4 = getattr(torch.ops.aotc, "fused_int4_gemv_cuda", None)
