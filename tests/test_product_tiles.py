@@ -147,7 +147,7 @@ def test_a_package_whose_tiles_name_no_gpu_is_refused_as_the_cpp_runner_refuses_
     """The runtimes read `tuned_on` for their note on another GPU: anything but text there is a
     manifest error naming the field, in Python as in C++ (runtime/cpp/src/manifest.cpp), and
     `aotc run` exits with the package error's code."""
-    from conftest import tampered_copy
+    from conftest import invoke, tampered_copy
 
     import aotc_runtime
     from aotc_runtime.errors import PackageError
@@ -158,8 +158,6 @@ def test_a_package_whose_tiles_name_no_gpu_is_refused_as_the_cpp_runner_refuses_
     )
     with pytest.raises(PackageError, match="product_tiles.tuned_on"):
         aotc_runtime.load(copy)
-    from conftest import invoke
-
     result = invoke("run", copy)  # the package-error exit, one line naming the field
     assert result.exit_code == 7 and "product_tiles.tuned_on" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
