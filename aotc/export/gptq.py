@@ -155,7 +155,7 @@ def gptq_levels(weight, hessian, group: int, grid_dtype):
     h[dead, dead] = 1
     order = torch.argsort(torch.diag(h), descending=True)  # act-order
     w, h = w[:, order], h[order][:, order]
-    h += DAMPING * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
+    h += DAMPING * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype, device=h.device)
     # the upper Cholesky factor of H^-1: row j holds feature j's error spread over the later ones
     inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     group_of = order // group
@@ -164,7 +164,7 @@ def gptq_levels(weight, hessian, group: int, grid_dtype):
     for b0 in range(0, k, COLUMN_BLOCK):
         b1 = min(b0 + COLUMN_BLOCK, k)
         block, inv = w[:, b0:b1].clone(), inverse[b0:b1, b0:b1]
-        errors = torch.zeros(n, b1 - b0, dtype=w.dtype)
+        errors = torch.zeros(n, b1 - b0, dtype=w.dtype, device=w.device)
         for j in range(b1 - b0):
             column, s, z = block[:, j], col_scale[:, b0 + j], col_zero[:, b0 + j]
             level = torch.round((column - z) / s + 8).clamp(0, 15)
