@@ -149,7 +149,11 @@ def aotc_pdl_fused_gemv(
     a = _operand(
         x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
     )
+    # a longer row adds each tile's products into one accumulator of the tile's shape and sums it
+    # once after the loop (a sum per tile is a reduction across threads every trip); fp8's block
+    # scales are applied to each tile's block sums
     acc = _tile_sums(w, a, scale_ptr, n, n_ok, 0, K, SCALE_BLOCK, BLOCK_N, BLOCK_K)
+    products = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         kk = k0 + k
         kk_ok = kk < K
@@ -160,7 +164,12 @@ def aotc_pdl_fused_gemv(
         a = _operand(
             x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
         )
-        acc += _tile_sums(stored, a, scale_ptr, n, n_ok, k0, K, SCALE_BLOCK, BLOCK_N, BLOCK_K)
+        if SCALE_BLOCK:
+            acc += _tile_sums(stored, a, scale_ptr, n, n_ok, k0, K, SCALE_BLOCK, BLOCK_N, BLOCK_K)
+        else:
+            products += stored.to(tl.float32) * a[None, :]
+    if not SCALE_BLOCK:
+        acc += tl.sum(products, axis=1)
     if SCALED:  # the quantized product's output, then its bias added in that dtype
         if SCALE_BLOCK == 0:  # int8 rows: the row's scale on its sum
             acc = acc * tl.load(scale_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
@@ -183,16 +192,25 @@ def aotc_pdl_fused_gemv(
 
 @triton.jit
 def _int4_tile(p_ptr, sz_ptr, n, n_ok, g, j, groups, K: tl.constexpr, H: tl.constexpr):
-    """Groups `g` of output features `n`: their packed bytes [BLOCK_N, BLOCK_G, H] and their
-    scales and zeros [BLOCK_N, BLOCK_G] (fp32); groups past the last read as 0."""
-    g_ok = g < groups
-    both = n_ok[:, None] & g_ok[None, :]
-    offsets = n[:, None, None] * (K // 2) + g[None, :, None] * H + j[None, None, :]
-    packed = tl.load(p_ptr + offsets, mask=both[:, :, None], other=0)
-    at = (n[:, None] * groups + g[None, :]) * 2
+    """Groups `g` of output features `n` ([BLOCK_N, 1, 1] and [1, BLOCK_G, 1]): their packed
+    bytes [BLOCK_N, BLOCK_G, H] and their scales and zeros [BLOCK_N, BLOCK_G, 1] (fp32); groups
+    past the last read as 0. Three dimensions throughout: each is broadcast to the tile, never
+    expanded from a layout of two (a conversion through shared memory every tile)."""
+    both = n_ok & (g < groups)
+    packed = tl.load(p_ptr + n * (K // 2) + g * H + j, mask=both, other=0)
+    at = (n * groups + g) * 2
     scale = tl.load(sz_ptr + at, mask=both, other=0.0).to(tl.float32)
     zero = tl.load(sz_ptr + at + 1, mask=both, other=0.0).to(tl.float32)
     return packed, scale, zero
+
+
+@triton.jit
+def _level(nibble):
+    """A level (0-15, int32) minus 8 in fp32 without a conversion instruction (the GPU converts an
+    integer at a quarter of its add rate, and this kernel converts two a byte it reads): under the
+    exponent of 2**23 (0x4B000000) the level makes the float 2**23 + level exactly; subtracting
+    2**23 + 8 leaves level - 8. The bit trick of FasterTransformer's and Marlin's dequantization."""
+    return (nibble | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
 
 
 @triton.jit
@@ -205,34 +223,38 @@ def aotc_pdl_fused_int4_gemv(
     """The fused product over int4 groups as aotc stores them (quantized_linear.int4_groups: two
     levels a byte, a group's first half in the low nibbles and its second half in the high ones,
     w = (level - 8) * scale + zero per group). A program takes one row and BLOCK_N output
-    features, BLOCK_G groups of input features at a time; for each group it sums (level - 8) x
-    the operand, times the group's scale, plus its zero times the group's operand sum. The next
-    tile's bytes are loaded before the current one is multiplied, and the first before the
-    wait for the predecessor (PDL). The output is rounded to the operand's dtype and the bias
+    features, BLOCK_G groups of input features at a time. Each weight is dequantized in fp32 as
+    it is read (one multiply-add) and its product with the operand added into an accumulator of
+    the tile's shape, summed once after the loop: no reduction across threads inside the loop.
+    The next tile's bytes are loaded before the current one is multiplied, and the first before
+    the wait for the predecessor (PDL). The output is rounded to the operand's dtype and the bias
     added after, as the unfused int4 product and its bias add round."""
     H: tl.constexpr = GROUP // 2
     groups = K // GROUP
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n1 = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = n1[:, None, None]
     n_ok = n < n_out
-    g = tl.arange(0, BLOCK_G)
-    j = tl.arange(0, H)
+    g = tl.arange(0, BLOCK_G)[None, :, None]
+    j = tl.arange(0, H)[None, None, :]
     packed, scale, zero = _int4_tile(p_ptr, sz_ptr, n, n_ok, g, j, groups, K, H)
     row = tl.program_id(1) + after_predecessor(PDL)  # the activations read after the wait
     x_row = x_ptr + row * x_stride
     inverse_rms = 1.0
     if NORM:  # the row's mean square, in fp32 as the unfused norm takes it
-        squares = tl.zeros((BLOCK_G, H), tl.float32)
+        squares = tl.zeros((1, BLOCK_G, H), tl.float32)
         for g0 in range(0, groups, BLOCK_G):
-            k = (g0 + g)[:, None] * GROUP + j[None, :]
-            ok = (g0 + g < groups)[:, None]
+            k = (g0 + g) * GROUP + j
+            ok = g0 + g < groups
             lo = tl.load(x_row + k, mask=ok, other=0.0).to(tl.float32)
             hi = tl.load(x_row + k + H, mask=ok, other=0.0).to(tl.float32)
             squares += lo * lo + hi * hi
-        inverse_rms = 1.0 / tl.sqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
-    acc = tl.zeros((BLOCK_N,), tl.float32)
+        inverse_rms = 1.0 / tl.sqrt(
+            tl.sum(tl.sum(tl.sum(squares, axis=2), axis=1), axis=0) / K + eps
+        )
+    acc = tl.zeros((BLOCK_N, BLOCK_G, H), tl.float32)
     for g0 in range(0, groups, BLOCK_G):
-        k_lo = (g0 + g)[:, None] * GROUP + j[None, :]  # [BLOCK_G, H]: the low nibbles' features
-        ok = (g0 + g < groups)[:, None]  # a group past the last reads 0
+        k_lo = (g0 + g) * GROUP + j  # [1, BLOCK_G, H]: the low nibbles' features
+        ok = g0 + g < groups  # a group past the last reads 0
         a_lo = _operand(
             x_row, norm_ptr, k_lo, ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, tl.float32,
             OPERAND,
@@ -244,12 +266,13 @@ def aotc_pdl_fused_int4_gemv(
         this_packed, this_scale, this_zero = packed, scale, zero
         # the next tile's bytes in flight while this one is multiplied
         packed, scale, zero = _int4_tile(p_ptr, sz_ptr, n, n_ok, g0 + BLOCK_G + g, j, groups, K, H)
-        low = (this_packed & 15).to(tl.float32) - 8.0
-        high = (this_packed >> 4).to(tl.float32) - 8.0
-        levels = tl.sum(low * a_lo[None, :, :] + high * a_hi[None, :, :], axis=2)
-        sums = tl.sum(a_lo + a_hi, axis=1)  # each group's operand sum, for its zero
-        acc += tl.sum(levels * this_scale + this_zero * sums[None, :], axis=1)
-    y = _rounded(acc, tl.float32, OPERAND)  # the unfused int4 product's output
+        bits = this_packed.to(tl.int32)
+        low = _level(bits & 15) * this_scale + this_zero
+        high = _level(bits >> 4) * this_scale + this_zero
+        acc += low * a_lo + high * a_hi
+    y = _rounded(tl.sum(tl.sum(acc, axis=2), axis=1), tl.float32, OPERAND)
+    n = n1
+    n_ok = n < n_out
     if BIAS:
         b = tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
         y = _rounded(y.to(tl.float32) + b, tl.float32, OPERAND)
