@@ -135,14 +135,6 @@ def _build(
             )
             if fusions is not None and fusions.total():
                 progress.note(fusions.describe())
-                if quantization is not None and quantization.scheme == "int4-weight-only":
-                    # measured on an H200 (docs/quantization.md): the fused int4 kernel is slower
-                    # than tinygemm's products, which a build without the flag keeps
-                    progress.warn(
-                        "int4 products fused run aotc's int4 kernel, slower at decode than "
-                        "tinygemm's (1B shape, H200: 854 against 1,175 tokens/s); for speed, "
-                        "build int4 without --fused-products"
-                    )
             # a generation step's attention, as this device runs it best
             placed = lower_cached_attention(placed, implementation_for(cfg.device))
             # the fused products' tiles, timed on this GPU (aotc/kernels/product_tiles.py)
