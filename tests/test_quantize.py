@@ -35,10 +35,11 @@ NEW = 12
 def dequantize_linears(model, scheme: str, group_size: int = 128) -> None:
     """Replace every nn.Linear's weight (and a tied embedding's) by what `scheme` stores of it,
     dequantized: the model a weight-only CPU package computes. The CPU's int4 and int8 kernels
-    take their scales in bf16, and bf16 activations into a bf16 product: its linears round so too."""
-
+    take their scales in bf16, and bf16 activations into a bf16 product: its linears round so
+    too, but for int8's output layer, which keeps the activations' fp32."""
+    output = model.get_output_embeddings() if scheme == "int8-weight-only" else None
     with torch.no_grad():
-        for module in linears_in_bf16(model):
+        for module in linears_in_bf16(model, keep=output):
             w = module.weight.float()
             if scheme == "int8-weight-only":
                 back = ql.int8_rows_dequantized(*ql.int8_rows(w, torch.bfloat16))
@@ -49,15 +50,17 @@ def dequantize_linears(model, scheme: str, group_size: int = 128) -> None:
             module.weight.copy_(back.to(module.weight.dtype))
 
 
-def linears_in_bf16(model) -> list:
-    """The model's nn.Linear layers, each now rounding its input and output to bf16 as the CPU's
-    quantized kernels do."""
+def linears_in_bf16(model, keep=None) -> list:
+    """The model's nn.Linear layers, each but `keep` now rounding its input and output to bf16 as
+    the CPU's quantized kernels do."""
 
     def to_bf16(tensor):
         return tensor.to(torch.bfloat16).to(tensor.dtype)
 
     found = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
     for module in found:
+        if module is keep:
+            continue
         module.register_forward_pre_hook(lambda _m, args: (to_bf16(args[0]),))
         module.register_forward_hook(lambda _m, _args, out: to_bf16(out))
     return found
@@ -313,6 +316,39 @@ def test_fp8_keeps_the_output_layer_and_takes_the_others(llama):
     }  # the exported program's linear weights (its sibling products fused: q/k/v, gate/up)
     assert len(scales) == len(weights) - 1 > 0  # every other linear layer in fp8
     assert quantization.record()["group_size"] == FP8_BLOCK
+
+
+def test_a_cpu_int8_output_layer_multiplies_in_fp32_where_the_others_take_the_kernel(llama):
+    """On the CPU an int8 package's output layer keeps the activations' fp32 (logits rounded to
+    bf16 cost a language model a tenth of int8's error): at decode's rows and above them it equals
+    the fp32 product with the stored weight dequantized, where torch's int8 kernel, which every
+    other layer takes, rounds to bf16."""
+    from aotc.config import Precision
+    from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
+    from aotc.export.quantization import cpu_int8_linear, cpu_int8_output_linear
+    from aotc.quantize_schemes import Quantization
+
+    torch.manual_seed(0)
+    q, scale = ql.int8_rows(torch.randn(384, 64), torch.bfloat16)
+    for rows in (1, 20):  # the reduction at decode's rows, the dequantized weight above them
+        x = torch.randn(rows, 64)
+        expected = torch.nn.functional.linear(x, ql.int8_rows_dequantized(q, scale))
+        torch.testing.assert_close(
+            cpu_int8_output_linear(x, q, scale, None), expected, rtol=1e-5, atol=1e-5
+        )
+        kernel_error = (cpu_int8_linear(x, q, scale, None) - expected).abs().max()
+        assert kernel_error > 1e-3 * expected.abs().max()
+
+    ep, meta = load_artifact(llama[0])
+    placed = place_program(
+        ep, "cpu", Precision("fp32"), meta.signature, Quantization("int8-weight-only")
+    )
+    kernels = sum(
+        node.target is torch.ops.aten._weight_int8pack_mm.default for node in placed.graph.nodes
+    )
+    linears = sum(node.target is torch.ops.aten.linear.default for node in ep.graph.nodes)
+    assert kernels == linears - 1 > 0  # every linear layer but the output layer
 
 
 @pytest.mark.parametrize(

@@ -49,8 +49,8 @@ def int8_rows_dequantized(q, scale):
 
 
 def int8_rows_gemv(x, q, scale):
-    """x [M, K] @ dequantized(q).T: one reduction over K, the weight read as int8 (the CPU's int8
-    product before torch's int8 kernel; scripts/quantized_gemv.py still times it)."""
+    """x [M, K] @ dequantized(q).T: one reduction over K, the weight read as int8, in x's dtype:
+    the CPU's int8 output layer at decode (quantization.cpu_int8_output_linear)."""
     return (x.unsqueeze(-2) * q.to(x.dtype)).sum(-1) * scale
 
 
