@@ -69,8 +69,9 @@ class Quantization:
         return {
             "scheme": self.scheme,
             # fp8: input features per scale (a layer whose input features it does not divide
-            # takes the largest power of two that does: fp8_block_size)
-            "group_size": FP8_BLOCK if self.scheme == "fp8" else self.group_size,
+            # takes the largest power of two that does: fp8_block_size); int4: the groups the
+            # package holds, the default's too (its bench contender is int4 in the same groups)
+            "group_size": self.groups_held(),
             "skip": list(self.skip),
             "method": self.method,
             **self._calibration(),
@@ -82,6 +83,14 @@ class Quantization:
             ],
             "kept": list(self.kept),
         }
+
+    def groups_held(self) -> int | None:
+        """Input features per scale in the package: fp8's blocks, int4's groups, else None."""
+        if self.scheme == "fp8":
+            return FP8_BLOCK
+        if self.scheme == "int4-weight-only":
+            return self.group_size or DEFAULT_GROUP_SIZE
+        return self.group_size
 
     def _calibration(self) -> dict:
         if self.method != "gptq":

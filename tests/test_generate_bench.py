@@ -196,6 +196,7 @@ def test_the_gpt_fast_contender_of_an_int4_package_multiplies_its_int4_weights(g
     from aotc.bench.generation import gpt_fast_int4_group
     from aotc.bench.gpt_fast import FastLM
     from aotc.export import quantized_linear as ql
+    from aotc.quantize_schemes import DEFAULT_GROUP_SIZE, Quantization
 
     group = 32
     model = load_model_file(generation_packages.model_file("llama"))
@@ -217,6 +218,10 @@ def test_the_gpt_fast_contender_of_an_int4_package_multiplies_its_int4_weights(g
     assert gpt_fast_int4_group(manifest({"scheme": "int4-weight-only", "group_size": 64})) == 64
     assert gpt_fast_int4_group(manifest({"scheme": "int8-weight-only", "group_size": None})) is None
     assert gpt_fast_int4_group(manifest({})) is None
+    # a package built without --group-size records the groups it holds, and gets them too (its
+    # contender once ran in bf16 for want of them)
+    default = Quantization("int4-weight-only").record()
+    assert gpt_fast_int4_group(manifest(default)) == DEFAULT_GROUP_SIZE
 
 
 def test_bench_against_gpt_fast_times_it_and_refuses_other_families_in_its_row(
