@@ -349,6 +349,9 @@ def test_a_cpu_int8_output_layer_multiplies_in_fp32_where_the_others_take_the_ke
     )
     linears = sum(node.target is torch.ops.aten.linear.default for node in ep.graph.nodes)
     assert kernels == linears - 1 > 0  # every linear layer but the output layer
+    # whose activations are made once, not again for each output feature inside its reduction
+    realized = torch.ops.prims.inductor_force_stride_order.default
+    assert sum(node.target is realized for node in placed.graph.nodes) == 1
 
 
 @pytest.mark.parametrize(

@@ -482,14 +482,20 @@ def cpu_int8_output_linear(x, q, scale, bias):
     """The output layer's int8 product on the CPU, in the activations' dtype: torch's int8 kernel
     gives a bf16 product, and a language model's logits rounded to bf16 (steps of 1/16 at 10)
     moved SmolLM2-135M-Instruct's next-token distribution by a tenth of int8's own error (KL 0.0053
-    against 0.0049 in fp32). At decode's few rows Inductor's reduction over the int8 bytes; it
-    was also the faster of the two at the output layer's size on the 2-core VM (49152 x 576, one
-    row: 456 against 668 us). Above them the weight dequantized and a dense product."""
+    against 0.0048 in fp32). At decode's few rows Inductor's reduction over the int8 bytes, which
+    at the output layer's size is also faster than the kernel on the 2-core VM (SmolLM2's package:
+    173.9 against 164.8 tokens/s, docs/quantization.md). Above them the weight dequantized and a
+    dense product."""
     import torch
+    import torch._inductor.inductor_prims  # noqa: F401 (registers prims.inductor_force_stride_order)
 
     x2 = _flat(x)
 
     def reduction(x2, q, scale):
+        # the activations made once before the reduction: Inductor would otherwise compute what
+        # leads to them (the last residual adds, the final norm, the pick of rows) again for each
+        # of the output features (49,152 times in SmolLM2: 2.5 ms a step)
+        x2 = torch.ops.prims.inductor_force_stride_order(x2, x2.stride())
         return ql.int8_rows_gemv(x2, q, scale.to(x2.dtype))
 
     def dense(x2, q, scale):
