@@ -17,7 +17,11 @@ against the base package, through the runtime's public API only (aotc_runtime.lo
   greedy           `package.generate` of --new-tokens tokens after each of --prompts plain-text
                    prompts (greedy; end-of-sequence does not stop it, so every row makes exactly
                    --new-tokens tokens): the fraction of positions whose token is the base's, and
-                   the mean length of the prefix identical to the base's
+                   the mean length of the prefix identical to the base's. With --chat, the
+                   prompts are CHAT_QUESTIONS, each a user message rendered by the base package's
+                   chat template (its answers, as `aotc chat` would give them), and a row's
+                   positions count up to the end of the base's answer (its first end-of-sequence
+                   token, or --new-tokens)
   size             the package folder's files, in MB (10^6 bytes)
 
 The evaluation text is the Python Language Reference as `help()` shows it: pydoc_data.topics, its
@@ -94,6 +98,31 @@ PROMPTS = (
     "The stock market fell sharply today after",
     "To install the package, run the following command:",
     "The theory of relativity states that",
+)
+
+
+# --chat: questions a user might ask, none of them in the calibration text or the evaluation text
+CHAT_QUESTIONS = (
+    "What is the capital of Japan?",
+    "Give me three tips for sleeping better.",
+    "Explain what a hash table is in two sentences.",
+    "How do I reverse a list in Python?",
+    "Why is the sky blue?",
+    "Write a short poem about the ocean.",
+    "What is the difference between weather and climate?",
+    "Suggest a name for a bakery.",
+    "How many legs does a spider have?",
+    "What does HTTP stand for?",
+    "Summarize the plot of Cinderella in one paragraph.",
+    "What are the health benefits of walking?",
+    "How do I boil an egg?",
+    "Translate 'good morning' into Spanish and French.",
+    "What is photosynthesis?",
+    "Give an example of a prime number greater than 50.",
+    "What should I pack for a weekend hiking trip?",
+    "Explain recursion to a beginner.",
+    "What is the tallest mountain in the world?",
+    "Write a one-sentence thank-you note to a teacher.",
 )
 
 
@@ -288,8 +317,31 @@ def run_model(
     return outputs
 
 
-def compare(base: Outputs, other: Outputs, text: list[int]) -> dict:
-    """A row's perplexity on the text, and how close its outputs are to the base's."""
+def answer_agreement(model: Model, prompts: list[list[int]], answers: list[list[int]]) -> float:
+    """Teacher-forced on the base's answers: the fraction of answer positions at which the row's
+    most likely next token is the base's, each fed the base's answer so far. Unlike the greedy
+    agreement, a position after the first difference still counts on its own context."""
+    agreed = total = 0
+    for prompt, answer in zip(prompts, answers):
+        if not answer:
+            continue
+        picks = model.next_token_logprobs(prompt + answer)[len(prompt) - 1 :].argmax(-1)
+        agreed += sum(int(pick) == token for pick, token in zip(picks.tolist(), answer))
+        total += len(answer)
+    return agreed / max(total, 1)
+
+
+def answer_ends(base: Outputs, eos: tuple) -> list[int]:
+    """How many of each base answer's tokens count: up to its first end-of-sequence token (kept)."""
+    return [next((i + 1 for i, t in enumerate(g) if t in eos), len(g)) for g in base.greedy]
+
+
+def compare(base: Outputs, other: Outputs, text: list[int], ends: list | None = None) -> dict:
+    """A row's perplexity on the text, and how close its outputs are to the base's (each greedy
+    answer's first `ends` tokens, when given)."""
+    if ends is not None:
+        base = Outputs(base.logprobs, [g[:n] for g, n in zip(base.greedy, ends)])
+        other = Outputs(other.logprobs, [g[:n] for g, n in zip(other.greedy, ends)])
     targets = torch.tensor(text[1:])[:, None]
     nll = -other.logprobs.gather(1, targets).mean().item()
     p, q = base.logprobs, other.logprobs
@@ -339,12 +391,17 @@ def markdown(rows: list[dict]) -> str:
         "| identical prefix | size MB |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    chat = all("answer_top1" in row for row in rows)
+    if chat:  # --chat: the answers' teacher-forced agreement too
+        lines[0] += " answer top-1 (teacher-forced) |"
+        lines[1] += "---:|"
     for row in rows:
         size = "-" if row["size_mb"] is None else f"{row['size_mb']:.1f}"
         lines.append(
             f"| {row['name']} | {row['perplexity']:.3f} | {row['ppl_increase_pct']:+.2f}% "
             f"| {row['kl']:.2e} | {row['top1_agreement']:.3f} | {row['greedy_agreement']:.3f} "
             f"| {row['identical_prefix']:.1f} | {size} |"
+            + (f" {row['answer_top1']:.3f} |" if chat else "")
         )
     return "\n".join(lines)
 
@@ -400,6 +457,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="greedy answers to CHAT_QUESTIONS through the base package's chat template",
+    )
+    parser.add_argument(
         "--eager",
         action="store_true",
         help="add the transformers model run eagerly as a row (a harness check)",
@@ -416,8 +478,9 @@ def parse_args() -> argparse.Namespace:
         help="also write the evaluation text's token ids here (JSON), for llama_cpp_accuracy.py",
     )
     args = parser.parse_args()
-    if not 1 <= args.prompts <= len(PROMPTS):
-        parser.error(f"--prompts must be 1 to {len(PROMPTS)}")
+    most = len(CHAT_QUESTIONS if args.chat else PROMPTS)
+    if not 1 <= args.prompts <= most:
+        parser.error(f"--prompts must be 1 to {most}")
     if args.tokens < 2:
         parser.error("--tokens must be at least 2 (the first token is context only)")
     return args
@@ -432,21 +495,44 @@ def main() -> None:
     text = tokenizer.encode(evaluation_text()).ids[: args.tokens]
     if args.save_ids:  # for scripts/llama_cpp_accuracy.py: the same tokens on llama.cpp's side
         args.save_ids.write_text(json.dumps(text) + "\n")
-    prompts = [tokenizer.encode(prompt).ids for prompt in PROMPTS[: args.prompts]]
+    if args.chat:
+        from aotc_runtime.chat_template import ChatTemplate
+
+        template = ChatTemplate.of_package(base_model.package)
+        if template is None:
+            raise SystemExit(f"{folders[BASE]} has no chat template; leave out --chat")
+        prompts = [
+            template.prompt_ids(tokenizer, [{"role": "user", "content": question}])
+            for question in CHAT_QUESTIONS[: args.prompts]
+        ]
+        eos = tuple(base_model.package.generation.eos_token_ids or ())
+    else:
+        prompts = [tokenizer.encode(prompt).ids for prompt in PROMPTS[: args.prompts]]
     with torch.inference_mode():
         base = run_model(BASE, base_model, text, prompts, args.new_tokens)
+        ends, answers = None, None
+        if args.chat:
+            ends = answer_ends(base, eos)
+            answers = [answer[:n] for answer, n in zip(base.greedy, ends)]
+
+        def measured(model: Model, outputs: Outputs) -> dict:
+            found = compare(base, outputs, text, ends)
+            if answers is not None:
+                found["answer_top1"] = answer_agreement(model, prompts, answers)
+            return found
+
+        rows = [result_row(BASE, folders[BASE], measured(base_model, base))]
         del base_model  # one model in memory at a time
-        rows = [result_row(BASE, folders[BASE], compare(base, base, text))]
         for name, folder in others:
             model = load_model(folder, args)
             outputs = run_model(name, model, text, prompts, args.new_tokens)
+            rows.append(result_row(name, folder, measured(model, outputs)))
             del model
-            rows.append(result_row(name, folder, compare(base, outputs, text)))
         if args.simulate_fp8:
             model = SimulatedModel(prepare_folder(args.work), args.device)
             outputs = run_model("fp8 (simulated)", model, text, prompts, args.new_tokens)
+            row = result_row("fp8 (simulated eagerly)", None, measured(model, outputs))
             del model
-            row = result_row("fp8 (simulated eagerly)", None, compare(base, outputs, text))
             rows.append({**row, "quantization": {"scheme": "fp8", "simulated": True}})
     for each in rows:
         each["ppl_increase_pct"] = 100 * (each["perplexity"] / rows[0]["perplexity"] - 1)
@@ -462,6 +548,7 @@ def main() -> None:
             "sha256_of_ids": hashlib.sha256(json.dumps(text).encode()).hexdigest(),
         },
         "prompts": len(prompts),
+        "chat": args.chat,
         "new_tokens": args.new_tokens,
         "device": args.device,
         "precision": args.precision,
