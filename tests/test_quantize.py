@@ -319,10 +319,10 @@ def test_fp8_keeps_the_output_layer_and_takes_the_others(llama):
 
 
 def test_a_cpu_int8_output_layer_multiplies_in_fp32_where_the_others_take_the_kernel(llama):
-    """On the CPU an int8 package's output layer keeps the activations' fp32 (logits rounded to
-    bf16 cost a language model a tenth of int8's error): at decode's rows and above them it equals
-    the fp32 product with the stored weight dequantized, where torch's int8 kernel, which every
-    other layer takes, rounds to bf16."""
+    """On the CPU an int8 package's output layer keeps the activations' fp32 at decode's rows
+    (logits rounded to bf16 cost a language model a tenth of int8's error): there it equals the
+    fp32 product with the stored weight dequantized, where torch's int8 kernel, which every other
+    layer takes, rounds to bf16. Above those rows it is the kernel's product."""
     from aotc.config import Precision
     from aotc.export.artifact import load_artifact
     from aotc.export.placement import place_program
@@ -331,7 +331,7 @@ def test_a_cpu_int8_output_layer_multiplies_in_fp32_where_the_others_take_the_ke
 
     torch.manual_seed(0)
     q, scale = ql.int8_rows(torch.randn(384, 64), torch.bfloat16)
-    for rows in (1, 20):  # the reduction at decode's rows, the dequantized weight above them
+    for rows in (1, ql.DECODE_ROWS):  # the reduction
         x = torch.randn(rows, 64)
         expected = torch.nn.functional.linear(x, ql.int8_rows_dequantized(q, scale))
         torch.testing.assert_close(
@@ -339,6 +339,10 @@ def test_a_cpu_int8_output_layer_multiplies_in_fp32_where_the_others_take_the_ke
         )
         kernel_error = (cpu_int8_linear(x, q, scale, None) - expected).abs().max()
         assert kernel_error > 1e-3 * expected.abs().max()
+    x = torch.randn(ql.DECODE_ROWS + 1, 64)  # the kernel
+    assert torch.equal(
+        cpu_int8_output_linear(x, q, scale, None), cpu_int8_linear(x, q, scale, None)
+    )
 
     ep, meta = load_artifact(llama[0])
     placed = place_program(

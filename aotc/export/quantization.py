@@ -484,8 +484,9 @@ def cpu_int8_output_linear(x, q, scale, bias):
     moved SmolLM2-135M-Instruct's next-token distribution by a tenth of int8's own error (KL 0.0053
     against 0.0048 in fp32). At decode's few rows Inductor's reduction over the int8 bytes, which
     at the output layer's size is also faster than the kernel on the 2-core VM (SmolLM2's package:
-    173.9 against 164.8 tokens/s, docs/quantization.md). Above them the weight dequantized and a
-    dense product."""
+    173.9 against 164.8 tokens/s, docs/quantization.md). Above them the kernel, as for the other
+    layers: the reduction would read the weight once a row, and a dequantized weight is four times
+    its bytes (113 MB for SmolLM2's) made again every call."""
     import torch
     import torch._inductor.inductor_prims  # noqa: F401 (registers prims.inductor_force_stride_order)
 
@@ -498,10 +499,7 @@ def cpu_int8_output_linear(x, q, scale, bias):
         x2 = torch.ops.prims.inductor_force_stride_order(x2, x2.stride())
         return ql.int8_rows_gemv(x2, q, scale.to(x2.dtype))
 
-    def dense(x2, q, scale):
-        return torch.nn.functional.linear(x2, ql.int8_rows_dequantized(q, scale).to(x2.dtype))
-
-    return _finish(x, by_rows(x2, reduction, dense, (x2, q, scale)), bias)
+    return _finish(x, by_rows(x2, reduction, ql.int8_cpu_mm, (x2, q, scale)), bias)
 
 
 def cpu_int4_linear(x, tiles, scale_zero, bias, group):
