@@ -63,15 +63,20 @@ class Quantization:
     layers: list = field(default_factory=list)  # [{name, shape, error, shared}] quantized
     kept: list = field(default_factory=list)  # [{name, why}] left in the base precision
 
+    def __post_init__(self) -> None:
+        # int4's groups as the package holds them, the default's too: the build, its record and
+        # the bench's int4 contender all read this one value
+        if self.scheme == "int4-weight-only" and self.group_size is None:
+            self.group_size = DEFAULT_GROUP_SIZE
+
     def record(self) -> dict:
         """The manifest's `quantization`."""
         worst = max(self.layers, key=lambda layer: layer["error"], default=None)
         return {
             "scheme": self.scheme,
             # fp8: input features per scale (a layer whose input features it does not divide
-            # takes the largest power of two that does: fp8_block_size); int4: the groups the
-            # package holds, the default's too (its bench contender is int4 in the same groups)
-            "group_size": self.groups_held(),
+            # takes the largest power of two that does: fp8_block_size)
+            "group_size": FP8_BLOCK if self.scheme == "fp8" else self.group_size,
             "skip": list(self.skip),
             "method": self.method,
             **self._calibration(),
@@ -83,14 +88,6 @@ class Quantization:
             ],
             "kept": list(self.kept),
         }
-
-    def groups_held(self) -> int | None:
-        """Input features per scale in the package: fp8's blocks, int4's groups, else None."""
-        if self.scheme == "fp8":
-            return FP8_BLOCK
-        if self.scheme == "int4-weight-only":
-            return self.group_size or DEFAULT_GROUP_SIZE
-        return self.group_size
 
     def _calibration(self) -> dict:
         if self.method != "gptq":

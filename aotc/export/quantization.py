@@ -201,7 +201,7 @@ def _kept_because(
     n_out, k_in = weight.shape
     scheme = quantization.scheme
     if scheme == "int4-weight-only":
-        group = quantization.group_size or DEFAULT_GROUP_SIZE
+        group = quantization.group_size
         if k_in % group:
             fits = [g for g in GROUP_SIZES if k_in % g == 0]
             instead = f"use --group-size {max(fits)}" if fits else "no group size divides it"
