@@ -102,8 +102,9 @@ def fused_linear(
         return reference(
             x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype, group
         )
+    import aotc.kernels.fused_gemv  # noqa: F401  (importing it registers aotc::fused_gemv_cuda)
     from aotc.export.quantization import by_rows
-    from aotc.kernels.fused_gemv import MAX_ROWS  # importing it registers aotc::fused_gemv_cuda
+    from aotc.kernels.product_tiles import MAX_ROWS
 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()

@@ -543,7 +543,8 @@ def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
 
     if not x.is_cuda:
         return _finish(x, dequantized(x2, packed, scale_zero), bias)
-    from aotc.kernels.fused_gemv import MAX_ROWS  # importing it registers the kernel's op
+    import aotc.kernels.fused_gemv  # noqa: F401  (importing it registers the kernel's op)
+    from aotc.kernels.product_tiles import MAX_ROWS
 
     def kernel(x2, packed, scale_zero):
         return torch.ops.aotc.fused_int4_gemv_cuda(

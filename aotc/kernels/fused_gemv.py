@@ -44,7 +44,6 @@ from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
 OP_INT4 = "aotc::fused_int4_gemv_cuda"
-MAX_ROWS = 4  # more rows than this take the unfused program: each row reads the weight (from L2)
 
 
 # the product's operand dtype (OPERAND): the weight's (a float weight), or the one named here (an

@@ -135,6 +135,8 @@ def _build(
             )
             if fusions is not None and fusions.total():
                 progress.note(fusions.describe())
+                if quantization is not None and quantization.scheme == "int4-weight-only":
+                    warn_int4_rows(meta.task["batch_size"], progress)
             # a generation step's attention, as this device runs it best
             placed = lower_cached_attention(placed, implementation_for(cfg.device))
             # the fused products' tiles, timed on this GPU (aotc/kernels/product_tiles.py)
@@ -312,3 +314,18 @@ def chosen_tiles(placed, progress) -> tuple[dict, dict]:
         lambda key, tile: tile_timing.seconds_on_gpu(key, tile, device),
     )
     return table, {"tuned_on": name, "tiles": record}
+
+
+def warn_int4_rows(batch: int, progress: Progress) -> None:
+    """A fused int4 package's decode above the fused kernel's rows dequantizes every int4 weight
+    each step (fused_products.fused_linear's large branch): measured on an H200 at the 1B shape
+    and batch 8 (docs/benchmarks.md), 2,727 tokens/s against 5,828 for tinygemm's products."""
+    from aotc.kernels.product_tiles import MAX_ROWS
+
+    if batch > MAX_ROWS:
+        progress.warn(
+            f"int4 products fused run aotc's int4 kernel up to {MAX_ROWS} rows; a decode of "
+            f"{batch} rows dequantizes every weight each step (1B shape, batch 8, H200: 2,727 "
+            "against 5,828 tokens/s for tinygemm's); for a batch above "
+            f"{MAX_ROWS}, build int4 without --fused-products"
+        )
