@@ -112,3 +112,38 @@ def test_the_int4_kernel_computes_the_product_of_the_dequantized_weights(
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     scale = expected.float().abs().max().item()
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * scale)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "rows, k_in, n_out, group", [(5, 576, 960, 64), (16, 2048, 72, 128), (20, 256, 40, 32)]
+)
+def test_the_int4_rows_kernel_computes_the_unfused_int4_product(
+    form, dtype, rows, k_in, n_out, group
+):
+    """aotc's int4 product of several rows at once (each tile dequantized once, the rows on the
+    tensor cores) against the unfused program's own: the weights dequantized in the operand's
+    dtype (quantization.int4_groups_dense), at row counts within one row block, a whole one and
+    more than one."""
+    from aotc.export.fused_products import reference
+    from aotc.export.quantized_linear import int4_groups
+    from aotc.kernels.fused_gemv import fused_int4_rows_gemv
+
+    norm, gated, bias, residual, clamp = FORMS[form]
+    torch.manual_seed(0)
+    device = "cuda"
+    x = torch.randn(rows, 2 * k_in if gated else k_in, device=device)
+    x = x if norm else x.to(dtype)
+    packed, scale_zero = int4_groups(torch.randn(n_out, k_in, device=device), group, dtype)
+    b = torch.randn(n_out, device=device).to(dtype) if bias else None
+    nw = (1 + 0.1 * torch.randn(k_in, device=device)).to(dtype) if norm else None
+    r = torch.randn(rows, n_out, device=device) if residual else None
+    got = fused_int4_rows_gemv(x, packed, scale_zero, group, b, nw, r, 1e-6, gated, clamp, dtype)
+    expected = reference(x, packed, b, nw, r, 1e-6, gated, clamp, scale_zero, dtype, group)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    # fp32: the same products summed in another order; bf16: the output's roundings, against the
+    # outputs' scale
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    scale = expected.float().abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * scale)
