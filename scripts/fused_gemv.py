@@ -84,11 +84,9 @@ def measure(
             lambda t=t, sz=sz: int4_tinygemm_mm(plain_x, t, sz, int4_group) for t, sz in tiles
         ]
         if rows > 1:  # the kernel for several rows: each tile dequantized once for all of them
-            from aotc.kernels.fused_gemv import fused_int4_rows_gemv
-
             forms["fused_int4_rows"] = [
-                lambda p=p, sz=sz: fused_int4_rows_gemv(
-                    x, p, sz, int4_group, None, nw, r, 1e-5, gated, clamp, dtype
+                lambda p=p, sz=sz: fused_int4_gemv(
+                    x, p, sz, int4_group, None, nw, r, 1e-5, gated, clamp, dtype, several=True
                 )
                 for p, sz in groups
             ]

@@ -128,7 +128,7 @@ def test_the_int4_rows_kernel_computes_the_unfused_int4_product(
     more than one."""
     from aotc.export.fused_products import reference
     from aotc.export.quantized_linear import int4_groups
-    from aotc.kernels.fused_gemv import fused_int4_rows_gemv
+    from aotc.kernels.fused_gemv import fused_int4_gemv
 
     norm, gated, bias, residual, clamp = FORMS[form]
     torch.manual_seed(0)
@@ -139,7 +139,9 @@ def test_the_int4_rows_kernel_computes_the_unfused_int4_product(
     b = torch.randn(n_out, device=device).to(dtype) if bias else None
     nw = (1 + 0.1 * torch.randn(k_in, device=device)).to(dtype) if norm else None
     r = torch.randn(rows, n_out, device=device) if residual else None
-    got = fused_int4_rows_gemv(x, packed, scale_zero, group, b, nw, r, 1e-6, gated, clamp, dtype)
+    got = fused_int4_gemv(
+        x, packed, scale_zero, group, b, nw, r, 1e-6, gated, clamp, dtype, several=True
+    )
     expected = reference(x, packed, b, nw, r, 1e-6, gated, clamp, scale_zero, dtype, group)
     assert got.dtype == expected.dtype and got.shape == expected.shape
     # fp32: the same products summed in another order; bf16: the output's roundings, against the

@@ -135,8 +135,8 @@ def test_the_int4_rows_product_lowers_and_writes_only_its_output(
     norm = None if gated else torch.randn(k_in, dtype=dtype)
     residual = None if gated else torch.randn(20, n_out, dtype=dtype)
     launches = recorded(
-        fused_gemv.fused_int4_rows_gemv, x, packed, scale_zero, group, None, norm, residual, 1e-5,
-        gated, 0.0, dtype, shape=(16, 4, 4),
+        fused_gemv.fused_int4_gemv, x, packed, scale_zero, group, None, norm, residual, 1e-5,
+        gated, 0.0, dtype, shape=(16, 4, 4), several=True,
     )  # fmt: skip
     assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
         ("aotc_pdl_int4_rows_gemv", ["out_ptr"])

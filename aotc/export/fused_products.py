@@ -133,8 +133,8 @@ def fused_linear(
 
     def several(x2, weight, *rest):  # int4: each tile dequantized once for all the rows
         b, nw, r, sc = unpack(rest)
-        return torch.ops.aotc.fused_int4_rows_gemv_cuda(
-            x2, weight, sc, group, b, nw, r, eps, gated, clamp, product_dtype
+        return torch.ops.aotc.fused_int4_gemv_cuda(
+            x2, weight, sc, group, b, nw, r, eps, gated, clamp, product_dtype, several=True
         )
 
     def large(*operands):

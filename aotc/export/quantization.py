@@ -554,8 +554,19 @@ def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
         )
 
     def several(x2, packed, scale_zero):  # each tile dequantized once for all the rows
-        return torch.ops.aotc.fused_int4_rows_gemv_cuda(
-            x2.contiguous(), packed, scale_zero, group, None, None, None, 0.0, False, 0.0, x2.dtype
+        return torch.ops.aotc.fused_int4_gemv_cuda(
+            x2.contiguous(),
+            packed,
+            scale_zero,
+            group,
+            None,
+            None,
+            None,
+            0.0,
+            False,
+            0.0,
+            x2.dtype,
+            several=True,
         )
 
     def above(x2, packed, scale_zero):

@@ -44,7 +44,6 @@ from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
 OP_INT4 = "aotc::fused_int4_gemv_cuda"
-OP_INT4_ROWS = "aotc::fused_int4_rows_gemv_cuda"
 ROW_BLOCK = 16  # the rows one program of the rows kernel takes: the tensor cores' smallest tile
 
 
@@ -482,29 +481,46 @@ def fused_int4_gemv(
     launch=lambda k: k,
     shape: tuple[int, int, int] | None = None,
     pdl: bool = False,
+    several: bool = False,
 ) -> torch.Tensor:
     """fused_gemv over int4 groups (quantized_linear.int4_groups: packed [N, K/2] uint8,
     scale_zero [N, K/group, 2]): [rows, N] in the residual's and `operand_dtype`'s promoted dtype
-    when there is a residual, else in `operand_dtype`."""
+    when there is a residual, else in `operand_dtype`. `several`: the kernel for several rows at
+    once (aotc_pdl_int4_rows_gemv: each tile dequantized once for up to ROW_BLOCK rows, multiplied
+    on the tensor cores), else a row a program."""
     rows = x.shape[0]
     n_out, k_in = packed.shape[0], packed.shape[1] * 2
     out = _output(x, n_out, residual, operand_dtype)
     taken_in = (norm_weight is not None, gated, residual is not None)
-    # a tile the build chose on its GPU for this weight shape (product_tiles.py), else the rule's
-    block_n, block_g, warps = (
-        shape
-        or tile_in_force(n_out, k_in, f"int4g{group}", surroundings(*taken_in))
-        or int4_launch_shape(n_out, k_in, group, streaming_multiprocessors(x.device.index or 0))
-    )
+    if several:
+        block_n, block_g, warps = shape or int4_rows_launch_shape(n_out, k_in, group)
+        kernel, grid = (
+            aotc_pdl_int4_rows_gemv,
+            (triton.cdiv(n_out, block_n), triton.cdiv(rows, ROW_BLOCK)),
+        )
+        rows_taken, sizes = [rows], {"ROWS": ROW_BLOCK}
+    else:
+        # a tile the build chose on its GPU for this weight shape (product_tiles.py), else the rule's
+        block_n, block_g, warps = (
+            shape
+            or tile_in_force(n_out, k_in, f"int4g{group}", surroundings(*taken_in))
+            or int4_launch_shape(n_out, k_in, group, streaming_multiprocessors(x.device.index or 0))
+        )
+        kernel, grid = aotc_pdl_fused_int4_gemv, (triton.cdiv(n_out, block_n), rows)
+        rows_taken, sizes = [], {}
     # an absent operand's pointer is the scales': the kernel never reads it (its flag is off)
-    launch(aotc_pdl_fused_int4_gemv)[(triton.cdiv(n_out, block_n), rows)](
+    operands = [
         x, packed, scale_zero, scale_zero if bias is None else bias,
         scale_zero if norm_weight is None else norm_weight,
-        scale_zero if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
+        scale_zero if residual is None else residual, out, n_out, *rows_taken, x.stride(0), eps,
+        clamp,
+    ]  # fmt: skip
+    launch(kernel)[grid](
+        *operands,
         K=k_in, GROUP=group, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, OPERAND=OPERANDS[operand_dtype],
         BLOCK_N=block_n, BLOCK_G=block_g, PDL=pdl or waits_programmatically(x.device),
-        num_warps=warps, num_stages=1, **({"launch_pdl": True} if pdl else {}),
+        num_warps=warps, num_stages=1, **sizes, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
 
@@ -517,40 +533,6 @@ def int4_rows_launch_shape(n_out: int, k_in: int, group: int) -> tuple[int, int,
     groups = k_in // group
     block_g = max(1, min(triton.next_power_of_2(groups), 4096 // (block_n * group // 2)))
     return block_n, block_g, 4
-
-
-def fused_int4_rows_gemv(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    scale_zero: torch.Tensor,
-    group: int,
-    bias: torch.Tensor | None,
-    norm_weight: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    eps: float,
-    gated: bool,
-    clamp: float,
-    operand_dtype: torch.dtype,
-    launch=lambda k: k,
-    shape: tuple[int, int, int] | None = None,
-) -> torch.Tensor:
-    """fused_int4_gemv for a few rows at once (aotc_pdl_int4_rows_gemv): each weight tile
-    dequantized once for up to ROW_BLOCK rows, multiplied on the tensor cores."""
-    rows = x.shape[0]
-    n_out, k_in = packed.shape[0], packed.shape[1] * 2
-    out = _output(x, n_out, residual, operand_dtype)
-    block_n, block_g, warps = shape or int4_rows_launch_shape(n_out, k_in, group)
-    # an absent operand's pointer is the scales': the kernel never reads it (its flag is off)
-    launch(aotc_pdl_int4_rows_gemv)[(triton.cdiv(n_out, block_n), triton.cdiv(rows, ROW_BLOCK))](
-        x, packed, scale_zero, scale_zero if bias is None else bias,
-        scale_zero if norm_weight is None else norm_weight,
-        scale_zero if residual is None else residual, out, n_out, rows, x.stride(0), eps, clamp,
-        K=k_in, GROUP=group, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
-        RESIDUAL=residual is not None, CLAMP=clamp > 0, OPERAND=OPERANDS[operand_dtype],
-        BLOCK_N=block_n, BLOCK_G=block_g, ROWS=ROW_BLOCK, PDL=waits_programmatically(x.device),
-        num_warps=warps, num_stages=1,
-    )  # fmt: skip
-    return out
 
 
 @triton_op(OP, mutates_args={})
@@ -586,31 +568,11 @@ def fused_int4_gemv_cuda(
     gated: bool,
     clamp: float,
     operand_dtype: torch.dtype,
+    several: bool = False,
 ) -> torch.Tensor:
-    """The fused product over int4 groups (fused_int4_gemv) of at most MAX_ROWS rows."""
+    """The fused product over int4 groups (fused_int4_gemv): a row a program up to MAX_ROWS rows,
+    or `several` rows a program above them, up to MAX_INT4_ROWS."""
     return fused_int4_gemv(
         x, packed, scale_zero, group, bias, norm_weight, residual, eps, gated, clamp,
-        operand_dtype, launch=wrap_triton,
-    )  # fmt: skip
-
-
-@triton_op(OP_INT4_ROWS, mutates_args={})
-def fused_int4_rows_gemv_cuda(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    scale_zero: torch.Tensor,
-    group: int,
-    bias: torch.Tensor | None,
-    norm_weight: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    eps: float,
-    gated: bool,
-    clamp: float,
-    operand_dtype: torch.dtype,
-) -> torch.Tensor:
-    """The fused product over int4 groups for a few rows at once (fused_int4_rows_gemv), above
-    MAX_ROWS rows and up to MAX_INT4_ROWS."""
-    return fused_int4_rows_gemv(
-        x, packed, scale_zero, group, bias, norm_weight, residual, eps, gated, clamp,
-        operand_dtype, launch=wrap_triton,
+        operand_dtype, launch=wrap_triton, several=several,
     )  # fmt: skip
