@@ -29,13 +29,39 @@ def dequantized(levels, scale, zero):
 
 
 def test_with_uncorrelated_activations_gptq_rounds_to_nearest():
-    """H = c I: no feature's error can be made up by another, so GPTQ's levels are RTN's."""
+    """H = c I: no feature's error can be made up by another, so GPTQ's levels are round-to-nearest
+    on its grid, and its grid is the one chosen with every feature weighing the same."""
     torch.manual_seed(0)
     weight = torch.randn(48, 128)
     levels, scale, zero = gptq.gptq_levels(weight, 3.0 * torch.eye(128), GROUP, torch.bfloat16)
-    want, want_scale, want_zero = rtn_levels(weight)
+    want_scale, want_zero = ql.int4_grid_weighted(weight, GROUP, torch.bfloat16, torch.ones(128))
     assert torch.equal(scale, want_scale) and torch.equal(zero, want_zero)
-    assert torch.equal(levels.float(), want)
+    assert torch.equal(levels.float(), ql.int4_levels_on(weight, scale, zero))
+
+
+def test_the_weighted_grid_lowers_the_weighted_error_and_keeps_the_range_where_it_is_best():
+    """int4_grid_weighted: each group's error, weighted by its features' importance, is never
+    above the min-to-max grid's (that grid is a candidate) and is lower overall on weights with
+    outliers, where clipping the range pays; on a group of 16 evenly spaced values, which the
+    min-to-max grid holds exactly, it keeps that grid."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 128)
+    weight[:, ::37] *= 6  # an outlier in some groups
+    importance = torch.rand(128) * 4
+
+    def weighted_errors(scale, zero):
+        error = (dequantized(ql.int4_levels_on(weight, scale, zero), scale, zero) - weight) ** 2
+        return (error * importance).reshape(64, 128 // GROUP, GROUP).sum(-1)
+
+    clipped = weighted_errors(*ql.int4_grid_weighted(weight, GROUP, torch.float32, importance))
+    whole = weighted_errors(*ql.int4_grid(weight, GROUP, torch.float32))
+    assert bool((clipped <= whole * (1 + 1e-5)).all())
+    assert float(clipped.sum()) < 0.9 * float(whole.sum()), (clipped.sum(), whole.sum())
+    even = torch.arange(16.0).repeat(2)[None, :] / 4 - 1  # one row, two groups of 16 levels
+    scale, zero = ql.int4_grid_weighted(even, 16, torch.float32, torch.ones(32))
+    assert torch.equal(scale, torch.full((1, 2), 0.25)) and torch.equal(
+        zero, torch.full((1, 2), 1.0)
+    )
 
 
 def test_gptq_lowers_the_output_error_on_correlated_activations():
@@ -53,6 +79,30 @@ def test_gptq_lowers_the_output_error_on_correlated_activations():
     for name, (levels, scale, zero) in {"gptq": chosen, "rtn": rtn_levels(weight)}.items():
         errors[name] = float((held_out @ (dequantized(levels, scale, zero) - weight).t()).norm())
     assert errors["gptq"] < 0.8 * errors["rtn"], errors
+
+
+def test_gptq_keeps_the_grid_whose_levels_give_the_lower_output_error():
+    """Of its two grids (min-to-max, and clipped by the activations), the layer keeps the one
+    with the lower tr(E H E^T): never above GPTQ on either grid alone."""
+    torch.manual_seed(1)
+    k = 128
+    features = (torch.randn(1024, k) * torch.linspace(0.1, 4, k)) @ (torch.eye(k) + 0.1)
+    hessian = features.t() @ features
+    weight = torch.randn(32, k)
+    weight[:, ::29] *= 5  # outliers: clipping can pay in some groups
+
+    def output_error(levels, scale, zero):
+        error = weight.double() - dequantized(levels, scale, zero).double()
+        return float(((error @ hessian.double()) * error).sum())
+
+    kept = output_error(*gptq.gptq_levels(weight, hessian, GROUP, torch.bfloat16))
+    prepared = gptq._prepared(hessian)
+    for scale, zero in (
+        ql.int4_grid(weight, GROUP, torch.bfloat16),
+        ql.int4_grid_weighted(weight, GROUP, torch.bfloat16, torch.diag(hessian)),
+    ):
+        alone = output_error(gptq._levels(weight, prepared, scale, zero, GROUP), scale, zero)
+        assert kept <= alone * (1 + 1e-9), (kept, alone)
 
 
 def test_the_output_layer_is_calibrated_on_every_row_it_picks_from():

@@ -77,6 +77,48 @@ def int4_grid(w, group: int, dtype):
     return scale, (lo + 8 * scale.float()).to(dtype)
 
 
+CLIP_FACTORS = tuple(1 - 0.02 * i for i in range(1, 21))  # a group's range kept: 98% to 60%
+CLIP_ROWS = 4096  # output features searched at once (bounds the search's memory)
+
+
+def int4_grid_weighted(w, group: int, dtype, importance):
+    """(scale, zero) as int4_grid's, each group's range clipped where that lowers the group's
+    squared error weighted by each input feature's `importance` [K] (a calibration's sum of
+    squared activations: the error a feature's weight makes in the layer's output grows with it).
+    The range is tried whole, and shrunk from both ends, from below and from above, to each of
+    CLIP_FACTORS; each candidate is scored with its scale and zero rounded to `dtype`, as stored.
+    The idea of AWQ's clip search (Lin et al., 2024) on the activations' diagonal alone. On
+    SmolLM2-135M-Instruct at group 64 it took a GPTQ package's perplexity increase from +16.8%
+    to +4.0% (docs/quantization.md)."""
+    import torch
+
+    n, k = w.shape
+    scales, zeros = [], []
+    weights = importance.float().reshape(1, k // group, group)
+    for r0 in range(0, n, CLIP_ROWS):
+        wg = w[r0 : r0 + CLIP_ROWS].float().reshape(-1, k // group, group)
+        lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+        best = None
+        for below, above in [(1.0, 1.0)] + [
+            pair for f in CLIP_FACTORS for pair in ((f, f), (1.0, f), (f, 1.0))
+        ]:
+            scale = ((hi * above - lo * below) / 15).clamp(min=1e-8).to(dtype)
+            zero = (lo * below + 8 * scale.float()).to(dtype)
+            s, z = scale.float()[..., None], zero.float()[..., None]
+            q = torch.round((wg - z) / s + 8).clamp(0, 15)
+            error = (((q - 8) * s + z - wg) ** 2 * weights).sum(dim=-1)
+            if best is None:
+                best = [error, scale, zero]
+            else:
+                better = error < best[0]
+                best = [
+                    torch.where(better, new, old) for new, old in zip((error, scale, zero), best)
+                ]
+        scales.append(best[1])
+        zeros.append(best[2])
+    return torch.cat(scales), torch.cat(zeros)
+
+
 def int4_levels_on(w, scale, zero):
     """Each weight's level (0-15, float) on the groups' grid: w [N, K], scale and zero [N, K/group]."""
     import torch
