@@ -529,15 +529,21 @@ def pytest_configure(config):
     if worker:
         import os
 
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
         for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
             os.environ[name] = "1"
         torch.set_num_threads(1)
         # Inductor's cache, one per worker: two workers compiling the same graph at once into one
         # cache gave a package whose compiled model described the other worker's artifact (its
-        # build's check refused it, exit 5)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{cache_dir()}-{worker}"
+        # build's check refused it, exit 5). It lives in the run's temporary folder (xdist gives
+        # each worker popen-gwN in it), which goes with a passing run: in /tmp it grew by every
+        # run's builds, on a CI disk that runs share.
+        if config.option.basetemp:
+            run = shared_store.run_root(Path(config.option.basetemp))
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(run / f"inductor-{worker}")
+        else:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{cache_dir()}-{worker}"
 
 
 def xdist_unit(nodeid: str) -> str:
