@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantization_accuracy import evaluation_text  # noqa: E402
 
 from aotc.export.gptq import CALIBRATION_TOKENS, calibration_chunks, gptq_levels  # noqa: E402
+from aotc.export.quantized_linear import int4_groups, int4_groups_dequantized  # noqa: E402
 
 
 class _Stop(Exception):
@@ -71,10 +72,9 @@ def quantize(modules: dict, sums: dict, group: int) -> None:
     """Each module's weight replaced by its GPTQ int4 levels, dequantized."""
     for name, module in modules.items():
         w = module.weight.detach().float()
-        levels, scale, zero = gptq_levels(w, sums[name].float(), group, torch.bfloat16)
-        grouped = levels.reshape(w.shape[0], -1, group).float()
-        dequantized = (grouped - 8) * scale.float()[..., None] + zero.float()[..., None]
-        module.weight.data.copy_(dequantized.reshape(w.shape))
+        levels = gptq_levels(w, sums[name].float(), group, torch.bfloat16)
+        packed, scale_zero = int4_groups(w, group, torch.bfloat16, levels)
+        module.weight.data.copy_(int4_groups_dequantized(packed, scale_zero, group))
 
 
 def negative_log_likelihoods(model, windows: list) -> list:

@@ -72,7 +72,11 @@ def int4_grid(w, group: int, dtype):
     w = (q - 8) * scale + zero (tinygemm's convention)."""
     n, k = w.shape
     wg = w.float().reshape(n, k // group, group)
-    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+    return _range_grid(wg.amin(dim=-1), wg.amax(dim=-1), dtype)
+
+
+def _range_grid(lo, hi, dtype):
+    """(scale, zero) in `dtype` of 16 levels from `lo` to `hi`: w = (q - 8) * scale + zero."""
     scale = ((hi - lo) / 15).clamp(min=1e-8).to(dtype)
     return scale, (lo + 8 * scale.float()).to(dtype)
 
@@ -102,10 +106,9 @@ def int4_grid_weighted(w, group: int, dtype, importance):
         for below, above in [(1.0, 1.0)] + [
             pair for f in CLIP_FACTORS for pair in ((f, f), (1.0, f), (f, 1.0))
         ]:
-            scale = ((hi * above - lo * below) / 15).clamp(min=1e-8).to(dtype)
-            zero = (lo * below + 8 * scale.float()).to(dtype)
+            scale, zero = _range_grid(lo * below, hi * above, dtype)
+            q = int4_levels_on(wg.reshape(-1, k), scale, zero).reshape(wg.shape)
             s, z = scale.float()[..., None], zero.float()[..., None]
-            q = torch.round((wg - z) / s + 8).clamp(0, 15)
             error = (((q - 8) * s + z - wg) ** 2 * weights).sum(dim=-1)
             if best is None:
                 best = [error, scale, zero]
