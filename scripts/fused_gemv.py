@@ -83,13 +83,6 @@ def measure(
         forms["tinygemm_product"] = [
             lambda t=t, sz=sz: int4_tinygemm_mm(plain_x, t, sz, int4_group) for t, sz in tiles
         ]
-        if rows > 1:  # the kernel for several rows: each tile dequantized once for all of them
-            forms["fused_int4_rows"] = [
-                lambda p=p, sz=sz: fused_int4_gemv(
-                    x, p, sz, int4_group, None, nw, r, 1e-5, gated, clamp, dtype, several=True
-                )
-                for p, sz in groups
-            ]
     if one_byte:  # the same products over int8 rows and fp8 blocks: aotc's kernel
         from aotc.export.quantized_linear import fp8_blocks, int8_rows
 
@@ -195,11 +188,6 @@ def main() -> None:
                     f"  int4 g{args.int4}: fused {seconds['fused_int4'] * 1e6:6.2f} us "
                     f"({int4_bytes / bandwidth / seconds['fused_int4']:.2f} of its floor), "
                     f"tinygemm product alone {seconds['tinygemm_product'] * 1e6:6.2f}"
-                    + (
-                        f", fused for several rows {seconds['fused_int4_rows'] * 1e6:6.2f}"
-                        if "fused_int4_rows" in seconds
-                        else ""
-                    )
                 )
             if args.one_byte:  # a byte a weight; the scales (a row's, a block's) left out
                 for name in ("int8", "fp8"):

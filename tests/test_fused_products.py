@@ -235,19 +235,19 @@ def test_reference_is_transformers_rmsnorm_and_the_gated_mlp():
 
 
 def test_a_fused_int4_build_for_more_rows_than_the_kernel_takes_says_what_decode_costs():
-    """Above the int4 kernels' rows an int4 product dequantizes its whole weight every step: a
+    """Above the fused kernel's rows an int4 product dequantizes its whole weight every step: a
     build for such a batch warns once, with the figure and the flag; one within them says nothing."""
     import io
 
     from aotc.compiler.backends.inductor import warn_int4_rows
-    from aotc.kernels.product_tiles import MAX_INT4_ROWS
+    from aotc.kernels.product_tiles import MAX_ROWS
     from aotc.progress import Progress
 
     within, above = io.StringIO(), io.StringIO()
-    warn_int4_rows(MAX_INT4_ROWS, Progress(stream=within))
-    warn_int4_rows(MAX_INT4_ROWS * 2, Progress(stream=above))
+    warn_int4_rows(MAX_ROWS, Progress(stream=within))
+    warn_int4_rows(MAX_ROWS * 2, Progress(stream=above))
     assert within.getvalue() == ""
     lines = above.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: ")
-    assert f"a decode of {MAX_INT4_ROWS * 2} rows dequantizes every weight" in lines[0]
+    assert f"a decode of {MAX_ROWS * 2} rows dequantizes every weight" in lines[0]
     assert "without --fused-products" in lines[0]

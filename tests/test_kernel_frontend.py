@@ -118,33 +118,6 @@ def test_the_fused_int4_product_lowers_and_writes_only_its_output(hopper, dtype,
 
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("neighbours", ["norm+residual", "gated"])
-def test_the_int4_rows_product_lowers_and_writes_only_its_output(
-    hopper, monkeypatch, dtype, neighbours, pdl
-):
-    """The int4 product of a few rows at once (a tile dequantized once, the rows multiplied on the
-    tensor cores): two row blocks, two tiles of groups."""
-    from aotc.kernels import fused_gemv
-
-    monkeypatch.setattr(fused_gemv, "waits_programmatically", lambda device: pdl)
-    n_out, k_in, group = 64, 512, 64
-    packed = torch.zeros(n_out, k_in // 2, dtype=torch.uint8)
-    scale_zero = torch.ones(n_out, k_in // group, 2, dtype=dtype)
-    gated = neighbours == "gated"
-    x = torch.randn(20, 2 * k_in if gated else k_in, dtype=dtype)
-    norm = None if gated else torch.randn(k_in, dtype=dtype)
-    residual = None if gated else torch.randn(20, n_out, dtype=dtype)
-    launches = recorded(
-        fused_gemv.fused_int4_gemv, x, packed, scale_zero, group, None, norm, residual, 1e-5,
-        gated, 0.0, dtype, shape=(16, 4, 4), several=True,
-    )  # fmt: skip
-    assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
-        ("aotc_pdl_int4_rows_gemv", ["out_ptr"])
-    ]
-
-
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES)
 def test_the_attention_kernels_lower_and_write_only_their_outputs(hopper, monkeypatch, dtype, pdl):
     from aotc.kernels import attention
 
@@ -303,7 +276,6 @@ def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():
         "aotc_pdl_tiled_attention",
         "aotc_pdl_fused_gemv",
         "aotc_pdl_fused_int4_gemv",
-        "aotc_pdl_int4_rows_gemv",
     }
     assert all(name.startswith(PDL_PREFIX) for name in names)
 

@@ -94,9 +94,9 @@ def fused_linear(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
     scale=None, operand_dtype=None, group: int = 0,
 ):  # fmt: skip
-    """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, int4 groups up to
-    MAX_INT4_ROWS rows its kernel for several rows, else `reference` (decided at export when the
-    row count is fixed there, else cond nodes AOTInductor compiles to each)."""
+    """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
+    (decided at export when the row count is fixed there, else a cond node AOTInductor compiles
+    to both)."""
     settings = (eps, gated, clamp)
     if not x.is_cuda:
         return reference(
@@ -104,7 +104,7 @@ def fused_linear(
         )
     import aotc.kernels.fused_gemv  # noqa: F401  (importing it registers aotc::fused_gemv_cuda)
     from aotc.export.quantization import by_rows
-    from aotc.kernels.product_tiles import MAX_INT4_ROWS, MAX_ROWS
+    from aotc.kernels.product_tiles import MAX_ROWS
 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
@@ -127,20 +127,9 @@ def fused_linear(
             x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype
         )
 
-    def dense(x2, weight, *rest):
+    def large(x2, weight, *rest):
         b, nw, r, sc = unpack(rest)
         return reference(x2, weight, b, nw, r, *settings, sc, operand_dtype, group)
-
-    def several(x2, weight, *rest):  # int4: each tile dequantized once for all the rows
-        b, nw, r, sc = unpack(rest)
-        return torch.ops.aotc.fused_int4_gemv_cuda(
-            x2, weight, sc, group, b, nw, r, eps, gated, clamp, product_dtype, several=True
-        )
-
-    def large(*operands):
-        if not group:
-            return dense(*operands)
-        return by_rows(operands[0], several, dense, operands, limit=MAX_INT4_ROWS)
 
     operands = (x2, weight, *present)
     return by_rows(x2, small, large, operands, limit=MAX_ROWS).reshape(*lead, n_out)

@@ -532,10 +532,8 @@ def tinygemm_linear(x, tiles, scale_zero, bias, group):
 
 def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
     """int4 groups as aotc stores them (quantized_linear.int4_groups), multiplied by aotc's int4
-    kernel at decode's row counts (a row a program up to MAX_ROWS, a tile dequantized once for
-    several rows up to MAX_INT4_ROWS) and as dequantized weights above them (and on the CPU,
-    where only the fused products' tests run it). fused_products.py takes the norm and residual
-    in."""
+    kernel at decode's row counts and as dequantized weights above them (and on the CPU, where
+    only the fused products' tests run it). fused_products.py takes the norm and residual in."""
     import torch
 
     x2 = _flat(x)
@@ -545,35 +543,16 @@ def cuda_int4_groups_linear(x, packed, scale_zero, bias, group):
 
     if not x.is_cuda:
         return _finish(x, dequantized(x2, packed, scale_zero), bias)
-    import aotc.kernels.fused_gemv  # noqa: F401  (importing it registers the kernels' ops)
-    from aotc.kernels.product_tiles import MAX_INT4_ROWS, MAX_ROWS
+    import aotc.kernels.fused_gemv  # noqa: F401  (importing it registers the kernel's op)
+    from aotc.kernels.product_tiles import MAX_ROWS
 
     def kernel(x2, packed, scale_zero):
         return torch.ops.aotc.fused_int4_gemv_cuda(
             x2.contiguous(), packed, scale_zero, group, None, None, None, 0.0, False, 0.0, x2.dtype
         )
 
-    def several(x2, packed, scale_zero):  # each tile dequantized once for all the rows
-        return torch.ops.aotc.fused_int4_gemv_cuda(
-            x2.contiguous(),
-            packed,
-            scale_zero,
-            group,
-            None,
-            None,
-            None,
-            0.0,
-            False,
-            0.0,
-            x2.dtype,
-            several=True,
-        )
-
-    def above(x2, packed, scale_zero):
-        return by_rows(x2, several, dequantized, (x2, packed, scale_zero), limit=MAX_INT4_ROWS)
-
     operands = (x2, packed, scale_zero)
-    return _finish(x, by_rows(x2, kernel, above, operands, limit=MAX_ROWS), bias)
+    return _finish(x, by_rows(x2, kernel, dequantized, operands, limit=MAX_ROWS), bias)
 
 
 def int4_groups_dense(x, packed, scale_zero, group):

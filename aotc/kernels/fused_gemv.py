@@ -44,7 +44,6 @@ from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 
 OP = "aotc::fused_gemv_cuda"
 OP_INT4 = "aotc::fused_int4_gemv_cuda"
-ROW_BLOCK = 16  # the rows one program of the rows kernel takes: the tensor cores' smallest tile
 
 
 # the product's operand dtype (OPERAND): the weight's (a float weight), or the one named here (an
@@ -284,100 +283,6 @@ def aotc_pdl_fused_int4_gemv(
     tl.store(out_ptr + row * n_out + n, out, mask=n_ok)
 
 
-@triton.jit
-def aotc_pdl_int4_rows_gemv(
-    x_ptr, p_ptr, sz_ptr, b_ptr, norm_ptr, res_ptr, out_ptr, n_out, rows, x_stride, eps, clamp,
-    K: tl.constexpr, GROUP: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-    BIAS: tl.constexpr, RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, OPERAND: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """The fused product over int4 groups for a few rows at once: a program takes BLOCK_N output
-    features and ROWS rows (program_id 1), dequantizes each weight tile once and multiplies it
-    with every row's operand on the tensor cores (rows past the step's read as 0), where the
-    one-row kernel would dequantize the tile again for each row. Marlin's idea (Frantar et al.
-    2024) without its offline reordering: the tile is dequantized in registers and handed to the
-    product as it is laid out.
-
-    The tile's features are taken in the order its bytes hold them: for each group, each byte's
-    low level then its high one (features j and j + GROUP / 2 of the group), and each row's
-    operand is read in that order too, so the product needs no reordering of the weights. Each
-    weight is dequantized as the unfused product dequantizes it, in the operand's dtype: the level
-    minus 8 times the scale, rounded, plus the zero, rounded."""
-    H: tl.constexpr = GROUP // 2
-    BLOCK_K: tl.constexpr = BLOCK_G * GROUP
-    groups = K // GROUP
-    n1 = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n = n1[:, None, None]
-    n_ok = n < n_out
-    g = tl.arange(0, BLOCK_G)[None, :, None]
-    j = tl.arange(0, H)[None, None, :]
-    packed, scale, zero = _int4_tile(p_ptr, sz_ptr, n, n_ok, g, j, groups, K, H)
-    # the activations read after the wait (PDL)
-    r = tl.program_id(1) * ROWS + tl.arange(0, ROWS) + after_predecessor(PDL)
-    r_ok = (r < rows)[None, :]  # [1, ROWS]
-    x_rows = x_ptr + r[None, :] * x_stride
-    # feature of the tile's column c: group c // GROUP, byte (c % GROUP) // 2, low or high level
-    c = tl.arange(0, BLOCK_K)
-    within = c % GROUP
-    feature = (c // GROUP * GROUP + (within % 2) * H + within // 2)[:, None]  # [BLOCK_K, 1]
-    inverse_rms = tl.full((1, ROWS), 1.0, tl.float32)
-    if NORM:  # each row's mean square, in fp32 as the unfused norm takes it
-        squares = tl.zeros((BLOCK_K, ROWS), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ok = ((k0 + c) < K)[:, None] & r_ok
-            xk = tl.load(x_rows + k0 + c[:, None], mask=ok, other=0.0).to(tl.float32)
-            squares += xk * xk
-        inverse_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0)[None, :] / K + eps)
-    acc = tl.zeros((BLOCK_N, ROWS), tl.float32)
-    for g0 in range(0, groups, BLOCK_G):
-        k = g0 * GROUP + feature
-        ok = (k < K) & r_ok
-        a = _operand(
-            x_rows, norm_ptr, k, ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, tl.float32,
-            OPERAND,
-        )  # fmt: skip
-        this_packed, this_scale, this_zero = packed, scale, zero
-        # the next tile's bytes in flight while this one is multiplied
-        packed, scale, zero = _int4_tile(p_ptr, sz_ptr, n, n_ok, g0 + BLOCK_G + g, j, groups, K, H)
-        bits = this_packed.to(tl.int32)
-        low = _dequantized(_level(bits & 15), this_scale, this_zero, OPERAND)
-        high = _dequantized(_level(bits >> 4), this_scale, this_zero, OPERAND)
-        w = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # [n, (group, byte, level)]
-        acc = _rows_dot(w, a, acc, OPERAND)
-    y = _rounded(acc, tl.float32, OPERAND)
-    n2 = n1[:, None]  # [BLOCK_N, 1]
-    both = (n2 < n_out) & r_ok
-    if BIAS:
-        b = tl.load(b_ptr + n2, mask=n2 < n_out, other=0.0).to(tl.float32)
-        y = _rounded(y.to(tl.float32) + b, tl.float32, OPERAND)
-    at = r[None, :] * n_out + n2
-    if RESIDUAL:
-        out = tl.load(res_ptr + at, mask=both, other=0.0).to(tl.float32) + y.to(tl.float32)
-    else:
-        out = y
-    tl.store(out_ptr + at, out, mask=both)
-
-
-@triton.jit
-def _dequantized(level, scale, zero, OPERAND: tl.constexpr):
-    """A weight from its level minus 8, in the operand's dtype as the unfused product computes
-    it: the product with the scale rounded, then the zero added and rounded (a product of two
-    bf16 values is exact in fp32, so rounding it is bf16's multiply)."""
-    scaled = _rounded(level * scale, tl.float32, OPERAND).to(tl.float32)
-    return _rounded(scaled + zero, tl.float32, OPERAND)
-
-
-@triton.jit
-def _rows_dot(w, a, acc, OPERAND: tl.constexpr):
-    """acc + w [BLOCK_N, BLOCK_K] @ a [BLOCK_K, ROWS] on the tensor cores, in the operand's dtype;
-    fp32 operands as exact fp32 products (IEEE), as the unfused product multiplies them."""
-    if OPERAND == 32:
-        acc = tl.dot(w, a, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(w, a.to(w.dtype), acc)
-    return acc
-
-
 def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps): input features in one block up to 2,048 (more loop over blocks
     of 2,048), and the widest tile of output features (16 down to 1) that still gives
@@ -481,58 +386,31 @@ def fused_int4_gemv(
     launch=lambda k: k,
     shape: tuple[int, int, int] | None = None,
     pdl: bool = False,
-    several: bool = False,
 ) -> torch.Tensor:
     """fused_gemv over int4 groups (quantized_linear.int4_groups: packed [N, K/2] uint8,
     scale_zero [N, K/group, 2]): [rows, N] in the residual's and `operand_dtype`'s promoted dtype
-    when there is a residual, else in `operand_dtype`. `several`: the kernel for several rows at
-    once (aotc_pdl_int4_rows_gemv: each tile dequantized once for up to ROW_BLOCK rows, multiplied
-    on the tensor cores), else a row a program."""
+    when there is a residual, else in `operand_dtype`."""
     rows = x.shape[0]
     n_out, k_in = packed.shape[0], packed.shape[1] * 2
     out = _output(x, n_out, residual, operand_dtype)
     taken_in = (norm_weight is not None, gated, residual is not None)
-    if several:
-        block_n, block_g, warps = shape or int4_rows_launch_shape(n_out, k_in, group)
-        kernel, grid = (
-            aotc_pdl_int4_rows_gemv,
-            (triton.cdiv(n_out, block_n), triton.cdiv(rows, ROW_BLOCK)),
-        )
-        rows_taken, sizes = [rows], {"ROWS": ROW_BLOCK}
-    else:
-        # a tile the build chose on its GPU for this weight shape (product_tiles.py), else the rule's
-        block_n, block_g, warps = (
-            shape
-            or tile_in_force(n_out, k_in, f"int4g{group}", surroundings(*taken_in))
-            or int4_launch_shape(n_out, k_in, group, streaming_multiprocessors(x.device.index or 0))
-        )
-        kernel, grid = aotc_pdl_fused_int4_gemv, (triton.cdiv(n_out, block_n), rows)
-        rows_taken, sizes = [], {}
+    # a tile the build chose on its GPU for this weight shape (product_tiles.py), else the rule's
+    block_n, block_g, warps = (
+        shape
+        or tile_in_force(n_out, k_in, f"int4g{group}", surroundings(*taken_in))
+        or int4_launch_shape(n_out, k_in, group, streaming_multiprocessors(x.device.index or 0))
+    )
     # an absent operand's pointer is the scales': the kernel never reads it (its flag is off)
-    operands = [
+    launch(aotc_pdl_fused_int4_gemv)[(triton.cdiv(n_out, block_n), rows)](
         x, packed, scale_zero, scale_zero if bias is None else bias,
         scale_zero if norm_weight is None else norm_weight,
-        scale_zero if residual is None else residual, out, n_out, *rows_taken, x.stride(0), eps,
-        clamp,
-    ]  # fmt: skip
-    launch(kernel)[grid](
-        *operands,
+        scale_zero if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
         K=k_in, GROUP=group, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, OPERAND=OPERANDS[operand_dtype],
         BLOCK_N=block_n, BLOCK_G=block_g, PDL=pdl or waits_programmatically(x.device),
-        num_warps=warps, num_stages=1, **sizes, **({"launch_pdl": True} if pdl else {}),
+        num_warps=warps, num_stages=1, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
-
-
-def int4_rows_launch_shape(n_out: int, k_in: int, group: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_G, warps) of the rows kernel: 16 output features (the tensor cores'
-    smallest tile, and the most programs a row block) and as many groups as keep the tile within
-    4,096 packed bytes, at most the row's groups."""
-    block_n = 16
-    groups = k_in // group
-    block_g = max(1, min(triton.next_power_of_2(groups), 4096 // (block_n * group // 2)))
-    return block_n, block_g, 4
 
 
 @triton_op(OP, mutates_args={})
@@ -568,11 +446,9 @@ def fused_int4_gemv_cuda(
     gated: bool,
     clamp: float,
     operand_dtype: torch.dtype,
-    several: bool = False,
 ) -> torch.Tensor:
-    """The fused product over int4 groups (fused_int4_gemv): a row a program up to MAX_ROWS rows,
-    or `several` rows a program above them, up to MAX_INT4_ROWS."""
+    """The fused product over int4 groups (fused_int4_gemv) of at most MAX_ROWS rows."""
     return fused_int4_gemv(
         x, packed, scale_zero, group, bias, norm_weight, residual, eps, gated, clamp,
-        operand_dtype, launch=wrap_triton, several=several,
+        operand_dtype, launch=wrap_triton,
     )  # fmt: skip

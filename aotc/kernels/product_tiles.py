@@ -36,9 +36,6 @@ Tile = tuple[int, int, int]
 # the rows a fused product takes at most (fused_gemv.py's kernels); more take the unfused program:
 # each row's program reads the weight again (from L2) and, for int4, dequantizes it again
 MAX_ROWS = 4
-# int4 above MAX_ROWS: the rows kernel (each tile dequantized once for up to 16 rows); more rows (a
-# prompt's prefill) take the weights dequantized and cuBLAS's product
-MAX_INT4_ROWS = 16
 MARGIN = 0.03  # a neighbour replaces the rule's tile only if it is this much faster
 ELEMENTS = 16384  # a float tile's weights a program holds: 64 fp32 registers a thread at 8 warps
 INT4_TILE_BYTES = 16384  # packed bytes an int4 tile holds

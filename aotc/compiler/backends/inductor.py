@@ -317,16 +317,15 @@ def chosen_tiles(placed, progress) -> tuple[dict, dict]:
 
 
 def warn_int4_rows(batch: int, progress: Progress) -> None:
-    """A fused int4 package's decode above the rows kernels' MAX_INT4_ROWS dequantizes every int4
-    weight each step (fused_products.fused_linear's dense branch): measured on an H200 at the 1B
-    shape, 8 rows then taking that branch (docs/benchmarks.md), 2,727 tokens/s against 5,828 for
-    tinygemm's products."""
-    from aotc.kernels.product_tiles import MAX_INT4_ROWS
+    """A fused int4 package's decode above the fused kernel's rows dequantizes every int4 weight
+    each step (fused_products.fused_linear's large branch): measured on an H200 at the 1B shape
+    and batch 8 (docs/benchmarks.md), 2,727 tokens/s against 5,828 for tinygemm's products."""
+    from aotc.kernels.product_tiles import MAX_ROWS
 
-    if batch > MAX_INT4_ROWS:
+    if batch > MAX_ROWS:
         progress.warn(
-            f"int4 products fused run aotc's int4 kernels up to {MAX_INT4_ROWS} rows; a decode of "
-            f"{batch} rows dequantizes every weight each step (1B shape, 8 rows that way, H200: "
-            "2,727 against 5,828 tokens/s for tinygemm's); for a batch above "
-            f"{MAX_INT4_ROWS}, build int4 without --fused-products"
+            f"int4 products fused run aotc's int4 kernel up to {MAX_ROWS} rows; a decode of "
+            f"{batch} rows dequantizes every weight each step (1B shape, batch 8, H200: 2,727 "
+            "against 5,828 tokens/s for tinygemm's); for a batch above "
+            f"{MAX_ROWS}, build int4 without --fused-products"
         )
