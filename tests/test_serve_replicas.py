@@ -1,5 +1,6 @@
-"""`aotc serve` with two replicas and the package shipped through Ray (what `--address` does):
-`--check` from the command line, and a replica killed mid-load.
+"""`aotc serve` from the command line (a request and its logged line, then SIGTERM), a stop that
+hangs, and two replicas with the package shipped through Ray (what `--address` does): `--check`'s
+request, and a replica killed mid-load.
 
 What a killed replica's requests get: the ingress sends each again to a live replica (a request is
 idempotent), so every accepted request is answered, and answered right; Ray starts a replacement.
@@ -29,6 +30,7 @@ from conftest import free_port  # noqa: E402
 from aotc_runtime import load  # noqa: E402
 from aotc_runtime.serve.app import ServeOptions, descendants, start, stop  # noqa: E402
 from aotc_runtime.serve.client import Client  # noqa: E402
+from aotc_runtime.serve.command import check_once  # noqa: E402
 from tests.test_serve import request_rows  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -39,37 +41,27 @@ def mlp(packages):
     return packages.get("dynamic_mlp").package
 
 
-def test_check_starts_answers_one_request_and_stops(mlp):
-    result = subprocess.run(
-        [sys.executable, "-m", "aotc", "serve", str(mlp), "--check", "--port", str(free_port())],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "POST /v1/predict -> 200" in result.stdout
-    assert "'output_0': [16, 10]" in result.stdout  # the example batch of the B=1:64 export
-    # the request's line, from the ingress replica to this terminal (not its own requests asking
-    # whether each route answers)
-    lines = re.findall(r"^\d\d:\d\d:\d\d (?:GET|POST) .*$", result.stderr, re.MULTILINE)
-    assert len(lines) == 1 and re.fullmatch(r"\S+ POST /v1/predict 200 [\d.]+m?s", lines[0]), (
-        result.stderr[-2000:]
-    )
-
-
-def test_sigterm_stops_the_server_cleanly(mlp):
-    """SIGTERM (what Docker and systemd send) takes the deployment down like Ctrl-C, exit 0; Ray's
-    own handler would end the process on the spot with a native stack dump."""
+def test_serve_answers_logs_the_request_and_stops_cleanly_on_sigterm(mlp):
+    """`aotc serve` from the command line answers a request, and its line comes from the ingress
+    replica to this terminal (not the server's own requests asking whether each route answers).
+    SIGTERM (what Docker and systemd send) then takes the deployment down like Ctrl-C, exit 0;
+    Ray's own handler would end the process on the spot with a native stack dump. One server for
+    both: each start of Ray costs about 20 s of this file's time on CI's 2-core VM."""
+    port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "aotc", "serve", str(mlp), "--port", str(free_port())],
+        [sys.executable, "-m", "aotc", "serve", str(mlp), "--port", str(port)],
         stderr=subprocess.PIPE,
         text=True,
     )
+    reply = None
     try:
         seen = []
         for line in process.stderr:  # up once it says how to stop it (it gives up within 300 s)
             seen.append(line)
             if "Ctrl-C stops it" in line:
+                client = Client(f"http://127.0.0.1:{port}")
+                reply = client.predict({"x": request_rows(0)})
+                client.close()
                 break
         process.send_signal(signal.SIGTERM)
         try:
@@ -83,6 +75,12 @@ def test_sigterm_stops_the_server_cleanly(mlp):
     stderr = "".join(seen) + rest
     assert process.returncode == 0, stderr[-2000:]
     assert "Ctrl-C stops it" in stderr and "stopping" in stderr and "SIGTERM received" not in stderr
+    assert reply is not None and reply.status == 200, (reply and reply.body[:300], stderr[-2000:])
+    # the last lines of the request log are taken as the server stops
+    lines = re.findall(r"^\d\d:\d\d:\d\d (?:GET|POST) .*$", stderr, re.MULTILINE)
+    assert len(lines) == 1 and re.fullmatch(r"\S+ POST /v1/predict 200 [\d.]+m?s", lines[0]), (
+        stderr[-2000:]
+    )
 
 
 HANGING_STOP = """
@@ -127,6 +125,16 @@ def server(mlp):
     # killed) and leaves it after ray.shutdown; stop() puts the process's back: a model with a
     # print() exported later in the process traced Ray's, and `aotc explain` reported it
     assert builtins.print is own_print
+
+
+def test_check_answers_one_request_of_the_example_batch(server, capsys):
+    """What `aotc serve --check` does once the server is up (aotc_runtime/serve/command.py), here
+    on the module's server instead of a Ray of its own; the flag from the command line to its exit
+    code on a cluster: tests/test_serve_cluster.py."""
+    assert check_once(server) == 0
+    stdout = capsys.readouterr().out
+    assert "POST /v1/predict -> 200" in stdout
+    assert "'output_0': [16, 10]" in stdout  # the example batch of the B=1:64 export
 
 
 def replica_states(url: str, want: int, timeout: float = 90.0) -> dict:
