@@ -13,9 +13,9 @@ a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that refe
   product, tested by tests/test_quantize.py; tests/test_gpu_quantize.py holds the kernel to it.
 
 - fused_gemv.py: a decode step's product with its RMSNorm or gated activation and its residual
-  add (aotc::fused_gemv_cuda, `aotc build --fused-products`); its reference is
-  aotc/export/fused_products.py's `reference` (tests/test_fused_products.py on the CPU,
-  tests/test_gpu_fused_products.py on the GPU).
+  add (aotc::fused_gemv_cuda, `aotc build --fused-products`), over float, int8, fp8 or int4
+  weights; its reference is aotc/export/fused_products.py's `reference`
+  (tests/test_fused_products.py on the CPU, tests/test_gpu_fused_products.py on the GPU).
 - product_tiles.py: the fused products' tiles a `--fused-products` build times on its GPU and
   records in the manifest (`product_tiles`); tests/test_product_tiles.py, and the candidates'
   kernels lowered by tests/test_kernel_frontend.py.
