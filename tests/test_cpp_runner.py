@@ -477,6 +477,18 @@ def test_runner_streams_one_line_per_step(runner, generation_packages):
     assert "tokens/s" in done.stderr
 
 
+def test_runner_reports_no_decode_rate_for_one_token(runner, generation_packages):
+    """One new token is the prefill's alone: the runner's timing line says so, as `aotc generate`
+    does, not a rate of 0 tokens/s over no steps."""
+    done = run_cpp(
+        runner, generation_packages["gpt2"][0], "--generate", *GENERATE_PROMPTS[0],
+        "--max-new-tokens", 1,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "no decode step after it (every sequence ended at its first token)" in done.stderr
+    assert "tokens/s" not in done.stderr
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

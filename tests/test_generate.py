@@ -177,6 +177,18 @@ def test_the_generate_command_prints_the_new_ids_and_timings(generation_packages
     assert report["timings"]["decode_steps"] == 7 and report["timings"]["first_token_ms"] > 0
 
 
+def test_a_generation_of_one_token_reports_no_decode_rate(generation_packages):
+    """One new token is the prefill's alone: the timing line says no decode step followed it,
+    not a rate of 0 tokens/s over no steps."""
+    result = invoke(
+        "generate", generation_packages["gpt2"][0], "--prompt-ids", "5,17,42",
+        "--max-new-tokens", 1,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "no decode step after it (every sequence ended at its first token)" in result.stderr
+    assert "tokens/s" not in result.stderr
+
+
 @pytest.mark.parametrize(
     "args, code, words",
     [

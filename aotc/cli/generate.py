@@ -184,9 +184,15 @@ def generate(
         for row in report.get("generated_text") or generated:
             click.echo(row if isinstance(row, str) else ",".join(str(t) for t in row))
     t = report["timings"]
+    # a generation whose every sequence ended at its first token made no decode step: no rate
+    decode = (
+        f"{t['decode_tokens_per_s']:.1f} tokens/s per sequence after it (p50 "
+        f"{t['decode_p50_ms']:.2f} ms, p99 {t['decode_p99_ms']:.2f} ms)"
+        if t["decode_steps"]
+        else "no decode step after it (every sequence ended at its first token)"
+    )
     click.echo(
-        f"first token {t['first_token_ms']:.1f} ms; {t['decode_tokens_per_s']:.1f} tokens/s per "
-        f"sequence after it (p50 {t['decode_p50_ms']:.2f} ms, p99 {t['decode_p99_ms']:.2f} ms); "
+        f"first token {t['first_token_ms']:.1f} ms; {decode}; "
         f"{threads} CPU thread{'' if threads == 1 else 's'}",
         err=True,
     )

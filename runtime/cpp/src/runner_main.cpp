@@ -110,11 +110,16 @@ int generate(aotc::Package& package, const Args& args, int threads) {
     }
     std::cout << std::flush;
   }
-  char line[240];
-  std::snprintf(line, sizeof line, "first token %.1f ms; %.1f tokens/s per sequence after it (p50 %.2f ms, p99 %.2f ms); %d CPU thread%s",
-                timings["first_token_ms"].is_null() ? 0.0 : timings["first_token_ms"].get<double>(),
-                timings["decode_tokens_per_s"].get<double>(), timings["decode_p50_ms"].get<double>(),
-                timings["decode_p99_ms"].get<double>(), threads, threads == 1 ? "" : "s");
+  // a generation whose every sequence ended at its first token made no decode step: no rate
+  char decode_part[160] = "no decode step after it (every sequence ended at its first token)";
+  if (!steps.empty())
+    std::snprintf(decode_part, sizeof decode_part, "%.1f tokens/s per sequence after it (p50 %.2f ms, p99 %.2f ms)",
+                  timings["decode_tokens_per_s"].get<double>(), timings["decode_p50_ms"].get<double>(),
+                  timings["decode_p99_ms"].get<double>());
+  char line[320];
+  std::snprintf(line, sizeof line, "first token %.1f ms; %s; %d CPU thread%s",
+                timings["first_token_ms"].is_null() ? 0.0 : timings["first_token_ms"].get<double>(), decode_part,
+                threads, threads == 1 ? "" : "s");
   std::cerr << line << std::endl;
   return 0;
 }
