@@ -3,10 +3,11 @@
 (aotc/kernels/split_attention.py): packed tokens of rows at different positions, a prefill chunk
 beside decode tokens, a token that is no row's, grouped heads, a sliding window, soft-capping, a
 head size that is not a power of two; the split count the op picks, one span (no second kernel),
-and two spans. Then the tiled kernel on join steps (tests/join_steps.py): chunks of 1 to 300 tokens
-at several positions beside other rows' chunks and decode tokens, blocks across two rows, a block of
-tokens that are no row's, against the reference and against every token served per token; and a
-step captured in a CUDA graph, replayed with tokens that tile other blocks."""
+and two spans, combined by a second kernel or by the last span to finish (folded). Then the tiled
+kernel on join steps (tests/join_steps.py): chunks of 1 to 300 tokens at several positions beside
+other rows' chunks and decode tokens, blocks across two rows, a block of tokens that are no row's,
+against the reference and against every token served per token; and a step captured in a CUDA
+graph, replayed with tokens that tile other blocks."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @needs_cuda
-@pytest.mark.parametrize("splits", [None, 1, 2], ids=["op", "one-span", "two-spans"])
+@pytest.mark.parametrize(
+    "splits, fold",
+    [(None, False), (1, False), (2, False), (2, True), (8, True)],
+    ids=["op", "one-span", "two-spans", "two-spans-folded", "eight-spans-folded"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "heads, kv_heads, dim, steps, window, softcap",
@@ -27,7 +32,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
      (4, 2, 16, 3, 0, 50.0), (4, 1, 64, 130, 0, 0.0)],
 )  # fmt: skip
 def test_the_kernel_attends_as_the_reference(
-    heads, kv_heads, dim, steps, window, softcap, dtype, splits
+    heads, kv_heads, dim, steps, window, softcap, dtype, splits, fold
 ):
     from aotc.export.cached_attention import prefix, reference
     from aotc.kernels.attention import attend  # also registers the kernel's op
@@ -37,7 +42,7 @@ def test_the_kernel_attends_as_the_reference(
     def kernel(*args):  # the op (its own split count), or the kernel split `splits` ways
         if splits is None:
             return torch.ops.aotc.cached_attention_cuda(*args)
-        return attend(*args, splits)
+        return attend(*args, splits, fold=fold)  # folded: the last span combines
 
     g = torch.Generator(device="cuda").manual_seed(0)
     batch, length = 4, 300

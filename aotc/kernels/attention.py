@@ -4,23 +4,29 @@ attends to, compiled into the package (AOTInductor compiles user Triton kernels 
 
 Split-K over the context (flash-decoding's idea, Dao et al. 2023): the programs of one (packed
 token, query head) split the positions of its row up to its own into `splits` spans; each walks its
-span in blocks of BLOCK_N with an online softmax (flash attention's) and writes its running maximum,
-sum and weighted values; a second kernel combines the spans into the output. A decode step at batch
-1 has only a program per head, which leaves most of the GPU idle while each walks the whole
-context; split, one layer's attention fills it. The split count depends only on the cache's batch
-and the head count (static in a package), never on the tokens fed, so a CUDA graph replays both
-kernels. The spans' partial results are a transient buffer of tokens x heads x splits x (dim + 2)
-floats: 38 KB a token on SmolLM2's shape at batch 1, so a prefill of 1,024 tokens holds about 39 MB
-while it runs. A token that is no row's (a free row's, at position L or past it) reads nothing and
-writes 0. The loop ends where the token's context ends, so a step with 64 tokens in context reads
-64 positions whatever the cache's length, and a joining prompt's tokens cost their own row's reads
-only. Grouped query heads read their key/value head's rows, which the GPU's cache holds for the
-group. The launch rule and the same algorithm in plain PyTorch (the CPU reference CI tests) are in
+span in blocks of BLOCK_N with an online softmax (flash attention's) and writes its running
+maximum, sum and weighted values. The last of a token and head's spans to finish combines them into
+the output: each span counts itself on an int32 counter of its token and head after its partial
+results (an atomic add that releases them, as a serial split-K GEMM's tiles count on a semaphore),
+and the one that sees the others done reads theirs and writes the output. The counters are a buffer
+the op zeroes (Inductor folds the fill into a neighbouring kernel of the package: no launch of its
+own). On an H200 this took the 1B's decode step from 1.117 to 0.962 ms against a second combining
+kernel (docs/benchmarks.md), which `fold=False` still launches. A decode step at batch 1 has only a
+program per head, which leaves most of the GPU idle while each walks the whole context; split, one
+layer's attention fills it. The split count depends only on the cache's batch and the head count
+(static in a package), never on the tokens fed, so a CUDA graph replays the step. The spans'
+partial results are a transient buffer of tokens x heads x splits x (dim + 2) floats: 38 KB a token
+on SmolLM2's shape at batch 1, so a prefill of 1,024 tokens holds about 39 MB while it runs. A
+token that is no row's (a free row's, at position L or past it) reads nothing and writes 0. The
+loop ends where the token's context ends, so a step with 64 tokens in context reads 64 positions
+whatever the cache's length, and a joining prompt's tokens cost their own row's reads only. Grouped
+query heads read their key/value head's rows, which the GPU's cache holds for the group. The launch
+rule and the same algorithm in plain PyTorch (the CPU reference CI tests) are in
 split_attention.py.
 
 A joining prompt's chunk is many tokens of one row, and there a program per token reads the row's
 keys once per token: on an H200 a 256-token chunk beside 31 decode tokens (GPT-2, 32 rows) spent
-0.5 ms of a 1.17 ms step in attention. So a third kernel tiles them, FlashAttention-2's way (Dao
+0.5 ms of a 1.17 ms step in attention. So another kernel tiles them, FlashAttention-2's way (Dao
 2023): one program per block of BLOCK_M packed tokens and query head multiplies the block's
 queries by each BLOCK_N keys of the row on the tensor cores, with the online softmax, and writes
 the output itself. The step's tokens are cut into blocks of BLOCK_M from the first; a block is
@@ -47,6 +53,8 @@ from aotc.kernels.programmatic import after_predecessor, waits_programmatically
 from aotc.kernels.split_attention import BLOCK_M, BLOCK_N, split_count
 
 OP = "aotc::cached_attention_cuda"
+# the spans combined by the last of them to finish, not by a second kernel (the module's doc)
+FOLD_COMBINE = True
 
 
 @triton.jit
@@ -78,8 +86,28 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _combined(part, p_sp, untiled, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One token and head's output from its SPLITS spans' partial results at `part`: each span
+    weighted by exp(its maximum - the largest), an empty span (maximum -inf, sum 0) by nothing,
+    and 0 for a token that is no row's (every span empty). Read past the SM's own cache (.cg):
+    other programs wrote the spans, and this SM may hold an older call's lines of the buffer."""
+    spans = tl.arange(0, SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    at = part + spans * p_sp
+    m = tl.load(at + BLOCK_D, mask=untiled, other=float("-inf"), cache_modifier=".cg")
+    sums = tl.load(at + BLOCK_D + 1, mask=untiled, other=0.0, cache_modifier=".cg")
+    top = tl.max(m, axis=0)
+    # an empty span (maximum -inf, sum 0) weighs nothing, also when every span is empty
+    weight = tl.where(sums > 0, tl.exp(m - top), 0.0)
+    total = tl.sum(sums * weight, axis=0)
+    values = tl.load(at[:, None] + d[None, :], mask=untiled, other=0.0, cache_modifier=".cg")
+    acc = tl.sum(values * weight[:, None], 0)
+    return tl.where(total > 0, acc / total, 0.0)  # a token that is no row's sums 0
+
+
+@triton.jit
 def aotc_pdl_attention(
-    q_ptr, k_ptr, v_ptr, rows_ptr, positions_ptr, part_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, rows_ptr, positions_ptr, part_ptr, out_ptr, count_ptr,
     q_sh, q_st, q_sd,
     k_sb, k_sn, k_sh, k_sd,
     v_sb, v_sn, v_sh, v_sd,
@@ -87,7 +115,7 @@ def aotc_pdl_attention(
     o_st, o_sh, o_sd,
     tokens, heads, group, length, dim, scale, window, softcap,
     SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, TILE_M: tl.constexpr, PDL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, TILE_M: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # everything read here may be a predecessor's output: every offset after the wait
     token_head = tl.program_id(0) + after_predecessor(PDL)
@@ -149,6 +177,18 @@ def aotc_pdl_attention(
         tl.store(part + d, acc, mask=~tiled)
         tl.store(part + BLOCK_D, m, mask=~tiled)
         tl.store(part + BLOCK_D + 1, total, mask=~tiled)
+        if FOLD:
+            # the last of the token and head's spans to finish combines them (split-K's
+            # semaphore, as CUTLASS's serial split-K reduction counts its tiles): every thread's
+            # stores before the count (the barrier), the count a release of them and an acquire
+            # of the other spans'; the counter is left at 0 for the next call
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + token_head, 1, sem="acq_rel", scope="gpu")
+            if done == SPLITS - 1:
+                out = _combined(part_ptr + token_head * p_sr, p_sp, ~tiled, SPLITS, BLOCK_D)
+                o = out_ptr + token * o_st + head * o_sh + d * o_sd
+                tl.store(o, out.to(out_ptr.dtype.element_ty), mask=d_ok & ~tiled)
+                tl.store(count_ptr + token_head, 0)
 
 
 @triton.jit
@@ -164,17 +204,8 @@ def aotc_pdl_combine(
     head = token_head % heads
     # a tiled block's token has no spans (the tiled kernel wrote its output): read and write nothing
     untiled = ~_in_tiled_block(token, rows_ptr, positions_ptr, tokens, length, TILE_M)
-    spans = tl.arange(0, SPLITS)
+    out = _combined(part_ptr + token_head * p_sr, p_sp, untiled, SPLITS, BLOCK_D)
     d = tl.arange(0, BLOCK_D)
-    part = part_ptr + token_head * p_sr + spans * p_sp
-    m = tl.load(part + BLOCK_D, mask=untiled, other=float("-inf"))
-    sums = tl.load(part + BLOCK_D + 1, mask=untiled, other=0.0)
-    top = tl.max(m, axis=0)
-    # an empty span (maximum -inf, sum 0) weighs nothing, also when every span is empty
-    weight = tl.where(sums > 0, tl.exp(m - top), 0.0)
-    total = tl.sum(sums * weight, axis=0)
-    acc = tl.sum(tl.load(part[:, None] + d[None, :], mask=untiled, other=0.0) * weight[:, None], 0)
-    out = tl.where(total > 0, acc / total, 0.0)  # a token that is no row's sums 0
     o = out_ptr + token * o_st + head * o_sh + d * o_sd
     tl.store(o, out.to(out_ptr.dtype.element_ty), mask=(d < dim) & untiled)
 
@@ -268,20 +299,28 @@ def attend(
     splits: int,
     launch=lambda kernel: kernel,  # wrap_triton inside the op; the kernel itself elsewhere
     block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N,
-    warps: int = 4,
+    block_n: int | None = None,
+    warps: int | None = None,
+    fold: bool = False,
+    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The attention of the packed tokens `query` [1, heads, T, dim] over the cache, each token's
-    context split `splits` ways (a power of two), the tiled blocks of `block_m` tokens (a power of
-    two, at least 16; 0: none, every token per token) by the tiled kernel; [1, T, heads, dim]."""
+    context split `splits` ways (a power of two) in blocks of `block_n` keys by `warps` warps (by
+    default the tiled kernel's, or 64 keys and 4 warps without it), the
+    tiled blocks of `block_m` tokens (a power of two, at least 16; 0: none, every token per token)
+    by the tiled kernel; [1, T, heads, dim]. `fold`: the last span of each token and head to finish
+    combines the spans (no second kernel), counting on `counts` (T x heads int32 zeros, left
+    zero; a new buffer if None)."""
     _one, heads, tokens, dim = query.shape
     kv_heads = keys.shape[2]
     length = keys.shape[1] - 1  # slot `length` is the padding's: never read
     out = torch.empty((1, tokens, heads, dim), dtype=query.dtype, device=query.device)
     block_d = max(16, triton.next_power_of_2(dim))
     pdl = waits_programmatically(query.device)
+    tile_n, tile_warps = _tile_shape(block_d, keys.element_size()) if block_m else (BLOCK_N, 4)
+    block_n = block_n or tile_n
+    warps = warps or tile_warps
     if block_m:
-        block_n, warps = _tile_shape(block_d, keys.element_size())
         # whole blocks only (a tiled block is whole): a step of fewer tokens than a block (a
         # decode step) has an empty grid, which Triton's and AOTInductor's launchers skip
         launch(aotc_pdl_tiled_attention)[(tokens // block_m, heads)](
@@ -291,15 +330,18 @@ def attend(
             values.stride(0), values.stride(1), values.stride(2), values.stride(3),
             out.stride(1), out.stride(2), out.stride(3),
             tokens, heads // kv_heads, length, dim, scale, window, softcap,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SOFTCAP=softcap > 0,
-            HAS_WINDOW=window > 0, IEEE=keys.dtype == torch.float32, PDL=pdl, num_warps=warps,
-            num_stages=2,
+            BLOCK_M=block_m, BLOCK_N=tile_n, BLOCK_D=block_d, SOFTCAP=softcap > 0,
+            HAS_WINDOW=window > 0, IEEE=keys.dtype == torch.float32, PDL=pdl,
+            num_warps=tile_warps, num_stages=2,
         )  # fmt: skip
     # one span writes the output itself: no partial results, no second kernel
     spans = (tokens * heads, splits, block_d + 2) if splits > 1 else (1, 1, 1)
     part = torch.empty(spans, dtype=torch.float32, device=query.device)
+    fold = fold and splits > 1
+    if counts is None:
+        counts = torch.zeros(tokens * heads if fold else 1, dtype=torch.int32, device=query.device)
     launch(aotc_pdl_attention)[(tokens * heads, splits)](
-        query, keys, values, rows, positions, part, out,
+        query, keys, values, rows, positions, part, out, counts,
         query.stride(1), query.stride(2), query.stride(3),
         keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
         values.stride(0), values.stride(1), values.stride(2), values.stride(3),
@@ -307,9 +349,9 @@ def attend(
         out.stride(1), out.stride(2), out.stride(3),
         tokens, heads, heads // kv_heads, length, dim, scale, window, softcap,
         SPLITS=splits, BLOCK_N=block_n, BLOCK_D=block_d, SOFTCAP=softcap > 0,
-        HAS_WINDOW=window > 0, TILE_M=block_m, PDL=pdl, num_warps=warps,
+        HAS_WINDOW=window > 0, TILE_M=block_m, FOLD=fold, PDL=pdl, num_warps=warps,
     )  # fmt: skip
-    if splits == 1:
+    if splits == 1 or fold:
         return out
     launch(aotc_pdl_combine)[(tokens * heads,)](
         part, out, rows, positions,
@@ -335,5 +377,6 @@ def cached_attention_cuda(
     # split by the cache's batch (static in a package): a decode step feeds each row one token
     splits = split_count(keys.shape[0], query.shape[1])
     return attend(
-        query, keys, values, rows, positions, scale, window, softcap, splits, launch=wrap_triton
-    )
+        query, keys, values, rows, positions, scale, window, softcap, splits, launch=wrap_triton,
+        fold=FOLD_COMBINE,
+    )  # fmt: skip

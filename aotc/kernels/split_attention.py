@@ -1,7 +1,7 @@
 """The split-K decode attention of attention.py without Triton: its launch-shape rule and its
 algorithm in plain PyTorch, which CI runs on the CPU (the kernel needs CUDA).
 
-`split_attention` computes what the two kernels compute, in the same steps: the positions each
+`split_attention` computes what the split kernel computes, in the same steps: the positions each
 (packed token, query head) attends to in its row, [first, stop), cut into `splits` spans of whole
 BLOCK_N blocks (the last one shorter, some empty); per span, the maximum score, the sum of
 exp(score - maximum) and the values weighted by it; then the spans combined, each weighted by
@@ -24,7 +24,10 @@ import torch
 
 # programs a layer's attention should have to fill an H100/H200 (132 SMs, a few programs each)
 TARGET_PROGRAMS = 256
-MAX_SPLITS = 16
+# at most 8 spans: with the last span combining (attention.py), SmolLM2-135M's 9 heads in 16 spans
+# decoded 12% slower than in 8 on an H200, the 1B's and Qwen3-0.6B's shapes within 2%
+# (docs/benchmarks.md); past a few hundred cached positions more spans would read faster
+MAX_SPLITS = 8
 BLOCK_N = 64  # the keys a program reads per iteration; spans are whole blocks of it
 # the packed tokens a tiled program takes: a whole tensor-core tile of queries (Hopper's smallest
 # warpgroup product is 64 rows)
