@@ -59,6 +59,50 @@ def test_the_fused_program_computes_what_the_unfused_one_does(
     )
 
 
+def test_gpt2s_conv1d_products_take_their_layer_norm_gelu_and_residual(generation_packages):
+    """GPT-2's products are `Conv1D`s, addmm over input-major weights between views: each becomes
+    a linear over its weight transposed once, then takes its LayerNorm (with a bias), gelu_new or
+    residual add (past the eval dropout before it) in; the final LayerNorm goes into the output
+    layer through a view that keeps its shape. The fused program computes what the unfused one
+    does."""
+    _ep, _meta, module, example, _inputs = unlifted("gpt2", generation_packages)
+    before = module(*copy.deepcopy(example))
+    fused = copy.deepcopy(module)
+    assert fuse_products(fused) == Fusions(norm=2 * LAYERS + 1, residual=2 * LAYERS, gelu=LAYERS)
+    after = fused(*copy.deepcopy(example))
+    for ours, theirs in zip(after, before):
+        assert torch.equal(ours, theirs)
+    nodes = list(fused.graph.nodes)
+    assert not any(
+        n.target in (torch.ops.aten.addmm.default, torch.ops.aten.linear.default) for n in nodes
+    )
+    products = [n for n in nodes if n.target is fused_linear]
+    assert len(products) == 4 * LAYERS + 1
+    for node in products:  # each weight stored output-major, as the kernel reads it
+        weight = fused.get_parameter(node.args[1].target)
+        assert weight.shape[0] == node.meta["val"].shape[-1]
+
+
+def test_reference_is_transformers_gelu_new_and_layer_norm():
+    from transformers.activations import NewGELUActivation
+
+    from aotc.export.fused_products import gelu_new
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g) * 4
+    assert torch.equal(gelu_new(x), NewGELUActivation()(x))
+    weight, w, b = (
+        torch.randn(8, 64, generator=g),
+        torch.randn(64, generator=g),
+        torch.randn(64, generator=g),
+    )
+    got = reference(x, weight, None, w, None, 1e-5, False, 0.0, norm_bias=b, layer_norm=True)
+    want = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (64,), w, b, 1e-5), weight)
+    assert torch.equal(got, want)
+    got = reference(x, weight, None, None, None, 0.0, False, 0.0, gelu=True)
+    assert torch.equal(got, torch.nn.functional.linear(NewGELUActivation()(x), weight))
+
+
 def test_a_bf16_build_fuses_the_same_products_through_its_casts(generation_packages):
     """In bf16 each product's input is clamped and cast first (reduced_precision.py): the fused
     nodes take that in, and the program re-exports."""

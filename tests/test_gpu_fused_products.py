@@ -45,6 +45,46 @@ def test_the_kernel_computes_the_unfused_product(form, dtype, rows, k_in, n_out)
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
 
 
+GPT2_FORMS = {  # name -> (layer norm, its bias, gelu_new, product bias, residual)
+    "layer_norm": (True, True, False, True, False),
+    "layer_norm-without-bias+residual": (True, False, False, False, True),
+    "gelu+bias+residual": (False, False, True, True, True),
+}
+
+
+@pytest.mark.parametrize("scheme", [None, "int8-weight-only"])
+@pytest.mark.parametrize("form", GPT2_FORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, k_in, n_out", [(1, 768, 2304), (5, 96, 200), (2, 3072, 768)])
+def test_the_kernel_takes_a_layer_norm_or_gelu_new_in(scheme, form, dtype, rows, k_in, n_out):
+    """GPT-2's neighbours (LayerNorm with a bias before q/k/v and the MLP, gelu_new before the
+    MLP's second product), float and int8 weights, against the unfused computation."""
+    from aotc.export.fused_products import reference
+    from aotc.export.quantized_linear import int8_rows
+    from aotc.kernels.fused_gemv import fused_gemv
+
+    layer_norm, norm_bias, gelu, bias, residual = GPT2_FORMS[form]
+    torch.manual_seed(0)
+    device = "cuda"
+    # the norm's input and weights of one dtype, as aten.layer_norm on the GPU wants them
+    x = (3 * torch.randn(rows, k_in, device=device) + 0.5).to(dtype)
+    w = torch.randn(n_out, k_in, device=device) / k_in**0.5
+    weight, scale = int8_rows(w, dtype) if scheme else (w.to(dtype), None)
+    b = torch.randn(n_out, device=device).to(dtype) if bias else None
+    nw = (1 + 0.1 * torch.randn(k_in, device=device)).to(dtype) if layer_norm else None
+    nb = torch.randn(k_in, device=device).to(dtype) if norm_bias else None
+    r = torch.randn(rows, n_out, device=device).to(dtype) if residual else None
+    operand = None if scale is None else dtype
+    shape = {"norm_bias": nb, "layer_norm": layer_norm, "gelu": gelu}
+    got = fused_gemv(
+        x, weight, b, nw, r, 1e-5, False, 0.0, scale=scale, operand_dtype=operand, **shape
+    )
+    expected = reference(x, weight, b, nw, r, 1e-5, False, 0.0, scale, operand, **shape)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("scheme", ["int8-weight-only", "fp8"])
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

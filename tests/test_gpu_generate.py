@@ -27,7 +27,13 @@ MAX_LEN, BATCH, NEW = 32, 2, 16
 BF16_AGREED_STEPS = 4
 # What --fused-products fuses in the zoo's Llama (2 layers): q/k/v and gate/up take the norm, down
 # the gate, o and down add the residual, and the output layer takes the final norm
-FUSED_IN_THE_ZOOS_LLAMA = {"norm": 5, "gated": 2, "residual": 4}
+FUSED_IN_THE_ZOOS_LLAMA = {"norm": 5, "gated": 2, "residual": 4, "gelu": 0}
+# GPT-2's (2 layers): q/k/v and the MLP's first product take their LayerNorm, the output layer the
+# final one, the MLP's second product gelu_new, and both output products the residual add
+FUSED_IN_THE_ZOO = {
+    "llama": FUSED_IN_THE_ZOOS_LLAMA,
+    "gpt2": {"norm": 5, "gated": 0, "residual": 4, "gelu": 2},
+}
 
 
 # The bf16 check's absolute tolerance on the GPU: these sharpened LMs' logits reach 12, and the
@@ -497,11 +503,15 @@ def test_combo_kernels_by_default_give_the_tokens_of_a_build_without(built, no_t
     assert fused.tolist() == unfused.tolist()
 
 
-def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no_tf32, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_package_with_fused_products_gives_the_tokens_of_one_without(
+    built, no_tf32, tmp_path, family
+):
     """--fused-products: in fp32 the package's tokens are those of the same artifact's default
-    build, and only it holds aotc's fused kernel and says so in its manifest."""
-    package, _ = built["llama", "fp32"]
-    artifact, _ = built.artifact("llama")
+    build, and only it holds aotc's fused kernel and says so in its manifest. GPT-2's products
+    (Conv1D, their weights transposed at build) take its LayerNorms and gelu_new."""
+    package, _ = built[family, "fp32"]
+    artifact, _ = built.artifact(family)
     fused_package = tmp_path / "fused_pkg"
     done = invoke(
         "build", artifact, "--device", "cuda", "--mode", "reduce-overhead",
@@ -518,7 +528,7 @@ def test_a_package_with_fused_products_gives_the_tokens_of_one_without(built, no
 
     assert holds_kernel(fused_package) and not holds_kernel(package)
     manifest = json.loads((fused_package / "manifest.json").read_text())
-    assert manifest["fused_products"] == FUSED_IN_THE_ZOOS_LLAMA
+    assert manifest["fused_products"] == FUSED_IN_THE_ZOO[family]
     # each float weight shape's tile timed on this GPU, the rule's kept unless clearly slower
     tiles = manifest["product_tiles"]
     assert tiles["tuned_on"] == torch.cuda.get_device_name()

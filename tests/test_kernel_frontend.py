@@ -71,7 +71,7 @@ FORMS = ["float", "int8", "fp8"]
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("neighbours", ["norm", "gated+residual"])
+@pytest.mark.parametrize("neighbours", ["norm", "gated+residual", "layer_norm+residual", "gelu"])
 def test_the_fused_product_lowers_and_writes_only_its_output(hopper, form, dtype, neighbours, pdl):
     from aotc.kernels.fused_gemv import fused_gemv
 
@@ -85,14 +85,17 @@ def test_the_fused_product_lowers_and_writes_only_its_output(hopper, form, dtype
     elif form == "fp8":
         weight = torch.zeros(n_out, k_in, dtype=torch.float8_e4m3fn)
         scale = torch.ones(n_out, k_in // 128, dtype=torch.float32)
-    gated = "gated" in neighbours
+    gated, gelu = "gated" in neighbours, neighbours == "gelu"
+    layer_norm = "layer_norm" in neighbours
     x = torch.randn(2, 2 * k_in if gated else k_in, dtype=dtype)
-    norm = None if gated else torch.randn(k_in, dtype=dtype)
+    norm = None if gated or gelu else torch.randn(k_in, dtype=dtype)
+    norm_bias = torch.randn(k_in, dtype=dtype) if layer_norm else None
     residual = torch.randn(2, n_out, dtype=dtype) if "residual" in neighbours else None
     # two blocks of input features: the loop after the first tile is lowered too
     launches = recorded(
         fused_gemv, x, weight, None, norm, residual, 1e-5, gated, 0.0,
         shape=(16, 128, 4), pdl=pdl, scale=scale, operand_dtype=None if scale is None else dtype,
+        norm_bias=norm_bias, layer_norm=layer_norm, gelu=gelu,
     )  # fmt: skip
     assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
         ("aotc_pdl_fused_gemv", ["out_ptr"])

@@ -12,11 +12,20 @@ a model's module names, so every family that writes it is fused:
   rows are picked between the norm and the product (the output layer reads the final norm's rows
   whose logits a step returns): the norm is per row, so the pass picks the rows first and the
   output layer takes the norm in as every other product does;
+- the LayerNorm in front of a product (aten.layer_norm over the last dimension, with its weight
+  and bias), as GPT-2 and the other LayerNorm families write it; also through a view that keeps
+  its shape (GPT-2's final norm) and across picked rows, as the RMSNorm;
 - the gated MLP's `silu(gate) * up`, where gate and up are the two halves of one stacked product
-  (sibling_linears.py stacks them at export);
+  (sibling_linears.py stacks them at export), or transformers' gelu_new as GPT-2 and phi write it
+  out (0.5 x (1 + tanh(...)), seven ops);
 - the clamp and cast to the weight's dtype a reduced-precision build puts before a product
   (reduced_precision.py);
-- the residual add of the product's only user, `residual + product`.
+- the residual add of the product's only user, `residual + product` (an eval program's dropouts,
+  the identity, are removed first).
+
+GPT-2's products are `Conv1D`s: addmm over a weight stored input-major, between views. Each whose
+weight it alone reads becomes an aten.linear over the weight transposed once at build (the layout
+the kernel reads), and is then matched as any other.
 
 The products are float linears (`aten.linear`), int8-weight-only ones (quantization.py's
 `cuda_int8_linear`: int8 rows and a scale per output feature), whose fused kernel multiplies the
@@ -33,6 +42,7 @@ hold the kernel and the pass to.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 
@@ -48,29 +58,44 @@ class Fusions:
     norm: int = 0
     gated: int = 0
     residual: int = 0
+    gelu: int = 0
 
     def total(self) -> int:
-        return self.norm + self.gated + self.residual
+        return self.norm + self.gated + self.residual + self.gelu
 
     def describe(self) -> str:
         return (
-            f"fused {self.norm} products with their RMSNorm, {self.gated} with their gated "
+            f"fused {self.norm} products with their norm, {self.gated + self.gelu} with their "
             f"activation and {self.residual} with their residual add (aotc's kernels at decode)"
         )
 
 
+def gelu_new(x):
+    """transformers' gelu_new (GPT-2's and phi's activation) as it writes it, op for op."""
+    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
 def reference(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
-    scale=None, operand_dtype=None, group: int = 0,
+    scale=None, operand_dtype=None, group: int = 0, norm_bias=None, layer_norm: bool = False,
+    gelu: bool = False,
 ):  # fmt: skip
     """The unfused computation: x [..., K] (or [..., 2K], gate then up, when `gated`); with
     `scale`, `weight` is int8 rows (or with `group`, int4 groups whose scales and zeros `scale`
-    holds) and the product takes the activations in `operand_dtype`."""
+    holds) and the product takes the activations in `operand_dtype`. `layer_norm`: the norm is
+    aten.layer_norm with `norm_bias`, not an RMSNorm; `gelu`: gelu_new before it."""
     a = x
     if gated:
         gate, up = a.chunk(2, dim=-1)
         a = torch.nn.functional.silu(gate) * up
-    if norm_weight is not None:
+    if gelu:
+        a = gelu_new(a)
+    if norm_weight is not None and layer_norm:
+        a = torch.nn.functional.layer_norm(a, (a.shape[-1],), norm_weight, norm_bias, eps)
+    elif norm_weight is not None:
         a = norm_weight * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps))
     if clamp:
         a = a.clamp(-clamp, clamp)
@@ -92,16 +117,19 @@ def reference(
 
 def fused_linear(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
-    scale=None, operand_dtype=None, group: int = 0,
+    scale=None, operand_dtype=None, group: int = 0, norm_bias=None, layer_norm: bool = False,
+    gelu: bool = False,
 ):  # fmt: skip
     """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
     (decided at export when the row count is fixed there, else a cond node AOTInductor compiles
     to both)."""
     settings = (eps, gated, clamp)
+    shape = {"layer_norm": layer_norm, "gelu": gelu}
     if not x.is_cuda:
         return reference(
-            x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype, group
-        )
+            x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype, group,
+            norm_bias, **shape,
+        )  # fmt: skip
     import aotc.kernels.fused_gemv  # noqa: F401  (importing it registers aotc::fused_gemv_cuda)
     from aotc.export.quantization import by_rows
     from aotc.kernels.product_tiles import MAX_ROWS
@@ -110,26 +138,26 @@ def fused_linear(
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     n_out = weight.shape[0]  # int4 groups: [N, K/2] bytes
     r2 = None if residual is None else residual.reshape(-1, n_out).contiguous()
-    present = [t for t in (bias, norm_weight, r2, scale) if t is not None]
+    present = [t for t in (bias, norm_weight, r2, scale, norm_bias) if t is not None]
     product_dtype = operand_dtype or weight.dtype
 
     def unpack(tensors):
         it = iter(tensors)
-        return [None if t is None else next(it) for t in (bias, norm_weight, r2, scale)]
+        return [None if t is None else next(it) for t in (bias, norm_weight, r2, scale, norm_bias)]
 
     def small(x2, weight, *rest):
-        b, nw, r, sc = unpack(rest)
-        if group:
+        b, nw, r, sc, nb = unpack(rest)
+        if group:  # the pass gives int4 products an RMSNorm or the gated activation only
             return torch.ops.aotc.fused_int4_gemv_cuda(
                 x2, weight, sc, group, b, nw, r, eps, gated, clamp, product_dtype
             )
         return torch.ops.aotc.fused_gemv_cuda(
-            x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype
+            x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype, nb, layer_norm, gelu
         )
 
     def large(x2, weight, *rest):
-        b, nw, r, sc = unpack(rest)
-        return reference(x2, weight, b, nw, r, *settings, sc, operand_dtype, group)
+        b, nw, r, sc, nb = unpack(rest)
+        return reference(x2, weight, b, nw, r, *settings, sc, operand_dtype, group, nb, **shape)
 
     operands = (x2, weight, *present)
     return by_rows(x2, small, large, operands, limit=MAX_ROWS).reshape(*lead, n_out)
@@ -141,6 +169,7 @@ def fuse_products(module) -> Fusions:
 
     graph = module.graph
     fusions = Fusions()
+    rewritten = _drop_eval_dropouts(graph) + _addmm_as_linear(module)
     quantized = (cuda_int8_linear, fp8_linear, cuda_int4_groups_linear)
     products = [
         n for n in graph.nodes if _is(n, aten.linear.default) or any(_is(n, q) for q in quantized)
@@ -162,19 +191,33 @@ def fuse_products(module) -> Fusions:
         picked, rows = _picked_rows(a)
         before_norm = len(doomed)
         norm = _rms_norm(picked, doomed)
+        layer = False
+        if norm is not None:
+            norm = (*norm[:2], None, norm[2])  # (input, weight, no bias, eps)
+        elif not group:  # int4 products take an RMSNorm only
+            norm = _layer_norm(picked, doomed)
+            layer = norm is not None
         if norm is None:
             rows = None
         elif rows is not None:
             doomed.insert(before_norm, a)  # the pick goes before the norm it read
         gate_up = _gated(a, doomed) if norm is None else None
+        gelu_of = _gelu_new(a, doomed) if norm is None and gate_up is None and not group else None
+        shape: dict = {}
         if norm is not None:
-            a, norm_weight, eps = norm
+            a, norm_weight, norm_bias, eps = norm
+            if layer:
+                shape.update(norm_bias=norm_bias, layer_norm=True)
             fusions.norm += 1
         else:
             norm_weight, eps = None, 0.0
         if gate_up is not None:
             a = gate_up
             fusions.gated += 1
+        if gelu_of is not None:
+            a = gelu_of
+            shape["gelu"] = True
+            fusions.gelu += 1
         residual, replaced = None, node
         users = _users(node)
         if len(users) == 1 and _is(users[0], aten.add.Tensor) and _plain_add(users[0]):
@@ -183,7 +226,7 @@ def fuse_products(module) -> Fusions:
             if isinstance(other, torch.fx.Node) and other is not node:
                 residual, replaced = other, add
                 fusions.residual += 1
-        if norm is None and gate_up is None and residual is None:
+        if norm is None and gate_up is None and gelu_of is None and residual is None:
             continue  # nothing to take in: cuBLAS alone does it
         with graph.inserting_before(replaced):
             if rows is not None:  # the rows picked from the norm's input instead of its output
@@ -192,6 +235,7 @@ def fuse_products(module) -> Fusions:
                 fused_linear,
                 (a, weight, bias, norm_weight, residual, eps, gate_up is not None, clamp)
                 + ((scale, operand_dtype, group) if scale is not None else ()),
+                shape,
             )
         fused.meta = dict(replaced.meta)
         replaced.replace_all_uses_with(fused)
@@ -203,7 +247,7 @@ def fuse_products(module) -> Fusions:
                 for check in list(dead.users):
                     graph.erase_node(check)
                 graph.erase_node(dead)
-    if fusions.total():
+    if fusions.total() or rewritten:
         graph.lint()
         module.recompile()
     return fusions
@@ -334,3 +378,154 @@ def _gated(a, doomed: list):
         return None
     doomed += [a, silu, gate, up, split]
     return split.args[0]
+
+
+def _layer_norm(a, doomed: list):
+    """(x, weight, bias or None, eps) if `a` is aten.layer_norm over the last dimension with a
+    weight (or a view of it that keeps its shape, as GPT-2's final norm has), used by the product
+    only, else None."""
+    same_shape = None
+    if (_is(a, aten.view.default) or _is(a, aten.reshape.default)) and len(_users(a)) == 1:
+        same_shape, a = a, a.args[0]
+        shapes = [n.meta.get("val") for n in (same_shape, a)]
+        if any(v is None for v in shapes) or [str(d) for d in shapes[0].shape] != [
+            str(d) for d in shapes[1].shape
+        ]:
+            return None
+    if not _is(a, aten.layer_norm.default) or len(_users(a)) != 1:
+        return None
+    x, normalized = a.args[:2]
+    weight, bias, eps = (list(a.args[2:5]) + [None, None, 1e-5][len(a.args[2:5]) :])[:3]
+    value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if value is None or list(normalized) != [value.shape[-1]] or not _is_attr(weight):
+        return None
+    if not (bias is None or _is_attr(bias)) or not isinstance(eps, float):
+        return None
+    doomed += [same_shape, a] if same_shape is not None else [a]
+    return x, weight, bias, eps
+
+
+def _scalar_operand(node, target, scalar):
+    """The tensor operand of `node` if it is `target` (a binary op) of a tensor and `scalar`, in
+    either order, else None."""
+    if not _is(node, target) or len(node.args) != 2 or node.kwargs:
+        return None
+    first, second = node.args
+    if isinstance(first, torch.fx.Node) and second == scalar and not isinstance(second, bool):
+        return first
+    if isinstance(second, torch.fx.Node) and first == scalar and not isinstance(first, bool):
+        return second
+    return None
+
+
+def _gelu_new(a, doomed: list):
+    """The activation's input if `a` is transformers' gelu_new as GPT-2 and phi write it, 0.5 * x
+    * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))) (gelu_new computes exactly that), and
+    used by the product only, else None."""
+    if not _is(a, aten.mul.Tensor) or len(_users(a)) != 1 or len(a.args) != 2:
+        return None
+    for half, plus in (a.args, tuple(reversed(a.args))):
+        x = _scalar_operand(half, aten.mul.Tensor, 0.5)
+        tanh = _scalar_operand(plus, aten.add.Tensor, 1.0)
+        if x is None or tanh is None or not _is(tanh, aten.tanh.default):
+            continue
+        inner = _scalar_operand(tanh.args[0], aten.mul.Tensor, _SQRT_2_OVER_PI)
+        if not _is(inner, aten.add.Tensor) or not _plain_add(inner) or x not in inner.args:
+            continue
+        cubed = inner.args[1] if inner.args[0] is x else inner.args[0]
+        cube = _scalar_operand(cubed, aten.mul.Tensor, 0.044715)
+        if not _is(cube, aten.pow.Tensor_Scalar) or cube.args != (x, 3.0):
+            continue
+        chain = [half, plus, tanh, tanh.args[0], inner, cubed, cube]
+        users = [a, a, plus, tanh, tanh.args[0], inner, cubed]
+        if all(_only_user(node, user) for node, user in zip(chain, users)):
+            doomed += [a, *chain]
+            return x
+    return None
+
+
+def _drop_eval_dropouts(graph) -> int:
+    """Remove the dropouts of an eval program (`train` False: the identity), which stand between a
+    product and its residual add in GPT-2's layers; how many."""
+    dropped = 0
+    for node in list(graph.nodes):
+        if _is(node, aten.dropout.default):
+            train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+            if train is False:
+                node.replace_all_uses_with(node.args[0])
+                graph.erase_node(node)
+                dropped += 1
+    return dropped
+
+
+def _addmm_as_linear(module) -> int:
+    """Rewrite GPT-2's `Conv1D` products, addmm(bias, x.view(-1, K), weight [K, N]).view(...,
+    N), as aten.linear(x, weight', bias), weight' the weight transposed once here (stored [N, K],
+    the layout the fused kernel reads); the reduced-precision clamp and cast on the flattened
+    input move onto x. Only a weight that this one product reads; how many were rewritten."""
+    graph = module.graph
+    readers: dict = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            readers[node.target] = readers.get(node.target, 0) + 1
+    rewritten = 0
+    for node in list(graph.nodes):
+        if not _is(node, aten.addmm.default) or len(node.args) != 3 or node.kwargs:
+            continue
+        bias, flat, weight = node.args
+        if not _is_attr(weight) or readers.get(weight.target) != 1 or _users(weight) != [node]:
+            continue
+        stored = module.get_parameter(weight.target) if _is_parameter(module, weight) else None
+        if stored is None or stored.dim() != 2:
+            continue
+        casts = []  # the clamp and cast between the flattened input and the product, outward
+        while (_is(flat, aten.to.dtype) or _is(flat, aten.clamp.default)) and len(
+            _users(flat)
+        ) == 1:
+            casts.append(flat)
+            flat = flat.args[0]
+        if not (_is(flat, aten.view.default) or _is(flat, aten.reshape.default)):
+            continue
+        x = flat.args[0]
+        users = _users(node)
+        value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if value is None or value.dim() < 2 or value.shape[-1] != stored.shape[0]:
+            continue
+        if len(_users(flat)) != 1 or len(users) != 1:
+            continue
+        out = users[0]
+        out_value = out.meta.get("val")
+        if not (_is(out, aten.view.default) or _is(out, aten.reshape.default)) or out_value is None:
+            continue
+        wanted = [str(d) for d in value.shape[:-1]] + [str(stored.shape[1])]
+        if [str(d) for d in out_value.shape] != wanted:
+            continue
+        with graph.inserting_before(node):
+            operand = x
+            for cast in reversed(casts):
+                operand = graph.call_function(cast.target, (operand, *cast.args[1:]))
+            linear = graph.call_function(aten.linear.default, (operand, weight, bias))
+        linear.meta = dict(out.meta)
+        out.replace_all_uses_with(linear)
+        for dead in (out, node, *casts, flat):
+            if not _users(dead):
+                for check in list(dead.users):
+                    graph.erase_node(check)
+                graph.erase_node(dead)
+        owner, _, name = weight.target.rpartition(".")
+        holder = module.get_submodule(owner) if owner else module
+        setattr(
+            holder,
+            name,
+            torch.nn.Parameter(stored.detach().t().contiguous(), requires_grad=False),
+        )
+        rewritten += 1
+    return rewritten
+
+
+def _is_parameter(module, node) -> bool:
+    try:
+        module.get_parameter(node.target)
+    except AttributeError:
+        return False
+    return True

@@ -12,6 +12,7 @@ On CUDA the program names an explicit device, cuda:0, wherever it names one (tar
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from aotc.config import Precision
 from aotc.errors import BuildError
@@ -82,7 +83,8 @@ def place_program(
         )  # fmt: skip
     if fusions is not None:
         found = fuse_products(inner)
-        fusions.norm, fusions.gated, fusions.residual = found.norm, found.gated, found.residual
+        for field in dataclasses.fields(found):
+            setattr(fusions, field.name, getattr(found, field.name))
 
     class CastWrapper(torch.nn.Module):
         """Computes in reduced precision, keeps the exported float dtypes at the boundary.

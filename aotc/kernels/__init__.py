@@ -12,8 +12,8 @@ a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that refe
   stored weight dequantized and multiplied (aotc/export/quantized_linear.py), the CPU's own
   product, tested by tests/test_quantize.py; tests/test_gpu_quantize.py holds the kernel to it.
 
-- fused_gemv.py: a decode step's product with its RMSNorm or gated activation and its residual
-  add (aotc::fused_gemv_cuda, `aotc build --fused-products`), over float, int8, fp8 or int4
+- fused_gemv.py: a decode step's product with its RMSNorm or LayerNorm, its gated activation or
+  gelu_new, and its residual add (aotc::fused_gemv_cuda, `aotc build --fused-products`), over float, int8, fp8 or int4
   weights; its reference is aotc/export/fused_products.py's `reference`
   (tests/test_fused_products.py on the CPU, tests/test_gpu_fused_products.py on the GPU).
 - product_tiles.py: the fused products' tiles a `--fused-products` build times on its GPU and

@@ -7,9 +7,11 @@ and the residual add after it (SmolLM2-135M's step on an H200: 366 kernels, 12 a
 them long; docs/benchmarks.md). This kernel does the three in one:
 
 - prologue, on the activations as they are loaded: the RMSNorm of each row (its mean square taken
-  in a first pass over the row, which every program reads anyway) times the norm's weight, or the
-  gated MLP's silu(gate) * up from the stacked gate/up product's output; then the clamp and cast
-  to the weight's dtype that a reduced-precision build puts before the product;
+  in a first pass over the row, which every program reads anyway) times the norm's weight, or a
+  LayerNorm (its mean, then the variance about it, two passes) with its weight and bias; or the
+  gated MLP's silu(gate) * up from the stacked gate/up product's output, or gelu_new (GPT-2's),
+  each step rounded as the unfused ops round; then the clamp and cast to the weight's dtype that
+  a reduced-precision build puts before the product;
 - the product: a program takes one row and BLOCK_N output features, loads the row's input features
   and the weight tile at once (up to 2,048 features; a longer row loops), multiplies them in fp32
   and sums each output feature's products;
@@ -66,10 +68,46 @@ def _rounded(v, w_dtype, OPERAND: tl.constexpr):
 
 
 @triton.jit
-def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr,
-             GATED: tl.constexpr, CLAMP: tl.constexpr, w_dtype, OPERAND: tl.constexpr):  # fmt: skip
+def _gelu_tanh(h, x_dtype):
+    """transformers' gelu_new (GPT-2's, phi's), 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))),
+    of fp32 values `h`, each of its seven steps rounded to the activations' dtype as the unfused
+    program's ops round; tanh(x) = 2 sigmoid(2x) - 1."""
+    half = (h * 0.5).to(x_dtype).to(tl.float32)
+    cube = (h * h * h).to(x_dtype).to(tl.float32)
+    inner = (cube * 0.044715).to(x_dtype).to(tl.float32)
+    inner = (h + inner).to(x_dtype).to(tl.float32)
+    inner = (inner * 0.7978845608028654).to(x_dtype).to(tl.float32)
+    tanh = (2.0 * tl.sigmoid(2.0 * inner) - 1.0).to(x_dtype).to(tl.float32)
+    return (half * (tanh + 1.0).to(x_dtype).to(tl.float32)).to(x_dtype)
+
+
+@triton.jit
+def _norm_stats(x_row, K: tl.constexpr, eps, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(shift, inverse) of the row's norm, in fp32 as the unfused norm takes them: RMSNorm (NORM
+    1) (0, 1 / sqrt(mean square + eps)), LayerNorm (NORM 2) (mean, 1 / sqrt(variance + eps)),
+    the variance over the deviations from the mean (a second pass, not E[x^2] - mean^2)."""
+    k = tl.arange(0, BLOCK_K)
+    shift = 0.0
+    sums = tl.zeros((BLOCK_K,), tl.float32)
+    if NORM == 2:
+        for k0 in range(0, K, BLOCK_K):
+            sums += tl.load(x_row + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        shift = tl.sum(sums, axis=0) / K
+        sums = tl.zeros((BLOCK_K,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ok = k0 + k < K
+        xk = tl.load(x_row + k0 + k, mask=ok, other=0.0).to(tl.float32)
+        xk = tl.where(ok, xk - shift, 0.0)
+        sums += xk * xk
+    return shift, 1.0 / tl.sqrt(tl.sum(sums, axis=0) / K + eps)
+
+
+@triton.jit
+def _operand(x_row, norm_ptr, nb_ptr, k, k_ok, K, shift, inverse, clamp, NORM: tl.constexpr,
+             GATED: tl.constexpr, GELU: tl.constexpr, CLAMP: tl.constexpr, w_dtype,
+             OPERAND: tl.constexpr):  # fmt: skip
     """The product's operand at input features `k`: the row's activations through the prologue
-    (silu(gate) * up, the norm, the clamp), in the operand dtype, as fp32."""
+    (silu(gate) * up or gelu_new, the norm, the clamp), in the operand dtype, as fp32."""
     x_dtype = x_row.dtype.element_ty
     a = tl.load(x_row + k, mask=k_ok, other=0.0)
     if GATED:  # silu(gate) * up, each rounded to the activations' dtype as the graph does
@@ -77,9 +115,15 @@ def _operand(x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM: tl.constexpr
         up = tl.load(x_row + K + k, mask=k_ok, other=0.0).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(x_dtype)
         a = (silu.to(tl.float32) * up).to(x_dtype)
+    if GELU:
+        a = _gelu_tanh(a.to(tl.float32), x_dtype)
     a = a.to(tl.float32)
-    if NORM:
-        a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * (a * inverse_rms)
+    if NORM == 1:  # RMSNorm: its weight times the row scaled
+        a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * (a * inverse)
+    elif NORM == 2:  # LayerNorm, in the activations' dtype as aten.layer_norm returns it
+        w = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        b = tl.load(nb_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        a = ((a - shift) * inverse * w + b).to(x_dtype).to(tl.float32)
     if CLAMP:
         a = tl.minimum(tl.maximum(a, -clamp), clamp)
     # the product's operand in its dtype, as the unfused product takes it
@@ -109,8 +153,8 @@ def _tile_sums(w, a, scale_ptr, n, n_ok, k0, K: tl.constexpr, SCALE_BLOCK: tl.co
 
 @triton.jit
 def aotc_pdl_fused_gemv(
-    x_ptr, w_ptr, b_ptr, norm_ptr, res_ptr, scale_ptr, out_ptr, n_out, x_stride, eps, clamp,
-    K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, norm_ptr, nb_ptr, res_ptr, scale_ptr, out_ptr, n_out, x_stride, eps, clamp,
+    K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, GELU: tl.constexpr, BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr, CLAMP: tl.constexpr, SCALED: tl.constexpr, OPERAND: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
@@ -138,16 +182,13 @@ def aotc_pdl_fused_gemv(
     # the activations and the residual (a predecessor's) read after the wait
     row = tl.program_id(1) + after_predecessor(PDL)
     x_row = x_ptr + row * x_stride
-    inverse_rms = 1.0
-    if NORM:  # the row's mean square, in fp32 as the unfused norm takes it
-        squares = tl.zeros((BLOCK_K,), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xk = tl.load(x_row + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
-            squares += xk * xk
-        inverse_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    shift, inverse = 0.0, 1.0
+    if NORM:
+        shift, inverse = _norm_stats(x_row, K, eps, NORM, BLOCK_K)
     a = _operand(
-        x_row, norm_ptr, k, k_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
-    )
+        x_row, norm_ptr, nb_ptr, k, k_ok, K, shift, inverse, clamp, NORM, GATED, GELU, CLAMP,
+        w_dtype, OPERAND,
+    )  # fmt: skip
     # a longer row adds each tile's products into one accumulator of the tile's shape and sums it
     # once after the loop (a sum per tile is a reduction across threads every trip); fp8's block
     # scales are applied to each tile's block sums
@@ -161,8 +202,9 @@ def aotc_pdl_fused_gemv(
             w_ptr + n[:, None] * K + kk[None, :], mask=n_ok[:, None] & kk_ok[None, :], other=0.0
         )
         a = _operand(
-            x_row, norm_ptr, kk, kk_ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, w_dtype, OPERAND
-        )
+            x_row, norm_ptr, nb_ptr, kk, kk_ok, K, shift, inverse, clamp, NORM, GATED, GELU, CLAMP,
+            w_dtype, OPERAND,
+        )  # fmt: skip
         if SCALE_BLOCK:
             acc += _tile_sums(stored, a, scale_ptr, n, n_ok, k0, K, SCALE_BLOCK, BLOCK_N, BLOCK_K)
         else:
@@ -255,12 +297,12 @@ def aotc_pdl_fused_int4_gemv(
         k_lo = (g0 + g) * GROUP + j  # [1, BLOCK_G, H]: the low nibbles' features
         ok = g0 + g < groups  # a group past the last reads 0
         a_lo = _operand(
-            x_row, norm_ptr, k_lo, ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, tl.float32,
-            OPERAND,
+            x_row, norm_ptr, norm_ptr, k_lo, ok, K, 0.0, inverse_rms, clamp, NORM, GATED, False,
+            CLAMP, tl.float32, OPERAND,
         )  # fmt: skip
         a_hi = _operand(
-            x_row, norm_ptr, k_lo + H, ok, K, inverse_rms, clamp, NORM, GATED, CLAMP, tl.float32,
-            OPERAND,
+            x_row, norm_ptr, norm_ptr, k_lo + H, ok, K, 0.0, inverse_rms, clamp, NORM, GATED,
+            False, CLAMP, tl.float32, OPERAND,
         )  # fmt: skip
         this_packed, this_scale, this_zero = packed, scale, zero
         # the next tile's bytes in flight while this one is multiplied
@@ -298,6 +340,11 @@ def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int,
     return block_n, block_k, warps
 
 
+def _norm_kind(norm_weight, layer_norm: bool) -> int:
+    """The kernels' NORM: 0 none, 1 RMSNorm, 2 LayerNorm."""
+    return 0 if norm_weight is None else 2 if layer_norm else 1
+
+
 def _output(x, n_out: int, residual, product_dtype) -> torch.Tensor:
     """The fused product's output [rows, n_out]: in the product's dtype, promoted with the
     residual's when one is added."""
@@ -321,6 +368,9 @@ def fused_gemv(
     pdl: bool = False,
     scale: torch.Tensor | None = None,
     operand_dtype: torch.dtype | None = None,
+    norm_bias: torch.Tensor | None = None,
+    layer_norm: bool = False,
+    gelu: bool = False,
 ) -> torch.Tensor:
     """x [rows, K] (or [rows, 2K] gate then up when `gated`), weight [N, K]: the fused product
     [rows, N], in the residual's and the product's promoted dtype when there is a residual [rows,
@@ -329,7 +379,8 @@ def fused_gemv(
     to. `clamp` 0: no clamp. `shape`: (BLOCK_N, BLOCK_K, warps) instead of launch_shape's
     (scripts/fused_gemv.py sweeps them).
     `pdl`: launched by Triton with programmatic dependent launch (scripts/pdl_chain.py; a
-    package's launcher decides that itself)."""
+    package's launcher decides that itself). `layer_norm`: the norm is a LayerNorm of weight
+    `norm_weight` and bias `norm_bias` (None: no bias), not an RMSNorm; `gelu`: gelu_new first."""
     rows = x.shape[0]
     n_out, k_in = weight.shape
     product_dtype = weight.dtype if scale is None else operand_dtype
@@ -344,11 +395,14 @@ def fused_gemv(
         or launch_shape(n_out, k_in, streaming_multiprocessors(x.device.index or 0))
     )
     # an absent operand's pointer is the weight's: the kernel never reads it (its flag is off)
+    if layer_norm and norm_bias is None:  # a LayerNorm without a bias adds zeros
+        norm_bias = torch.zeros_like(norm_weight)
     launch(aotc_pdl_fused_gemv)[(triton.cdiv(n_out, block_n), rows)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight,
-        weight if residual is None else residual, weight if scale is None else scale, out, n_out,
-        x.stride(0), eps, clamp,
-        K=k_in, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
+        weight if norm_bias is None else norm_bias, weight if residual is None else residual,
+        weight if scale is None else scale, out, n_out, x.stride(0), eps, clamp,
+        K=k_in, NORM=_norm_kind(norm_weight, layer_norm), GATED=gated, GELU=gelu,
+        BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, SCALED=scale is not None,
         SCALE_BLOCK=k_in // scale.shape[1] if scale is not None and scale.dim() == 2 else 0,
         OPERAND=0 if scale is None else OPERANDS[product_dtype], BLOCK_N=block_n, BLOCK_K=block_k,
@@ -405,7 +459,8 @@ def fused_int4_gemv(
         x, packed, scale_zero, scale_zero if bias is None else bias,
         scale_zero if norm_weight is None else norm_weight,
         scale_zero if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
-        K=k_in, GROUP=group, NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None,
+        K=k_in, GROUP=group, NORM=_norm_kind(norm_weight, False), GATED=gated,
+        BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, OPERAND=OPERANDS[operand_dtype],
         BLOCK_N=block_n, BLOCK_G=block_g, PDL=pdl or waits_programmatically(x.device),
         num_warps=warps, num_stages=1, **({"launch_pdl": True} if pdl else {}),
@@ -425,11 +480,15 @@ def fused_gemv_cuda(
     clamp: float,
     scale: torch.Tensor | None,
     operand_dtype: torch.dtype,
+    norm_bias: torch.Tensor | None = None,
+    layer_norm: bool = False,
+    gelu: bool = False,
 ) -> torch.Tensor:
     """The fused product (fused_gemv) of at most MAX_ROWS rows, compiled into the package."""
     return fused_gemv(
         x, weight, bias, norm_weight, residual, eps, gated, clamp, launch=wrap_triton,
-        scale=scale, operand_dtype=operand_dtype,
+        scale=scale, operand_dtype=operand_dtype, norm_bias=norm_bias, layer_norm=layer_norm,
+        gelu=gelu,
     )  # fmt: skip
 
 
