@@ -393,6 +393,36 @@ def test_a_bf16_packages_reference_gathers_a_quantized_tied_embedding_in_fp32(
     assert dequantized == {torch.float32}
 
 
+@pytest.mark.parametrize(
+    ("scheme", "group", "bound"), [("int8-weight-only", None, 0.05), ("int4-weight-only", 32, 0.5)]
+)
+def test_gpt2s_conv1d_layers_are_quantized_like_linear_ones(
+    generation_packages, scheme, group, bound
+):
+    """GPT-2's products are Conv1Ds (addmm over input-major weights): each is quantized as a
+    linear layer over its weight transposed, none kept in the base precision, and the program's
+    logits stay within the scheme's reach of the float program's (the zoo's random 64-wide
+    GPT-2: int8 2%, int4 with groups of 32 29% of the largest logit)."""
+    import copy
+
+    from aotc.config import Precision
+    from aotc.export.artifact import load_artifact
+    from aotc.export.placement import place_program
+    from aotc.quantize_schemes import Quantization
+
+    ep, meta = load_artifact(generation_packages.artifact("gpt2"))
+    quantization = Quantization(scheme, group)
+    placed = place_program(ep, "cpu", Precision("fp32"), meta.signature, quantization)
+    quantized = {".".join(layer["name"].split(".")[-2:]) for layer in quantization.layers}
+    assert {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"} <= quantized
+    assert len(quantization.layers) == 4 * 2 + 1 and quantization.kept == []
+    example = list(ep.example_inputs[0])
+    got = placed.module()(*copy.deepcopy(example))
+    want = ep.module()(*copy.deepcopy(example))
+    for ours, theirs in zip(got, want):
+        assert 0 < float((ours - theirs).abs().max()) <= bound * float(theirs.abs().max())
+
+
 def test_int4_tiles_are_refused_where_torch_lays_them_out_another_way(llama, runner):
     """torch's CPU int4 kernel lays its weights out per CPU capability (AVX512: 64 output features
     to a block; AVX2 and the plain kernel their own ways), chosen when torch starts: run on another,

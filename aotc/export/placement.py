@@ -18,6 +18,7 @@ from aotc.config import Precision
 from aotc.errors import BuildError
 from aotc.export.fused_products import Fusions, fuse_products
 from aotc.export.gptq import step_calls
+from aotc.export.linear_products import addmm_as_linear
 from aotc.export.quantization import linear_inputs, quantize_graph
 from aotc.export.reduced_precision import (
     cast_weight_matmul_operands,
@@ -74,6 +75,8 @@ def place_program(
         clamp_float_extremes(inner, low)
 
     if quantization is not None:
+        # GPT-2's Conv1D products as linear layers, so that their weights are quantized too
+        addmm_as_linear(inner)
         # the reference rounds each weight to the package's precision before quantizing it
         weights = getattr(torch, REDUCED[emulate]) if emulate in REDUCED else low
         # with fused products, CUDA int4 in the form their kernel reads (aotc's int4 groups)
