@@ -29,12 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# a decode step's query, cache and rows at a context, as the split-count sweep makes them
+from attention_splits import inputs  # noqa: E402
+
 SHAPES = {  # name: (query heads, key/value heads, head dim, layers)
     "llama-3.2-1b": (32, 8, 64, 16),
     "qwen3-0.6b": (16, 8, 128, 28),
     "smollm2-135m": (9, 3, 64, 30),
 }
-CACHE = 1024
 
 
 class _Programmatic:
@@ -45,18 +47,6 @@ class _Programmatic:
 
     def __getitem__(self, grid):
         return functools.partial(self.kernel[grid], launch_pdl=True)
-
-
-def inputs(batch: int, heads: int, kv_heads: int, dim: int, context: int):
-    import torch
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    query = torch.randn(1, heads, batch, dim, device="cuda", generator=g).to(torch.bfloat16)
-    keys = torch.randn(batch, CACHE + 1, kv_heads, dim, device="cuda", generator=g)
-    values = torch.randn(batch, CACHE + 1, kv_heads, dim, device="cuda", generator=g)
-    rows = torch.arange(batch, device="cuda")
-    positions = torch.full((batch,), context - 1, dtype=torch.int64, device="cuda")
-    return query, keys.to(torch.bfloat16), values.to(torch.bfloat16), rows, positions
 
 
 def step_time_us(calls, replays: int) -> float:
