@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aotc.export.graph_match import dims, erase_unused, is_view
 from aotc.export.graph_match import is_attr as _is_attr
 from aotc.export.graph_match import is_call as _is
 from aotc.export.graph_match import users as _users
@@ -247,11 +248,7 @@ def fuse_products(module) -> Fusions:
         graph.erase_node(replaced)
         if replaced is not node:
             graph.erase_node(node)
-        for dead in doomed:  # from the product back towards the inputs
-            if not _users(dead):
-                for check in list(dead.users):
-                    graph.erase_node(check)
-                graph.erase_node(dead)
+        erase_unused(graph, doomed)  # from the product back towards the inputs
     if fusions.total() or rewritten:
         graph.lint()
         module.recompile()
@@ -376,12 +373,10 @@ def _layer_norm(a, doomed: list):
     weight (or a view of it that keeps its shape, as GPT-2's final norm has), used by the product
     only, else None."""
     same_shape = None
-    if (_is(a, aten.view.default) or _is(a, aten.reshape.default)) and len(_users(a)) == 1:
+    if is_view(a) and len(_users(a)) == 1:
         same_shape, a = a, a.args[0]
         shapes = [n.meta.get("val") for n in (same_shape, a)]
-        if any(v is None for v in shapes) or [str(d) for d in shapes[0].shape] != [
-            str(d) for d in shapes[1].shape
-        ]:
+        if any(v is None for v in shapes) or dims(shapes[0].shape) != dims(shapes[1].shape):
             return None
     if not _is(a, aten.layer_norm.default) or len(_users(a)) != 1:
         return None

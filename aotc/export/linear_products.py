@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from aotc.export.graph_match import dims, erase_unused, is_view
 from aotc.export.graph_match import is_attr as _is_attr
 from aotc.export.graph_match import is_call as _is
 from aotc.export.graph_match import users as _users
@@ -31,7 +32,7 @@ def addmm_as_linear(module) -> int:
         bias, flat, weight = node.args
         if not _is_attr(weight) or readers.get(weight.target) != 1 or _users(weight) != [node]:
             continue
-        stored = module.get_parameter(weight.target) if _is_parameter(module, weight) else None
+        stored = _parameter(module, weight.target)
         if stored is None or stored.dim() != 2:
             continue
         casts = []  # the clamp and cast between the flattened input and the product, outward
@@ -40,7 +41,7 @@ def addmm_as_linear(module) -> int:
         ) == 1:
             casts.append(flat)
             flat = flat.args[0]
-        if not (_is(flat, aten.view.default) or _is(flat, aten.reshape.default)):
+        if not is_view(flat):
             continue
         x = flat.args[0]
         users = _users(node)
@@ -51,10 +52,9 @@ def addmm_as_linear(module) -> int:
             continue
         out = users[0]
         out_value = out.meta.get("val")
-        if not (_is(out, aten.view.default) or _is(out, aten.reshape.default)) or out_value is None:
+        if not is_view(out) or out_value is None:
             continue
-        wanted = [str(d) for d in value.shape[:-1]] + [str(stored.shape[1])]
-        if [str(d) for d in out_value.shape] != wanted:
+        if dims(out_value.shape) != dims(value.shape[:-1]) + dims(stored.shape[1:]):
             continue
         with graph.inserting_before(node):
             operand = x
@@ -63,11 +63,7 @@ def addmm_as_linear(module) -> int:
             linear = graph.call_function(aten.linear.default, (operand, weight, bias))
         linear.meta = dict(out.meta)
         out.replace_all_uses_with(linear)
-        for dead in (out, node, *casts, flat):
-            if not _users(dead):
-                for check in list(dead.users):
-                    graph.erase_node(check)
-                graph.erase_node(dead)
+        erase_unused(graph, (out, node, *casts, flat))
         owner, _, name = weight.target.rpartition(".")
         holder = module.get_submodule(owner) if owner else module
         setattr(
@@ -79,9 +75,9 @@ def addmm_as_linear(module) -> int:
     return rewritten
 
 
-def _is_parameter(module, node) -> bool:
+def _parameter(module, target: str):
+    """The module's parameter at `target`, or None (a buffer, or nothing there)."""
     try:
-        module.get_parameter(node.target)
+        return module.get_parameter(target)
     except AttributeError:
-        return False
-    return True
+        return None
