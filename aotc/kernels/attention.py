@@ -338,8 +338,10 @@ def attend(
     spans = (tokens * heads, splits, block_d + 2) if splits > 1 else (1, 1, 1)
     part = torch.empty(spans, dtype=torch.float32, device=query.device)
     fold = fold and splits > 1
-    if counts is None:
-        counts = torch.zeros(tokens * heads if fold else 1, dtype=torch.int32, device=query.device)
+    if not fold:  # the counters are never read: no buffer to make and fill for each call
+        counts = part
+    elif counts is None:
+        counts = torch.zeros(tokens * heads, dtype=torch.int32, device=query.device)
     launch(aotc_pdl_attention)[(tokens * heads, splits)](
         query, keys, values, rows, positions, part, out, counts,
         query.stride(1), query.stride(2), query.stride(3),
