@@ -307,6 +307,10 @@ def test_a_running_batch_that_fails_answers_the_waiting_request_with_the_error(
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name, caplog):
+    """Over Ray's proxy. This package makes its 31 tokens in about 40 ms, so on a loaded machine
+    the whole generation may end before the leave reaches the replica: the line then says the
+    stream ended whole. That the leave ends the request where it is, every time, is checked
+    without Ray in test_serve_http.py, where the leave is delivered before the stream can end."""
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
     parts = urlsplit(server.url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
@@ -322,10 +326,13 @@ def test_a_client_that_leaves_mid_stream_frees_the_package(server, model_name, c
     health = json.loads(get(server.url, "/v1/health")[1])
     replica = health["replicas"][0] if "replicas" in health else health
     assert replica["waiting"] == 0, replica
-    # its line says it ended there, with the tokens made until then
-    [left] = lines_logged(caplog, lambda line: line.get("ended") == "client disconnected", 1)
-    assert left["status"] == 200 and left["stream"] and left["prompt"] == 1, left
-    assert 1 <= left["completion"] < GENERATION_MAX_LEN - 1, left
+    # its line says it ended there, with the tokens made until then, unless it had made them all
+    [left] = lines_logged(caplog, lambda line: line.get("stream") and line.get("prompt") == 1, 1)
+    assert left["status"] == 200, left
+    if left.get("ended") != "client disconnected":
+        assert "ended" not in left and left["completion"] == GENERATION_MAX_LEN - 1, left
+    else:
+        assert 1 <= left["completion"] < GENERATION_MAX_LEN - 1, left
 
 
 def test_serve_check_sends_a_completion(server, capsys):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import GENERATION_MAX_LEN
 
 pytest.importorskip("ray.serve")
 from starlette.requests import Request  # noqa: E402
@@ -333,6 +334,57 @@ def test_a_stream_that_fails_ends_with_an_openai_error_event(client, server, mon
     said = {key: line.get(key) for key in ("status", "stream", "prompt", "completion", "ended")}
     assert said == {"status": 200, "stream": True, "prompt": 1, "completion": 1,
                     "ended": "stream ended by error 500"}, line  # fmt: skip
+
+
+def test_a_client_that_leaves_mid_stream_ends_its_request_there_and_frees_its_row(
+    client, server, caplog
+):
+    """The client takes the first event, reads no more and leaves: its request's line says it
+    ended there, with the tokens sent until then, and its row is free for the next request. The
+    send of the second event is held until the leave is delivered, so the leave always comes
+    before the stream could end (over Ray, test_serve_completions.py, it races the generation)."""
+    import anyio
+
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    body = {"prompt": [5], "max_tokens": GENERATION_MAX_LEN - 1, "temperature": 0, "stream": True}
+    sent: list[bytes] = []
+
+    async def leave_after_the_first_event() -> None:
+        first_event = anyio.Event()
+        messages = [{"type": "http.request", "body": json.dumps(body).encode()}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop()
+            await first_event.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                sent.append(message["body"])
+                first_event.set()
+                await anyio.sleep_forever()  # a client that reads no more
+
+        scope = {
+            "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+            "root_path": "", "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 50000), "server": ("testserver", 80),
+        }  # fmt: skip
+        with anyio.fail_after(60):
+            await asgi(server)(scope, receive, send)
+
+    client.portal.call(leave_after_the_first_event)
+    [event] = sent
+    assert json.loads(event.removeprefix(b"data: "))["choices"][0]["token_ids"], event
+    [line] = request_lines(caplog)
+    said = {key: line.get(key) for key in ("status", "stream", "prompt", "completion", "ended")}
+    assert said == {"status": 200, "stream": True, "prompt": 1, "completion": 1,
+                    "ended": "client disconnected"}, line  # fmt: skip
+    health = client.get("/v1/health").json()
+    assert health["waiting"] == 0, health
+    reply = client.post("/v1/completions", json={"prompt": [7, 8], "max_tokens": 4})
+    assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) == 4
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
