@@ -112,6 +112,46 @@ def test_a_bf16_build_fuses_the_same_products_through_its_casts(generation_packa
     assert fusions == Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS)
 
 
+@pytest.mark.parametrize(
+    "family, expected",
+    [
+        ("llama", Fusions(norm=2 * LAYERS + 1, gated=LAYERS, residual=2 * LAYERS)),
+        ("gpt2", Fusions(norm=2 * LAYERS + 1, residual=2 * LAYERS, gelu=LAYERS)),
+    ],
+)
+def test_a_program_exported_in_bf16_fuses_the_same_products_and_computes_the_same(
+    family, expected, generation_packages, tmp_path
+):
+    """A model exported in bf16 (`aotc export --dtype bfloat16`, or a folder whose config says
+    bf16) writes its RMSNorm as transformers runs it in that dtype: the scaled row cast back to
+    bf16 before the weight multiplies it, and each product's input cast to bf16 with nothing to
+    clamp. The fused program takes both in, and computes exactly what the unfused one does."""
+    from conftest import GENERATION_BATCH, GENERATION_MAX_LEN, invoke
+
+    artifact = tmp_path / f"{family}_bf16.pt2"
+    done = invoke(
+        "export", generation_packages.model_file(family), "--task", "text-generation",
+        "--max-seq-len", GENERATION_MAX_LEN, "--batch-size", GENERATION_BATCH,
+        "--dtype", "bfloat16", "-o", artifact,
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    ep, meta = load_artifact(artifact)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, value in ep.state_dict.items():  # the zoo's norms are all ones (times 4), a
+            if "norm" in name:  # power of two, which hides a rounding; other weights show it
+                value.copy_(1 + 0.5 * torch.randn(value.shape, generator=generator))
+    fusions = Fusions()
+    fused = place_program(ep, "cpu", Precision.BF16, meta.signature, fusions=fusions)
+    assert fusions == expected
+    plain = place_program(ep, "cpu", Precision.BF16, meta.signature)
+    example = list(ep.example_inputs[0])
+    for ours, theirs in zip(
+        fused.module()(*copy.deepcopy(example)), plain.module()(*copy.deepcopy(example))
+    ):
+        assert torch.equal(ours, theirs)
+
+
 def quantized_program(generation_packages, low, scheme="int8-weight-only", group=None):
     """The zoo Llama's unlifted program in `low`, its linears quantized for CUDA as a build with
     --fused-products does (placement.place_program's steps), on the CPU."""

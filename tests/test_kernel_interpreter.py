@@ -61,11 +61,15 @@ def test_the_spans_folded_give_what_the_combine_kernel_gives(
     torch.testing.assert_close(folded.float(), want.float(), atol=tolerance, rtol=tolerance)
 
 
-FORMS = {  # name -> (norm: None, "rms" or "layer", the norm's bias, gelu, bias, residual)
+# name -> (norm: None, "rms", "rms_rounded" (a model exported in the weights' dtype: the norm takes
+# the row in fp32 and rounds the scaled row to its weight's dtype) or "layer", the norm's bias,
+# gelu, bias, residual)
+FORMS = {
     "layer_norm": ("layer", True, False, True, False),
     "layer_norm-without-bias+residual": ("layer", False, False, False, True),
     "gelu+bias+residual": (None, False, True, True, True),
     "rms+residual": ("rms", False, False, False, True),
+    "rms_rounded+residual": ("rms_rounded", False, False, False, True),
 }
 
 
@@ -90,6 +94,9 @@ def test_the_fused_products_prologues_compute_the_unfused_ones(
     nb = torch.randn(k_in, generator=g).to(dtype) if norm_bias else None
     r = torch.randn(rows, n_out, generator=g).to(dtype) if residual else None
     shape = {"norm_bias": nb, "layer_norm": norm == "layer", "gelu": gelu}
+    if norm == "rms_rounded":
+        x = x.float()  # the graph's x.to(float32), which the fused product reads
+        shape["norm_rounded"] = True
     got = fused_gemv(x, weight, b, nw, r, 1e-5, False, 0.0, shape=tile, **shape)
     want = reference(x, weight, b, nw, r, 1e-5, False, 0.0, **shape)
     assert got.dtype == want.dtype and got.shape == want.shape

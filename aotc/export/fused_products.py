@@ -8,7 +8,8 @@ quantization passes, on the patterns they leave; a pattern is matched by what it
 a model's module names, so every family that writes it is fused:
 
 - the RMSNorm in front of a product, as transformers writes it: `x32 = x.to(float32)`, `x32 *
-  rsqrt(mean(x32 ** 2, -1, keepdim) + eps)`, cast to float32, times the norm's weight; also when
+  rsqrt(mean(x32 ** 2, -1, keepdim) + eps)`, cast to float32 (a program exported in fp32) or
+  back to the model's bf16 or fp16 (one exported in that dtype), times the norm's weight; also when
   rows are picked between the norm and the product (the output layer reads the final norm's rows
   whose logits a step returns): the norm is per row, so the pass picks the rows first and the
   output layer takes the norm in as every other product does;
@@ -19,7 +20,8 @@ a model's module names, so every family that writes it is fused:
   (sibling_linears.py stacks them at export), or transformers' gelu_new as GPT-2 and phi write it
   out (0.5 x (1 + tanh(...)), seven ops);
 - the clamp and cast to the weight's dtype a reduced-precision build puts before a product
-  (reduced_precision.py);
+  (reduced_precision.py), or the cast alone where there is nothing to clamp (a program exported
+  in bf16);
 - the residual add of the product's only user, `residual + product` (an eval program's dropouts,
   the identity, are removed first).
 
@@ -87,12 +89,14 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def reference(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
     scale=None, operand_dtype=None, group: int = 0, norm_bias=None, layer_norm: bool = False,
-    gelu: bool = False,
+    gelu: bool = False, norm_rounded: bool = False,
 ):  # fmt: skip
     """The unfused computation: x [..., K] (or [..., 2K], gate then up, when `gated`); with
     `scale`, `weight` is int8 rows (or with `group`, int4 groups whose scales and zeros `scale`
     holds) and the product takes the activations in `operand_dtype`. `layer_norm`: the norm is
-    aten.layer_norm with `norm_bias`, not an RMSNorm; `gelu`: gelu_new before it."""
+    aten.layer_norm with `norm_bias`, not an RMSNorm; `gelu`: gelu_new before it;
+    `norm_rounded`: the RMSNorm's scaled row is cast to its weight's dtype before the weight
+    multiplies it (transformers' RMSNorm in a bf16 or fp16 model)."""
     a = x
     if gated:
         gate, up = a.chunk(2, dim=-1)
@@ -102,7 +106,8 @@ def reference(
     if norm_weight is not None and layer_norm:
         a = torch.nn.functional.layer_norm(a, (a.shape[-1],), norm_weight, norm_bias, eps)
     elif norm_weight is not None:
-        a = norm_weight * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps))
+        scaled = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps)
+        a = norm_weight * (scaled.to(norm_weight.dtype) if norm_rounded else scaled)
     if clamp:
         a = a.clamp(-clamp, clamp)
     if scale is None:
@@ -124,13 +129,13 @@ def reference(
 def fused_linear(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
     scale=None, operand_dtype=None, group: int = 0, norm_bias=None, layer_norm: bool = False,
-    gelu: bool = False,
+    gelu: bool = False, norm_rounded: bool = False,
 ):  # fmt: skip
     """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
     (decided at export when the row count is fixed there, else a cond node AOTInductor compiles
     to both)."""
     settings = (eps, gated, clamp)
-    shape = {"layer_norm": layer_norm, "gelu": gelu}
+    shape = {"layer_norm": layer_norm, "gelu": gelu, "norm_rounded": norm_rounded}
     if not x.is_cuda:
         return reference(
             x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype, group,
@@ -155,11 +160,12 @@ def fused_linear(
         b, nw, r, sc, nb = unpack(rest)
         if group:  # the pass gives int4 products an RMSNorm or the gated activation only
             return torch.ops.aotc.fused_int4_gemv_cuda(
-                x2, weight, sc, group, b, nw, r, eps, gated, clamp, product_dtype
+                x2, weight, sc, group, b, nw, r, eps, gated, clamp, product_dtype, norm_rounded
             )
         return torch.ops.aotc.fused_gemv_cuda(
-            x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype, nb, layer_norm, gelu
-        )
+            x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype, nb, layer_norm, gelu,
+            norm_rounded,
+        )  # fmt: skip
 
     def large(x2, weight, *rest):
         b, nw, r, sc, nb = unpack(rest)
@@ -193,12 +199,14 @@ def fuse_products(module) -> Fusions:
             x, weight, bias = (list(node.args) + [None])[:3]
             scale, operand_dtype = None, None
         doomed: list = []
-        a, clamp = _cast_and_clamp(x, doomed)
+        a, clamp = _cast_and_clamp(x, doomed, operand_dtype or _attr_dtype(module, weight))
         picked, rows = _picked_rows(a)
         before_norm = len(doomed)
-        norm = _rms_norm(picked, doomed)
+        norm = _rms_norm(picked, doomed, module)
         layer = False
+        rounded = False
         if norm is not None:
+            rounded = norm[3]
             norm = (*norm[:2], None, norm[2])  # (input, weight, no bias, eps)
         elif not group:  # int4 products take an RMSNorm only
             norm = _layer_norm(picked, doomed)
@@ -214,6 +222,8 @@ def fuse_products(module) -> Fusions:
             a, norm_weight, norm_bias, eps = norm
             if layer:
                 shape.update(norm_bias=norm_bias, layer_norm=True)
+            if rounded:
+                shape["norm_rounded"] = True
             fusions.norm += 1
         else:
             norm_weight, eps = None, 0.0
@@ -264,6 +274,17 @@ def _dtype_of(node):
     return getattr(value, "dtype", None)
 
 
+def _attr_dtype(module, node):
+    """The dtype of the module attribute `node` reads (the tensor itself: a build casts weights
+    after export, so the traced value may name another dtype), else of its traced value."""
+    if not _is_attr(node):
+        return _dtype_of(node)
+    value = module
+    for name in node.target.split("."):
+        value = getattr(value, name, None)
+    return getattr(value, "dtype", None)
+
+
 def _only_user(node, user) -> bool:
     return isinstance(node, torch.fx.Node) and _users(node) == [user]
 
@@ -284,9 +305,20 @@ def _picked_rows(a) -> tuple:
     return a, None
 
 
-def _cast_and_clamp(x, doomed: list) -> tuple:
+def _cast_and_clamp(x, doomed: list, operand_dtype) -> tuple:
     """(the node before the product's input cast and clamp, the clamp's bound or 0): the cast to
-    the weight's dtype and the symmetric clamp reduced_precision.py adds, if both are there."""
+    the weight's dtype and the symmetric clamp reduced_precision.py adds, if both are there; or
+    the cast alone (a program exported in bf16 has nothing to clamp), which the product's
+    operand rounding does anyway."""
+    if (
+        _is(x, aten.to.dtype)
+        and x.args[1] == operand_dtype
+        and len(_users(x)) == 1
+        and not _is(x.args[0], aten.clamp.default)
+        and isinstance(x.args[0], torch.fx.Node)
+    ):
+        doomed.append(x)
+        return x.args[0], 0.0
     if _is(x, aten.to.dtype) and _is(x.args[0], aten.clamp.default):
         clamp = x.args[0]
         low, high = (list(clamp.args) + [None, None])[1:3]
@@ -301,19 +333,23 @@ def _cast_and_clamp(x, doomed: list) -> tuple:
     return x, 0.0
 
 
-def _rms_norm(a, doomed: list):
-    """(x32, norm weight node, eps) if `a` is transformers' RMSNorm of x32 times its weight and
-    used by the product only, else None."""
+def _rms_norm(a, doomed: list, module):
+    """(x32, norm weight node, eps, rounded) if `a` is transformers' RMSNorm of x32 times its
+    weight and used by the product only, else None. `rounded`: the scaled row is cast to the
+    weight's dtype (bf16 or fp16: the model's) before the weight multiplies it, as transformers'
+    RMSNorm does in a model exported in that dtype; a cast to float32 (a program exported in
+    fp32, built in bf16) changes nothing."""
     if not _is(a, aten.mul.Tensor) or len(_users(a)) != 1:
         return None
     weight, scaled = a.args if _is_attr(a.args[0]) else reversed(a.args)
     if not _is_attr(weight):
         return None
-    if _is(scaled, aten.to.dtype) and scaled.args[1] is torch.float32 and _only_user(scaled, a):
-        cast = scaled
-        scaled = scaled.args[0]
-    else:
-        cast = None
+    cast, rounded = None, False
+    if _is(scaled, aten.to.dtype) and _only_user(scaled, a):
+        to = scaled.args[1]
+        rounded = to in (torch.bfloat16, torch.float16) and to == _attr_dtype(module, weight)
+        if to is torch.float32 or rounded:
+            cast, scaled = scaled, scaled.args[0]
     if not _is(scaled, aten.mul.Tensor) or not _only_user(scaled, cast or a):
         return None
     x32, inverse = scaled.args
@@ -339,7 +375,7 @@ def _rms_norm(a, doomed: list):
     ):
         return None
     doomed += [a, *([cast] if cast else []), scaled, inverse, plus, mean, square]
-    return x32, weight, eps
+    return x32, weight, eps, rounded
 
 
 def _gated(a, doomed: list):

@@ -7,7 +7,9 @@ and the residual add after it (SmolLM2-135M's step on an H200: 366 kernels, 12 a
 them long; docs/benchmarks.md). This kernel does the three in one:
 
 - prologue, on the activations as they are loaded: the RMSNorm of each row (its mean square taken
-  in a first pass over the row, which every program reads anyway) times the norm's weight, or a
+  in a first pass over the row, which every program reads anyway) times the norm's weight (in a
+  model exported in bf16 or fp16 the scaled row is first rounded to the model's dtype, as
+  transformers' RMSNorm casts it back before the weight multiplies it), or a
   LayerNorm (its mean, then the variance about it, two passes) with its weight and bias; or the
   gated MLP's silu(gate) * up from the stacked gate/up product's output, or gelu_new (GPT-2's),
   each step rounded as the unfused ops round; then the clamp and cast to the weight's dtype that
@@ -120,6 +122,10 @@ def _operand(x_row, norm_ptr, nb_ptr, k, k_ok, K, shift, inverse, clamp, NORM: t
     a = a.to(tl.float32)
     if NORM == 1:  # RMSNorm: its weight times the row scaled
         a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * (a * inverse)
+    elif NORM == 3:  # RMSNorm of a model in half precision: the scaled row rounded to the
+        # weight's dtype before the weight multiplies it, as transformers' RMSNorm casts it back
+        scaled = (a * inverse).to(norm_ptr.dtype.element_ty).to(tl.float32)
+        a = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * scaled
     elif NORM == 2:  # LayerNorm, in the activations' dtype as aten.layer_norm returns it
         w = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
         b = tl.load(nb_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
@@ -340,9 +346,12 @@ def launch_shape(n_out: int, k_in: int, programs_wanted: int) -> tuple[int, int,
     return block_n, block_k, warps
 
 
-def _norm_kind(norm_weight, layer_norm: bool) -> int:
-    """The kernels' NORM: 0 none, 1 RMSNorm, 2 LayerNorm."""
-    return 0 if norm_weight is None else 2 if layer_norm else 1
+def _norm_kind(norm_weight, layer_norm: bool, norm_rounded: bool = False) -> int:
+    """The kernels' NORM: 0 none, 1 RMSNorm, 2 LayerNorm, 3 RMSNorm whose scaled row is rounded
+    to its weight's dtype before the weight multiplies it (a model exported in bf16 or fp16)."""
+    if norm_weight is None:
+        return 0
+    return 2 if layer_norm else 3 if norm_rounded else 1
 
 
 def _output(x, n_out: int, residual, product_dtype) -> torch.Tensor:
@@ -371,6 +380,7 @@ def fused_gemv(
     norm_bias: torch.Tensor | None = None,
     layer_norm: bool = False,
     gelu: bool = False,
+    norm_rounded: bool = False,
 ) -> torch.Tensor:
     """x [rows, K] (or [rows, 2K] gate then up when `gated`), weight [N, K]: the fused product
     [rows, N], in the residual's and the product's promoted dtype when there is a residual [rows,
@@ -380,7 +390,9 @@ def fused_gemv(
     (scripts/fused_gemv.py sweeps them).
     `pdl`: launched by Triton with programmatic dependent launch (scripts/pdl_chain.py; a
     package's launcher decides that itself). `layer_norm`: the norm is a LayerNorm of weight
-    `norm_weight` and bias `norm_bias` (None: no bias), not an RMSNorm; `gelu`: gelu_new first."""
+    `norm_weight` and bias `norm_bias` (None: no bias), not an RMSNorm; `gelu`: gelu_new first;
+    `norm_rounded`: the RMSNorm's scaled row is rounded to `norm_weight`'s dtype before the
+    weight multiplies it."""
     rows = x.shape[0]
     n_out, k_in = weight.shape
     product_dtype = weight.dtype if scale is None else operand_dtype
@@ -401,7 +413,7 @@ def fused_gemv(
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight,
         weight if norm_bias is None else norm_bias, weight if residual is None else residual,
         weight if scale is None else scale, out, n_out, x.stride(0), eps, clamp,
-        K=k_in, NORM=_norm_kind(norm_weight, layer_norm), GATED=gated, GELU=gelu,
+        K=k_in, NORM=_norm_kind(norm_weight, layer_norm, norm_rounded), GATED=gated, GELU=gelu,
         BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, SCALED=scale is not None,
         SCALE_BLOCK=k_in // scale.shape[1] if scale is not None and scale.dim() == 2 else 0,
@@ -440,10 +452,11 @@ def fused_int4_gemv(
     launch=lambda k: k,
     shape: tuple[int, int, int] | None = None,
     pdl: bool = False,
+    norm_rounded: bool = False,
 ) -> torch.Tensor:
     """fused_gemv over int4 groups (quantized_linear.int4_groups: packed [N, K/2] uint8,
     scale_zero [N, K/group, 2]): [rows, N] in the residual's and `operand_dtype`'s promoted dtype
-    when there is a residual, else in `operand_dtype`."""
+    when there is a residual, else in `operand_dtype`. `norm_rounded` as for fused_gemv."""
     rows = x.shape[0]
     n_out, k_in = packed.shape[0], packed.shape[1] * 2
     out = _output(x, n_out, residual, operand_dtype)
@@ -459,7 +472,7 @@ def fused_int4_gemv(
         x, packed, scale_zero, scale_zero if bias is None else bias,
         scale_zero if norm_weight is None else norm_weight,
         scale_zero if residual is None else residual, out, n_out, x.stride(0), eps, clamp,
-        K=k_in, GROUP=group, NORM=_norm_kind(norm_weight, False), GATED=gated,
+        K=k_in, GROUP=group, NORM=_norm_kind(norm_weight, False, norm_rounded), GATED=gated,
         BIAS=bias is not None,
         RESIDUAL=residual is not None, CLAMP=clamp > 0, OPERAND=OPERANDS[operand_dtype],
         BLOCK_N=block_n, BLOCK_G=block_g, PDL=pdl or waits_programmatically(x.device),
@@ -483,12 +496,13 @@ def fused_gemv_cuda(
     norm_bias: torch.Tensor | None = None,
     layer_norm: bool = False,
     gelu: bool = False,
+    norm_rounded: bool = False,
 ) -> torch.Tensor:
     """The fused product (fused_gemv) of at most MAX_ROWS rows, compiled into the package."""
     return fused_gemv(
         x, weight, bias, norm_weight, residual, eps, gated, clamp, launch=wrap_triton,
         scale=scale, operand_dtype=operand_dtype, norm_bias=norm_bias, layer_norm=layer_norm,
-        gelu=gelu,
+        gelu=gelu, norm_rounded=norm_rounded,
     )  # fmt: skip
 
 
@@ -505,9 +519,10 @@ def fused_int4_gemv_cuda(
     gated: bool,
     clamp: float,
     operand_dtype: torch.dtype,
+    norm_rounded: bool = False,
 ) -> torch.Tensor:
     """The fused product over int4 groups (fused_int4_gemv) of at most MAX_ROWS rows."""
     return fused_int4_gemv(
         x, packed, scale_zero, group, bias, norm_weight, residual, eps, gated, clamp,
-        operand_dtype, launch=wrap_triton,
+        operand_dtype, launch=wrap_triton, norm_rounded=norm_rounded,
     )  # fmt: skip
