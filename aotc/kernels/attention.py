@@ -8,7 +8,10 @@ span in blocks of BLOCK_N with an online softmax (flash attention's) and writes 
 maximum, sum and weighted values. The last of a token and head's spans to finish combines them into
 the output: each span counts itself on an int32 counter of its token and head after its partial
 results (an atomic add that releases them, as a serial split-K GEMM's tiles count on a semaphore),
-and the one that sees the others done reads theirs and writes the output. The counters are a buffer
+and the one that sees the others done reads theirs and writes the output. Only the spans the
+token's context fills take part (spans are whole blocks of keys, so 176 positions fill three
+blocks of 64 whatever the split count): a span past them stores and counts nothing, and the
+last of those in use combines them. The counters are a buffer
 the op zeroes (Inductor folds the fill into a neighbouring kernel of the package: no launch of its
 own). On an H200 this took the 1B's decode step from 1.117 to 0.962 ms against a second combining
 kernel (docs/benchmarks.md), which `fold=False` still launches. A decode step at batch 1 has only a
@@ -86,21 +89,23 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _combined(part, p_sp, untiled, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One token and head's output from its SPLITS spans' partial results at `part`: each span
-    weighted by exp(its maximum - the largest), an empty span (maximum -inf, sum 0) by nothing,
-    and 0 for a token that is no row's (every span empty). Read past the SM's own cache (.cg):
-    other programs wrote the spans, and this SM may hold an older call's lines of the buffer."""
+def _combined(part, p_sp, untiled, used, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One token and head's output from the partial results at `part` of its first `used` of
+    SPLITS spans (the others hold nothing of this call): each span weighted by exp(its maximum -
+    the largest), an empty span (maximum -inf, sum 0) by nothing, and 0 for a token that is no
+    row's (every span empty). Read past the SM's own cache (.cg): other programs wrote the spans,
+    and this SM may hold an older call's lines of the buffer."""
     spans = tl.arange(0, SPLITS)
     d = tl.arange(0, BLOCK_D)
     at = part + spans * p_sp
-    m = tl.load(at + BLOCK_D, mask=untiled, other=float("-inf"), cache_modifier=".cg")
-    sums = tl.load(at + BLOCK_D + 1, mask=untiled, other=0.0, cache_modifier=".cg")
+    read = untiled & (spans < used)
+    m = tl.load(at + BLOCK_D, mask=read, other=float("-inf"), cache_modifier=".cg")
+    sums = tl.load(at + BLOCK_D + 1, mask=read, other=0.0, cache_modifier=".cg")
     top = tl.max(m, axis=0)
     # an empty span (maximum -inf, sum 0) weighs nothing, also when every span is empty
     weight = tl.where(sums > 0, tl.exp(m - top), 0.0)
     total = tl.sum(sums * weight, axis=0)
-    values = tl.load(at[:, None] + d[None, :], mask=untiled, other=0.0, cache_modifier=".cg")
+    values = tl.load(at[:, None] + d[None, :], mask=read[:, None], other=0.0, cache_modifier=".cg")
     acc = tl.sum(values * weight[:, None], 0)
     return tl.where(total > 0, acc / total, 0.0)  # a token that is no row's sums 0
 
@@ -138,6 +143,15 @@ def aotc_pdl_attention(
     chunk = tl.cdiv(tl.cdiv(stop - first, SPLITS), BLOCK_N) * BLOCK_N
     lo = first + split * chunk
     hi = tl.minimum(lo + chunk, stop)
+    # the spans the context fills (at least one, which writes a token that is no row's): folded,
+    # a span past them stores and counts nothing, so a short context costs the few spans it uses
+    # (three of 16 at 176 positions in blocks of 64), not an atomic and a store for each of them
+    used = tl.maximum(tl.cdiv(stop - first, tl.maximum(chunk, 1)), 1)
+    if FOLD:
+        active = split < used
+    else:  # the combine kernel reads every span
+        active = split >= 0
+        used = used * 0 + SPLITS
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
     q = tl.load(q_ptr + head * q_sh + token * q_st + d * q_sd, mask=d_ok, other=0.0)
@@ -174,18 +188,18 @@ def aotc_pdl_attention(
         tl.store(o, out.to(out_ptr.dtype.element_ty), mask=d_ok & ~tiled)
     else:  # the span's BLOCK_D weighted values, then its maximum and its sum (0 if empty)
         part = part_ptr + token_head * p_sr + split * p_sp
-        tl.store(part + d, acc, mask=~tiled)
-        tl.store(part + BLOCK_D, m, mask=~tiled)
-        tl.store(part + BLOCK_D + 1, total, mask=~tiled)
+        tl.store(part + d, acc, mask=~tiled & active)
+        tl.store(part + BLOCK_D, m, mask=~tiled & active)
+        tl.store(part + BLOCK_D + 1, total, mask=~tiled & active)
         if FOLD:
-            # the last of the token and head's spans to finish combines them (split-K's
+            # the last of the token and head's spans in use to finish combines them (split-K's
             # semaphore, as CUTLASS's serial split-K reduction counts its tiles): every thread's
             # stores before the count (the barrier), the count a release of them and an acquire
             # of the other spans'; the counter is left at 0 for the next call
             tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + token_head, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                out = _combined(part_ptr + token_head * p_sr, p_sp, ~tiled, SPLITS, BLOCK_D)
+            done = tl.atomic_add(count_ptr + token_head, 1, mask=active, sem="acq_rel", scope="gpu")
+            if active & (done == used - 1):
+                out = _combined(part_ptr + token_head * p_sr, p_sp, ~tiled, used, SPLITS, BLOCK_D)
                 o = out_ptr + token * o_st + head * o_sh + d * o_sd
                 tl.store(o, out.to(out_ptr.dtype.element_ty), mask=d_ok & ~tiled)
                 tl.store(count_ptr + token_head, 0)
@@ -204,7 +218,7 @@ def aotc_pdl_combine(
     head = token_head % heads
     # a tiled block's token has no spans (the tiled kernel wrote its output): read and write nothing
     untiled = ~_in_tiled_block(token, rows_ptr, positions_ptr, tokens, length, TILE_M)
-    out = _combined(part_ptr + token_head * p_sr, p_sp, untiled, SPLITS, BLOCK_D)
+    out = _combined(part_ptr + token_head * p_sr, p_sp, untiled, SPLITS, SPLITS, BLOCK_D)
     d = tl.arange(0, BLOCK_D)
     o = out_ptr + token * o_st + head * o_sh + d * o_sd
     tl.store(o, out.to(out_ptr.dtype.element_ty), mask=(d < dim) & untiled)

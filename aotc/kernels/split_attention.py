@@ -25,8 +25,10 @@ import torch
 # programs a layer's attention should have to fill an H100/H200 (132 SMs, a few programs each)
 TARGET_PROGRAMS = 256
 # at most 8 spans: with the last span combining (attention.py), SmolLM2-135M's 9 heads in 16 spans
-# decoded 12% slower than in 8 on an H200, the 1B's and Qwen3-0.6B's shapes within 2%
-# (docs/benchmarks.md); past a few hundred cached positions more spans would read faster
+# decoded 2-12% slower than in 8 on an H200 over 32-320 cached positions, the 1B's and
+# Qwen3-0.6B's shapes within 2%, and 10.6% faster over 700-988 (docs/benchmarks.md). Those 16 spans
+# each stored and counted, empty or not; now only the spans a context fills do, which is what a
+# short context's 16 spans lost by, so 16 is the count to measure next
 MAX_SPLITS = 8
 BLOCK_N = 64  # the keys a program reads per iteration; spans are whole blocks of it
 # the packed tokens a tiled program takes: a whole tensor-core tile of queries (Hopper's smallest
