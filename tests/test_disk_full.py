@@ -1,4 +1,4 @@
-"""Issue 14, finding 4: a full disk during `aotc build` is one line and exit 2 naming the device,
+"""A full disk during `aotc build` is one line and exit 2 naming the device,
 never torch's native abort (exit 134), and leaves nothing behind. The real case mounts a 3 MiB
 tmpfs (root only; skipped elsewhere)."""
 
@@ -79,3 +79,35 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(wide_artifact, small_device,
     assert last.startswith(f"error: no space left on the device holding {small_device}"), last
     assert "terminate called" not in result.stderr and "Traceback" not in result.stderr
     assert list(small_device.iterdir()) == []
+
+
+def test_places_on_one_device_need_their_sum_and_places_on_two_need_their_own(
+    tmp_path, monkeypatch
+):
+    """The package folder and Inductor's cache each take a copy of the weights: on one device the
+    check asks for both (an 8B model's 16 GB twice); on two, each for its own."""
+    import aotc.compiler.disk_space as disk
+    from aotc.errors import DiskFullError
+
+    artifact = tmp_path / "a.pt2"
+    with artifact.open("wb") as f:
+        f.truncate(1 << 30)  # 1 GiB, sparse
+    places = [
+        ("the package folder", tmp_path / "out"),
+        ("Inductor's cache", tmp_path / "cache"),
+        ("the temporary folder", tmp_path / "tmp"),
+    ]
+    monkeypatch.setattr(disk, "build_locations", lambda output: places)
+    Usage = namedtuple("Usage", "total used free")
+    free = (3 << 29) + disk.MARGIN_BYTES  # 1.5 GiB and the margin: one copy fits, two do not
+    monkeypatch.setattr("shutil.disk_usage", lambda path: Usage(8 << 30, 0, free))
+    monkeypatch.setattr(disk, "_device", lambda path: "one")
+    with pytest.raises(DiskFullError) as refused:
+        disk.check_space(tmp_path / "out" / "pkg", artifact)
+    assert str(refused.value).startswith(
+        f"no space left on the device holding {tmp_path / 'out'} (the package folder, Inductor's "
+        f"cache, the temporary folder): {free >> 20} MiB free, the build needs about "
+        f"{(2 << 30) + disk.MARGIN_BYTES >> 20} MiB there"
+    ), refused.value
+    monkeypatch.setattr(disk, "_device", lambda path: path.name)
+    disk.check_space(tmp_path / "out" / "pkg", artifact)  # each device holds its one copy

@@ -48,17 +48,34 @@ def _free(path: Path) -> int | None:
 
 
 def check_space(output: Path, artifact: Path) -> None:
-    """Refuse to start a build whose package plainly does not fit: weights (about the artifact's
-    size) plus MARGIN_BYTES, in each place the build writes."""
-    needed = os.path.getsize(artifact) + MARGIN_BYTES
+    """Refuse to start a build whose package plainly does not fit. The package folder and
+    Inductor's cache each get a copy of the weights (about the artifact's size: AOTInductor writes
+    them into its output before the package takes them), the temporary folder only sources; places
+    on one device need their sum (an 8B model's build on one disk: twice its 16 GB), plus
+    MARGIN_BYTES a device."""
+    weights = os.path.getsize(artifact)
+    devices: dict = {}  # device -> [roles, a folder on it, bytes needed there]
     for role, path in build_locations(output):
+        needed = weights if role != "the temporary folder" else 0
+        entry = devices.setdefault(_device(path), [[], path, MARGIN_BYTES])
+        entry[0].append(role)
+        entry[2] += needed
+    for roles, path, needed in devices.values():
         free = _free(path)
         if free is not None and free < needed:
             raise DiskFullError(
-                f"no space left on the device holding {path} ({role}): {free >> 20} MiB free, the "
-                f"build needs about {needed >> 20} MiB; free space, or build elsewhere "
-                "(-o for the package, TORCHINDUCTOR_CACHE_DIR for Inductor's cache, TMPDIR)"
+                f"no space left on the device holding {path} ({', '.join(roles)}): {free >> 20} MiB "
+                f"free, the build needs about {needed >> 20} MiB there; free space, or build "
+                "elsewhere (-o for the package, TORCHINDUCTOR_CACHE_DIR for Inductor's cache, TMPDIR)"
             )
+
+
+def _device(path: Path):
+    """The filesystem `path` is on (its own path when that cannot be told)."""
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return str(path)
 
 
 def full_device(output: Path) -> str | None:
