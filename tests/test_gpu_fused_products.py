@@ -45,6 +45,43 @@ def test_the_kernel_computes_the_unfused_product(form, dtype, rows, k_in, n_out)
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("rows, k_in, n_out", [(1, 576, 960), (3, 2048, 72)])
+def test_a_half_precision_models_rmsnorm_rounds_its_scaled_row_as_the_unfused_one(
+    dtype, residual, rows, k_in, n_out
+):
+    """A model exported in bf16 or fp16 rounds the scaled row to its dtype before the norm's
+    weight multiplies it (`norm_rounded`): the float kernel and the int4 kernel, against
+    `reference` with the same rounding."""
+    from aotc.export.fused_products import reference
+    from aotc.export.quantized_linear import int4_groups, int4_groups_dequantized
+    from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
+
+    torch.manual_seed(0)
+    device = "cuda"
+    x = 3 * torch.randn(rows, k_in, device=device)  # the graph's x.to(float32)
+    weight = (torch.randn(n_out, k_in, device=device) / k_in**0.5).to(dtype)
+    nw = (1 + 0.5 * torch.randn(k_in, device=device)).to(dtype)
+    r = torch.randn(rows, n_out, device=device).to(dtype) if residual else None
+    got = fused_gemv(x, weight, None, nw, r, 1e-6, False, 0.0, norm_rounded=True)
+    expected = reference(x, weight, None, nw, r, 1e-6, False, 0.0, norm_rounded=True)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    # outputs of a few units: an output's rounding or two apart, against their scale
+    scale = expected.float().abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2 * scale)
+
+    packed, scale_zero = int4_groups(torch.randn(n_out, k_in, device=device), 64, dtype)
+    dequantized = int4_groups_dequantized(packed, scale_zero, 64)
+    got = fused_int4_gemv(
+        x, packed, scale_zero, 64, None, nw, r, 1e-6, False, 0.0, dtype, norm_rounded=True
+    )
+    product = reference(x, dequantized, None, nw, None, 1e-6, False, 0.0, norm_rounded=True)
+    expected = product.to(dtype) if r is None else r + product.to(dtype)
+    scale = expected.float().abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2 * scale)
+
+
 GPT2_FORMS = {  # name -> (layer norm, its bias, gelu_new, product bias, residual)
     "layer_norm": (True, True, False, True, False),
     "layer_norm-without-bias+residual": (True, False, False, False, True),
