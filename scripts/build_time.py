@@ -1,9 +1,9 @@
 """Build time: `aotc build` against a bare `aoti_compile_and_package` of the same program.
 
-Issue 25's targets: a build at most 1.1x (CUDA; 1.3x on the CPU VM) a bare AOTInductor compile of
-the same placed program plus aotc's numeric check, each with a fresh Inductor cache. For each zoo
-model (tests/zoo/catalog.py): export once, then two fresh processes, each timed whole (Python and
-torch start-up included on both sides):
+The targets: a build at most 1.1x (CUDA; 1.3x on the CPU VM) a bare AOTInductor compile of the
+same placed program plus aotc's numeric check, each with a fresh Inductor cache. For each zoo model
+(tests/zoo/catalog.py): export once, then two fresh processes, each timed whole (Python and torch
+start-up included on both sides):
   aotc:  `aotc build ARTIFACT` (its stages from the manifest's build_phases);
   bare:  load the same artifact, place it as aotc does, `aoti_compile_and_package` with the options
          and compiler the aotc build recorded; Inductor's vector-ISA probe is timed on its own.

@@ -1,7 +1,7 @@
-"""Cold start to the first generated token (issue 27): the C++ runner in a fresh process, against a
-fresh Python process that only imports torch and initializes CUDA (the floor of any Python
-runtime), and the Python runtime's own first token. Each run is a new process; the three are
-interleaved, run after run, so that drift on the machine hits them alike.
+"""Cold start to the first generated token: the C++ runner in a fresh process, against a fresh
+Python process that only imports torch and initializes CUDA (the floor of any Python runtime), and
+the Python runtime's own first token. Each run is a new process; the three are interleaved, run
+after run, so that drift on the machine hits them alike.
 
     python scripts/generate_cold_start.py LM_PKG [--runner PATH] [--runs 7] [--out cold.json]
 

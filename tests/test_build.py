@@ -386,7 +386,7 @@ def test_a_crafted_artifact_cannot_run_code_at_build(packages, tmp_path):
 
 
 def test_the_build_says_where_its_time_went(packages):
-    """Issue 25: aotc's stages beside Inductor's timers in build_phases, summed up in one line."""
+    """aotc's stages beside Inductor's timers in build_phases, summed up in one line."""
     import aotc_runtime
     from aotc.cli.build import time_breakdown
 
@@ -403,10 +403,10 @@ def test_the_build_says_where_its_time_went(packages):
 
 
 def test_a_decoder_lm_builds_in_bf16(tmp_path):
-    """Issue 25: Llama's RMSNorm and rotary embedding upcast to float32 and cast back with
-    `.to(input_dtype)`, which an fp32 trace records as nothing; cast to bf16, the program fed a
-    float32 activation to a bf16 weight ("expected m1 and m2 to have the same dtype") and the check
-    failed. The products and attention now run in the weight's dtype, as eager bf16 does."""
+    """Llama's RMSNorm and rotary embedding upcast to float32 and cast back with `.to(input_dtype)`,
+    which an fp32 trace records as nothing; cast to bf16, the program fed a float32 activation to a
+    bf16 weight ("expected m1 and m2 to have the same dtype") and the check failed. The products and
+    attention now run in the weight's dtype, as eager bf16 does."""
     import importlib.util
 
     import torch

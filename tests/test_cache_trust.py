@@ -1,4 +1,4 @@
-"""The build cache is an input, not a trusted store (issue 24, findings 1, 2 and 7).
+"""The build cache is an input, not a trusted store.
 
 Each test starts from a copy of one cache filled by a tuned, specialized build of the dynamic MLP
 (one candidate, members at B=8: two child builds), changes the copy as an attacker or bad luck
@@ -103,7 +103,7 @@ def assert_answers_as_eager(package_dir: Path) -> None:
 
 
 def test_a_damaged_cache_entry_is_rebuilt_with_a_warning(packages, cache, tmp_path):
-    """Finding 1 as found: weights zeroed in the cached winner, a shared object swapped into the
+    """As first found: weights zeroed in the cached winner, a shared object swapped into the
     member's entry. Both differ from their entry's manifest, so each is removed and built again."""
     zero_weights(cached_package(cache, member=False) / "model.pt2")
     swapped = cached_package(cache, member=True) / "model.pt2"
@@ -152,7 +152,7 @@ def specialized_artifact_in(cache: Path) -> Path:
 def test_a_planted_specialized_artifact_is_refused_and_derived_again(
     packages, cache, planted_artifact, tmp_path
 ):
-    """Finding 2 as found: another model's export at the cache key of the B=8 re-export."""
+    """As first found: another model's export at the cache key of the B=8 re-export."""
     shutil.copyfile(planted_artifact, specialized_artifact_in(cache))
     result = build(packages, tmp_path / "pkg")
     assert result.exit_code == 0, result.stderr
@@ -186,7 +186,7 @@ def test_a_planted_artifact_that_forges_its_record_is_caught_by_the_assembled_ch
 
 @pytest.mark.parametrize("how", ["writable by others", "owned by another user"])
 def test_a_cache_others_can_write_is_refused(packages, tmp_path, monkeypatch, how):
-    """Finding 7: the cache decides what a build produces; one others control is refused."""
+    """The cache decides what a build produces; one others control is refused."""
     root = tmp_path / "shared-cache"
     root.mkdir()
     if how == "writable by others":

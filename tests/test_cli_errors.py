@@ -169,7 +169,7 @@ def test_help_documents_exit_codes():
 
 
 def test_verbose_shows_the_traceback_and_keeps_the_exit_code(tmp_path):
-    """Issue 25: --verbose exited 1 where the same failure exits with its own code without it."""
+    """--verbose exited 1 where the same failure exits with its own code without it."""
     args = ["export", MODELS / "no_model.py", "--input-shape", "2x2", "-o", tmp_path / "m.pt2"]
     quiet, loud = invoke(*args), invoke("--verbose", *args)
     assert quiet.exit_code == loud.exit_code == 3, (quiet.stderr, loud.stderr)
@@ -190,8 +190,8 @@ frame #35: _start + 0x25
 
 
 def test_a_failed_child_names_the_native_cause_not_the_wrapper():
-    """Issue 25: the Llama bf16 check failed with only AOTInductor's "API call failed" wrapper;
-    the cause it printed above (here a CUDA error) is the line to show."""
+    """The Llama bf16 check failed with only AOTInductor's "API call failed" wrapper; the cause
+    it printed above (here a CUDA error) is the line to show."""
     from aotc.child_process import failure_line
 
     assert failure_line(FAILING_CHILD_STDERR, 1) == (
@@ -321,8 +321,8 @@ def get_model():
 
 def test_an_op_defined_outside_pytorch_is_refused_at_export(tmp_path):
     """An op the model's own code (or a library: transformers' MoE experts) defines in Python
-    exports, but no build or runtime process has it: the build failed with a message about
-    "Python types" (issue 26's Qwen2-MoE). Export now names the op in one line."""
+    exports, but no build or runtime process has it: Qwen2-MoE's build failed with a message
+    about "Python types". Export now names the op in one line."""
     model = tmp_path / "foreign.py"
     model.write_text(FOREIGN_OP_MODEL)
     artifact = tmp_path / "m.pt2"

@@ -1,6 +1,6 @@
-"""Issue 14, finding 10: one package called from many threads at once gives every caller the
-output a lone call gives; state and CUDA graphs serialize; `aotc run --threads` reports throughput.
-(The GPU half, a CUDA-graph package under 8 threads, is in test_gpu.py.)"""
+"""One package called from many threads at once gives every caller the output a lone call gives;
+state and CUDA graphs serialize; `aotc run --threads` reports throughput. (The GPU half, a
+CUDA-graph package under 8 threads, is in test_gpu.py.)"""
 
 from __future__ import annotations
 

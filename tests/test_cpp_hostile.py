@@ -1,5 +1,5 @@
-"""The C++ runner and bundles against hostile or careless input (issue 24): signatures, .npz
-files, the --serve protocol, signals, the bundle launcher, AOTC_RUNNER and AOTC_CPUINFO.
+"""The C++ runner and bundles against hostile or careless input: signatures, .npz files, the
+--serve protocol, signals, the bundle launcher, AOTC_RUNNER and AOTC_CPUINFO.
 
 Refusals are compared with the Python runtime's, line for line: both runtimes must say the same.
 """

@@ -519,7 +519,7 @@ def test_runner_refuses_generate_on_a_one_call_package(runner, packages):
 def test_a_bundle_generates_with_no_python_and_an_empty_environment(
     runner, generation_packages, tmp_path
 ):
-    """Issue 27: `aotc bundle` of a text-generation package generates under an empty environment."""
+    """`aotc bundle` of a text-generation package generates under an empty environment."""
     from conftest import invoke
 
     package = generation_packages["gpt2"][0]

@@ -1,5 +1,5 @@
-"""Issue 14, finding 9: a CPU package records the instruction set it was compiled for, `--cpu-isa`
-builds a portable one, and both runtimes refuse a CPU that lacks what a package needs."""
+"""A CPU package records the instruction set it was compiled for, `--cpu-isa` builds a portable
+one, and both runtimes refuse a CPU that lacks what a package needs."""
 
 from __future__ import annotations
 
@@ -133,11 +133,11 @@ def probe_result(process: subprocess.Popen) -> dict:
 
 
 def test_the_vector_isa_probe_runs_once_per_machine_and_never_for_cuda(tmp_path):
-    """Issue 25: Inductor compiles and runs a test program per vector ISA (12 s here, 40 s on the
-    H100 host) in every build process. Each answer is kept in aotc's cache: two builds starting
-    together run each probe once between them, a later one asks no compiler, and all pick the same
-    flags and record the same features. A CUDA build compiles no test program at all and picks
-    the same flags."""
+    """Inductor compiles and runs a test program per vector ISA (12 s here, 40 s on the H100 host)
+    in every build process. Each answer is kept in aotc's cache: two builds starting together run
+    each probe once between them, a later one asks no compiler, and all pick the same flags and
+    record the same features. A CUDA build compiles no test program at all and picks the same
+    flags."""
     env = {**os.environ, "AOTC_CACHE_DIR": str(tmp_path / "cache")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")  # no probe binaries kept there
     together = [probe_result(p) for p in [probe_process(env, "cpu") for _ in range(2)]]

@@ -55,8 +55,8 @@ def test_runtime_public_api_resolves():
 
 
 def test_the_library_never_imports_the_cli():
-    """aotc/cli/ parses flags and calls aotc.api; nothing outside it imports it (issue 25 found
-    aotc/cpp_runner.py (now aotc/deploy/) importing aotc.cli.main: 14 modules in one import cycle)."""
+    """aotc/cli/ parses flags and calls aotc.api; nothing outside it imports it (aotc/cpp_runner.py,
+    now in aotc/deploy/, once imported aotc.cli.main: 14 modules in one import cycle)."""
     offenders = []
     for path in sorted((ROOT / "aotc").rglob("*.py")):
         inside = path.relative_to(ROOT / "aotc").parts

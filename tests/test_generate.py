@@ -1,4 +1,4 @@
-"""Text-generation packages (issue 26): `aotc export --task text-generation`, `aotc build`, then
+"""Text-generation packages: `aotc export --task text-generation`, `aotc build`, then
 `Package.generate`, against transformers' own `generate` on the same weights (CPU, fp32).
 
 The zoo's small LMs, with their weights scaled up (conftest.py's `generation_packages`: each

@@ -230,9 +230,9 @@ def test_densenet121_through_the_cpp_runner(gpu_workdir, densenet, mode, tmp_pat
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_eight_threads_share_a_cuda_package(gpu_workdir, mode):
-    """Issue 14, finding 10, on the GPU: a CUDA-graph package replays into static buffers, so its
-    calls serialize (and order themselves across the callers' streams); every caller must still get
-    its own answer, with batch sizes differing per thread (one graph each)."""
+    """On the GPU: a CUDA-graph package replays into static buffers, so its calls serialize (and
+    order themselves across the callers' streams); every caller must still get its own answer, with
+    batch sizes differing per thread (one graph each)."""
     from test_concurrency import CALLS, THREADS, call_from_threads
 
     artifact = export_once(gpu_workdir, "mlp_dyn", MLP, "--input-shape", "Bx128", "--dim", "B=1:64")
@@ -255,8 +255,8 @@ def test_eight_threads_share_a_cuda_package(gpu_workdir, mode):
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_reloading_a_cuda_package_returns_its_gpu_memory(gpu_workdir, mode):
-    """Issue 14, finding 10, on the GPU: each capture's warm-up once ran on a new CUDA stream, and
-    AOTInductor keeps 33 MiB for every stream a model ran on: +33 MiB of GPU memory per reload."""
+    """On the GPU: each capture's warm-up once ran on a new CUDA stream, and AOTInductor keeps
+    33 MiB for every stream a model ran on: +33 MiB of GPU memory per reload."""
     from aotc.bench.soak import load_unload_cycles
 
     artifact = export_once(gpu_workdir, "mlp_dyn", MLP, "--input-shape", "Bx128", "--dim", "B=1:64")

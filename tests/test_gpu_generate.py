@@ -1,4 +1,4 @@
-"""Text generation on the GPU (issue 26; marked gpu, skipped without CUDA).
+"""Text generation on the GPU (marked gpu, skipped without CUDA).
 
 The zoo's GPT-2 and Llama (weights scaled as in test_generate.py) exported for generation, built
 for CUDA with reduce-overhead (decode replayed as a CUDA graph) in fp32 and bf16, and compared with
@@ -240,9 +240,9 @@ def gpu_runner(tmp_path_factory):
 def test_the_cpp_runner_generates_the_python_runtimes_tokens_on_the_gpu(
     built, gpu_runner, precision
 ):
-    """Issue 27: `aotc-runner --generate` on a CUDA reduce-overhead package (decode replayed as one
-    CUDA graph on the package's own KV cache) gives the Python runtime's tokens, greedy and with
-    seeded sampling, for a left-padded batch of two prompts."""
+    """`aotc-runner --generate` on a CUDA reduce-overhead package (decode replayed as one CUDA
+    graph on the package's own KV cache) gives the Python runtime's tokens, greedy and with seeded
+    sampling, for a left-padded batch of two prompts."""
     import json
     import subprocess
 

@@ -1,4 +1,4 @@
-"""Decoder LMs in bf16 and fp16 on the GPU (issue 25; marked gpu, skipped without CUDA).
+"""Decoder LMs in bf16 and fp16 on the GPU (marked gpu, skipped without CUDA).
 
 Each zoo decoder LM is exported once in fp32 and built in bf16 and fp16 on CUDA; the build's own
 check compares it with the fp32 program within the precision's tolerance, and this test compares

@@ -1,9 +1,9 @@
-"""Input files and .npz request bodies are checked before they are expanded (issue 24, findings 3,
-4 and 6): aotc_runtime/npz.py reads what an archive declares (entry count, names, each array's
-dtype and shape, their bytes) and checks it against the signature before any entry is inflated;
-the JSON of `aotc serve` is counted before json.loads builds it.
+"""Input files and .npz request bodies are checked before they are expanded: aotc_runtime/npz.py
+reads what an archive declares (entry count, names, each array's dtype and shape, their bytes)
+and checks it against the signature before any entry is inflated; the JSON of `aotc serve` is
+counted before json.loads builds it.
 
-Each finding is reproduced at a smaller scale than the report's (a 512 MiB bomb rather than
+Each attack is reproduced at a smaller scale than first reported (a 512 MiB bomb rather than
 2.56 GB) and fails on the code before the fix. The figures (peak memory, time to refuse) are
 printed: run with -s to see them.
 """

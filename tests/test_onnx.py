@@ -1,6 +1,6 @@
-"""Issue 15: ONNX export and the ONNX Runtime backend. Round trips against eager (two inputs; a
-dynamic batch at three sizes; a stateful model), the runtime's checks on such packages, the missing
-extra and an operator the exporter cannot convert."""
+"""ONNX export and the ONNX Runtime backend. Round trips against eager (two inputs; a dynamic
+batch at three sizes; a stateful model), the runtime's checks on such packages, the missing extra
+and an operator the exporter cannot convert."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def placed_in_bf16(module, *inputs):
 
 def test_no_float_constant_of_the_bf16_graph_overflows_bf16():
     """t5-small's bf16 build failed on CUDA: "value cannot be converted to type c10::BFloat16
-    without overflow", the fp32 minimum its masks are filled with (issue 25)."""
+    without overflow", the fp32 minimum its masks are filled with."""
     torch.manual_seed(0)
     x, keep = torch.randn(2, 4, 8), torch.ones(2, 4, 4, dtype=torch.long)
     placed = placed_in_bf16(MaskedAttention(), x, keep)

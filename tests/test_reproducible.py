@@ -1,6 +1,6 @@
-"""Issue 14, finding 10: the same artifact, options and toolchain give the same package. The model
-files are byte-identical; the manifest differs only in the fields that record the build as an
-event (when, how long), which docs/package-format.md lists."""
+"""The same artifact, options and toolchain give the same package. The model files are
+byte-identical; the manifest differs only in the fields that record the build as an event (when,
+how long), which docs/package-format.md lists."""
 
 from __future__ import annotations
 

@@ -345,7 +345,7 @@ def test_an_unfinished_package_is_refused(packages, tmp_path):
 
 
 def test_a_manifest_edited_after_the_build_is_refused(packages, tmp_path):
-    """Finding 2 of issue 14: manifest.json is covered by a hash of its own content."""
+    """manifest.json is covered by a hash of its own content."""
     pkg = copy_package(packages, tmp_path)
     path = pkg / "manifest.json"
     path.write_text(path.read_text().replace('"mode": "default"', '"mode": "max-autotune"'))
@@ -355,9 +355,9 @@ def test_a_manifest_edited_after_the_build_is_refused(packages, tmp_path):
 
 @pytest.mark.parametrize("format_version", [3, 2])
 def test_a_manifest_that_lies_about_its_model_is_refused(packages, tmp_path, format_version):
-    """Finding 2: a manifest declaring shape 48 for a model compiled for 32 ran with rows 32-47
-    wrong. Its hash recomputed (anyone can), or posing as a format-2 manifest that has no hash, it
-    is still refused: the compiled model carries what it was built as."""
+    """A manifest declaring shape 48 for a model compiled for 32 ran with rows 32-47 wrong. Its
+    hash recomputed (anyone can), or posing as a format-2 manifest that has no hash, it is still
+    refused: the compiled model carries what it was built as."""
     pkg = copy_package(packages, tmp_path)
 
     def lie(manifest):
@@ -371,7 +371,7 @@ def test_a_manifest_that_lies_about_its_model_is_refused(packages, tmp_path, for
 
 
 def test_a_swapped_model_is_refused(packages, tmp_path):
-    """Finding 2: model.pt2 replaced by another model of the same signature, its hash updated."""
+    """model.pt2 replaced by another model of the same signature, its hash updated."""
     other = tmp_path / "other.py"
     other.write_text(
         "import torch\n\n\nclass Other(torch.nn.Module):\n"

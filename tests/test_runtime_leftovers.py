@@ -1,4 +1,4 @@
-"""Issue 24's Low findings on the Python runtime: what a run leaves behind, and files that block.
+"""The Python runtime's leftovers: what a run leaves behind, and files that block.
 
 - torch unpacks model.pt2 into an `aotinductor_*` folder; it was left in the temporary folder after
   a failed load and a SIGTERM'd `aotc-run` (and after every stopped serve replica).

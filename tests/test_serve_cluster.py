@@ -100,10 +100,10 @@ def test_serve_on_a_cluster_ships_the_package_and_answers(cluster, http_port, pa
 def test_serve_on_a_cluster_answers_completions_and_refuses_another_port(
     cluster, http_port, generation_packages
 ):
-    """Issue 27: a text-generation package behind `--address`, its completion (`--check`: 4
-    greedy tokens after token 1) equal to the runtime's own `generate` here. Serve stays up on the
-    cluster afterwards, on its port: a server asked for another is refused in one line (Ray
-    only warns and ignores it, and the server waited on a port nobody listens on)."""
+    """A text-generation package behind `--address`, its completion (`--check`: 4 greedy tokens
+    after token 1) equal to the runtime's own `generate` here. Serve stays up on the cluster
+    afterwards, on its port: a server asked for another is refused in one line (Ray only warns and
+    ignores it, and the server waited on a port nobody listens on)."""
     from tests.test_serve_completions import expected_ids
 
     lm = generation_packages["gpt2"][0]

@@ -1,5 +1,5 @@
 """`aotc serve` of a text-generation package: OpenAI completions on a local Ray, over loopback,
-against `aotc generate` and the runtime's own `generate` for the same request (issue 27).
+against `aotc generate` and the runtime's own `generate` for the same request.
 
 One server for the module: GPT-2 from the zoo (weights scaled) with a word-level tokenizer
 ("w7" is token 7), batch 2, a 32-token cache. Request loops are bounded: a fixed number of

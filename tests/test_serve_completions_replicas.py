@@ -1,6 +1,6 @@
-"""`aotc serve --replicas 2` of a text-generation package without a tokenizer (issue 27: replicas
-work as for /v1/predict; text with no tokenizer is a 400). Its own module, so that its server
-starts after test_serve_completions.py's has stopped (one local Ray Serve at a time).
+"""`aotc serve --replicas 2` of a text-generation package without a tokenizer (replicas work as for
+/v1/predict; text with no tokenizer is a 400). Its own module, so that its server starts after
+test_serve_completions.py's has stopped (one local Ray Serve at a time).
 """
 
 from __future__ import annotations

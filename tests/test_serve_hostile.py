@@ -1,6 +1,6 @@
-"""`aotc serve` against hostile bodies (issue 24): a body that does not arrive in time gets 408 and
-its connection is closed, /v1/health answers while large bodies decode, an .npz bomb is refused
-fast with bounded memory, and a local Ray listens on loopback only. The decoding pool
+"""`aotc serve` against hostile bodies: a body that does not arrive in time gets 408 and its
+connection is closed, /v1/health answers while large bodies decode, an .npz bomb is refused fast
+with bounded memory, and a local Ray listens on loopback only. The decoding pool
 (runtime/aotc_runtime/serve/codec.py) is also tested on its own, without Ray.
 
 One server for the module (loopback, a short body timeout); every wait is bounded.
@@ -212,7 +212,7 @@ def test_an_npz_bomb_is_refused_fast_with_bounded_memory(server):
 def test_health_answers_within_1s_while_60mb_json_bodies_decode(server):
     """60 MB JSON bodies, one after another, each holding the GIL ~1.5 s in json.loads: before,
     the ingress decoded them on its event loop and /v1/health waited as long (1.2 s for one).
-    One at a time, as the issue's finding: three at once put 180 MB through Ray Serve's proxy,
+    One at a time, as first reported: three at once put 180 MB through Ray Serve's proxy,
     whose streaming alone held health 1.0-1.3 s on the 2-core VM before any decoding started
     (docs/reliability.md)."""
     from aotc_runtime.serve.client import Client

@@ -1,6 +1,6 @@
-"""Issue 14, finding 10: memory holds under a long run (10,000 calls) and under reloads (a package
-loaded and dropped again and again: a weight copy per load stayed mapped before aotc moved the
-weights out of the shared object). Bounds are documented in docs/reliability.md."""
+"""Memory holds under a long run (10,000 calls) and under reloads (a package loaded and dropped
+again and again: a weight copy per load stayed mapped before aotc moved the weights out of the
+shared object). Bounds are documented in docs/reliability.md."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ GPU_ZOO = (
     ),
     ZooModel("resnet50", "gpu/resnet50.py", "vision", atol=_GPU_ATOL, source="torchvision"),
     ZooModel("vit_b_16", "gpu/vit_b_16.py", "vision", atol=_GPU_ATOL, source="torchvision"),
-    # issue 25's five transformers models (with distilbert_qa and llama_120m above)
+    # the bf16 table's five transformers models (with distilbert_qa and llama_120m above)
     ZooModel(
         "roberta_base_seqcls",
         "gpu/roberta_base_seqcls.py",

@@ -1,5 +1,6 @@
 """DistilBERT-base for question answering (DistilBertForQuestionAnswering(DistilBertConfig()):
-distilbert-base-uncased's shape, 66M parameters), random init. Issue 25's build-time target model.
+distilbert-base-uncased's shape, 66M parameters), random init. The model of the build-time
+targets (scripts/build_time.py).
 
 Inputs: input_ids (8, 384), attention_mask (8, 384) with row 1 padded at the end.
 Returns QuestionAnsweringModelOutput: start_logits (8, 384), end_logits (8, 384).

@@ -1,5 +1,5 @@
 """A 120M LlamaForCausalLM (GQA: 12 heads, 4 key-value heads), random init, use_cache=False: the
-model whose bf16 and fp16 builds failed their check in issue 25.
+model whose bf16 and fp16 builds once failed their check.
 
 Inputs: input_ids (4, 256), attention_mask (4, 256) with row 1 padded at the end.
 Returns CausalLMOutputWithPast: logits (4, 256, 32000).

@@ -1,6 +1,6 @@
 """RoBERTa-base for sequence classification (RobertaForSequenceClassification(RobertaConfig()):
-roberta-base's shape, 125M parameters), random init. One of issue 25's five models, with dynamic
-batch and sequence length.
+roberta-base's shape, 125M parameters), random init. One of the five transformers
+models of the zoo's bf16 CUDA table (docs/models.md), with dynamic batch and sequence length.
 
 Inputs: input_ids (8, 128), attention_mask (8, 128) with row 1 padded at the end.
 Returns SequenceClassifierOutput: logits (8, 2).

@@ -1,6 +1,6 @@
 """T5-small (T5ForConditionalGeneration with t5-small's shape: d_model 512, d_ff 2048, 6 layers,
-8 heads, vocabulary 32128; 60M parameters), random init, use_cache=False. One of issue 25's five
-models; static shapes.
+8 heads, vocabulary 32128; 60M parameters), random init, use_cache=False. One of the five
+transformers models of the zoo's bf16 CUDA table (docs/models.md); static shapes.
 
 Inputs: input_ids (4, 128) + attention_mask (row 1 padded), decoder_input_ids (4, 32) starting
 with the decoder start token 0.
