@@ -9,12 +9,15 @@ a model's layers' calls one after another in one CUDA graph.
 - fold, counters kept: the same on a buffer made once per layer, which the kernel leaves at zero:
   the fold without the fill, its best case;
 - one span in blocks of 64, 128 or 256 keys, 4 or 8 warps: no combine at all, each (token, head)
-  walks its whole context.
+  walks its whole context;
+- with --splits 8,16: the fold with counters kept at each of those span counts too (only the
+  spans a context fills store and count, so more spans cost a short context little).
 
 Each form is checked against the reference it replaces (aotc/export/cached_attention.reference).
 Prints a table; --json keeps the records.
 
-usage: python scripts/attention_fold.py [--replays 50] [--contexts 32,96,176,320,1024] [--json OUT]
+usage: python scripts/attention_fold.py [--replays 50] [--contexts 32,96,176,320,1024]
+    [--splits 8,16] [--json OUT]
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def step_time_us(calls, replays: int) -> float:
     return statistics.median(times)
 
 
-def forms(batch: int, heads: int) -> list[tuple[str, int, dict]]:
+def forms(batch: int, heads: int, more_splits: list[int]) -> list[tuple[str, int, dict]]:
     from aotc.kernels.split_attention import split_count
 
     splits = split_count(batch, heads)
@@ -80,6 +83,11 @@ def forms(batch: int, heads: int) -> list[tuple[str, int, dict]]:
         ("fold", splits, {"fold": True}),
         ("fold, counters kept", splits, {"fold": True, "counts": "kept"}),
     ]
+    for count in more_splits:
+        if count != splits:
+            out.append(
+                (f"fold, counters kept, {count} spans", count, {"fold": True, "counts": "kept"})
+            )
     for block_n, warps in ((64, 4), (128, 4), (256, 4), (256, 8)):
         out.append(
             (f"one span, {block_n} keys, {warps} warps", 1, {"block_n": block_n, "warps": warps})
@@ -92,6 +100,7 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--contexts", default="32,96,176,320,1024")
     parser.add_argument("--batches", default="1")
+    parser.add_argument("--splits", default="", help="span counts to fold at beside the package's")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     import torch
@@ -101,13 +110,14 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         parser.error("this times a CUDA kernel: run it on a GPU machine")
+    more_splits = [int(s) for s in args.splits.split(",") if s]
     records = []
     for name, (heads, kv_heads, dim, layers) in SHAPES.items():
         for batch in (int(b) for b in args.batches.split(",")):
             for context in (int(c) for c in args.contexts.split(",")):
                 step = (*inputs(batch, heads, kv_heads, dim, context), dim**-0.5, 0, 0.0)
                 want = reference(*step).float()
-                for label, splits, options in forms(batch, heads):
+                for label, splits, options in forms(batch, heads, more_splits):
                     calls = []
                     for _ in range(layers):
                         named = dict(options)
