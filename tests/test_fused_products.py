@@ -318,20 +318,28 @@ def test_reference_is_transformers_rmsnorm_and_the_gated_mlp():
     )
 
 
-def test_a_fused_int4_build_for_more_rows_than_the_kernel_takes_says_what_decode_costs():
-    """Above the fused kernel's rows an int4 product dequantizes its whole weight every step: a
-    build for such a batch warns once, with the figure and the flag; one within them says nothing."""
+def test_a_fused_build_for_more_rows_than_the_kernels_take_says_what_decode_costs():
+    """Above the fused kernels' rows an int4 product dequantizes its whole weight every step: a
+    build for such a batch warns once, with the figure and the flag. A float one runs the unfused
+    products there, a little slower than without the fusion: one note. A build within the rows
+    says nothing."""
     import io
 
-    from aotc.compiler.backends.inductor import warn_int4_rows
+    from aotc.compiler.backends.inductor import say_fused_rows
     from aotc.kernels.product_tiles import MAX_ROWS
     from aotc.progress import Progress
 
-    within, above = io.StringIO(), io.StringIO()
-    warn_int4_rows(MAX_ROWS, Progress(stream=within))
-    warn_int4_rows(MAX_ROWS * 2, Progress(stream=above))
-    assert within.getvalue() == ""
-    lines = above.getvalue().splitlines()
+    said = {}
+    for batch in (MAX_ROWS, MAX_ROWS * 2):
+        for int4 in (True, False):
+            said[batch, int4] = io.StringIO()
+            say_fused_rows(batch, int4, Progress(stream=said[batch, int4]))
+    assert said[MAX_ROWS, True].getvalue() == said[MAX_ROWS, False].getvalue() == ""
+    lines = said[MAX_ROWS * 2, True].getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: ")
     assert f"a decode of {MAX_ROWS * 2} rows dequantizes every weight" in lines[0]
     assert "without --fused-products" in lines[0]
+    lines = said[MAX_ROWS * 2, False].getvalue().splitlines()
+    assert len(lines) == 1 and not lines[0].startswith("warning: ")
+    wanted = f"up to {MAX_ROWS} rows; a decode of more (up to {MAX_ROWS * 2}) runs the unfused"
+    assert wanted in lines[0], lines

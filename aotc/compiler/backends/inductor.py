@@ -135,8 +135,8 @@ def _build(
             )
             if fusions is not None and fusions.total():
                 progress.note(fusions.describe())
-                if quantization is not None and quantization.scheme == "int4-weight-only":
-                    warn_int4_rows(meta.task["batch_size"], progress)
+                int4 = quantization is not None and quantization.scheme == "int4-weight-only"
+                say_fused_rows(meta.task["batch_size"], int4, progress)
             # a generation step's attention, as this device runs it best
             placed = lower_cached_attention(placed, implementation_for(cfg.device))
             # the fused products' tiles, timed on this GPU (aotc/kernels/product_tiles.py)
@@ -316,13 +316,23 @@ def chosen_tiles(placed, progress) -> tuple[dict, dict]:
     return table, {"tuned_on": name, "tiles": record}
 
 
-def warn_int4_rows(batch: int, progress: Progress) -> None:
-    """A fused int4 package's decode above the fused kernel's rows dequantizes every int4 weight
-    each step (fused_products.fused_linear's large branch): measured on an H200 at the 1B shape
-    and batch 8 (docs/benchmarks.md), 2,727 tokens/s against 5,828 for tinygemm's products."""
+def say_fused_rows(batch: int, int4: bool, progress: Progress) -> None:
+    """What a fused package's decode does above the fused kernels' rows (fused_products.
+    fused_linear's large branch), measured on an H200 (docs/benchmarks.md). An int4 one
+    dequantizes every int4 weight each step: 2,727 tokens/s at the 1B shape and batch 8 against
+    5,828 for tinygemm's products, a warning. Another runs the unfused products in a branch of
+    their own, where the norm before and the residual add after cannot fuse with their
+    neighbours: 3.5% slower than `--pdl` alone at the 1B's batch 8 (2.7% at GPT-2's 32), while
+    4 rows or fewer run faster fused; a note."""
     from aotc.kernels.product_tiles import MAX_ROWS
 
-    if batch > MAX_ROWS:
+    if batch > MAX_ROWS and not int4:
+        progress.note(
+            f"fused products run aotc's kernels up to {MAX_ROWS} rows; a decode of more (up to "
+            f"{batch}) runs the unfused products, about 3% slower than a build with --pdl alone "
+            "(1B shape, batch 8, H200)"
+        )
+    elif batch > MAX_ROWS:
         progress.warn(
             f"int4 products fused run aotc's int4 kernel up to {MAX_ROWS} rows; a decode of "
             f"{batch} rows dequantizes every weight each step (1B shape, batch 8, H200: 2,727 "
