@@ -103,6 +103,45 @@ def test_the_fused_product_lowers_and_writes_only_its_output(hopper, form, dtype
 
 
 @pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize(
+    "form, dtype",  # a quantized product's operand is a half dtype
+    [("float", torch.float32), ("float", torch.bfloat16), ("float", torch.float16),
+     ("int8", torch.bfloat16), ("int8", torch.float16), ("fp8", torch.bfloat16)],
+)  # fmt: skip
+@pytest.mark.parametrize("neighbours", ["norm", "gated+residual", "layer_norm+residual", "gelu"])
+def test_the_rows_product_lowers_and_writes_only_its_output(hopper, form, dtype, neighbours, pdl):
+    """The kernel for 5 to 16 rows (tensor-core products of the rows' operand tiles), in every
+    form: Triton's interpreter cannot check its bf16 products (its bf16 dot is wrong), so this is
+    where the bf16 form meets Triton's compiler before a GPU."""
+    from aotc.kernels.fused_rows import fused_rows_gemm
+
+    if form == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("no fp8 dtype in this torch")
+    n_out, k_in = 96, 256
+    weight = torch.randn(n_out, k_in).to(dtype)
+    scale = None
+    if form == "int8":
+        weight, scale = torch.zeros(n_out, k_in, dtype=torch.int8), torch.ones(n_out, dtype=dtype)
+    elif form == "fp8":
+        weight = torch.zeros(n_out, k_in, dtype=torch.float8_e4m3fn)
+        scale = torch.ones(n_out, k_in // 128, dtype=torch.float32)
+    gated, gelu = "gated" in neighbours, neighbours == "gelu"
+    layer_norm = "layer_norm" in neighbours
+    x = torch.randn(8, 2 * k_in if gated else k_in, dtype=dtype)
+    norm = None if gated or gelu else torch.randn(k_in, dtype=dtype)
+    norm_bias = torch.randn(k_in, dtype=dtype) if layer_norm else None
+    residual = torch.randn(8, n_out, dtype=dtype) if "residual" in neighbours else None
+    launches = recorded(
+        fused_rows_gemm, x, weight, None, norm, residual, 1e-5, gated, 0.0, pdl=pdl,
+        scale=scale, operand_dtype=None if scale is None else dtype, norm_bias=norm_bias,
+        layer_norm=layer_norm, gelu=gelu,
+    )  # fmt: skip
+    assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
+        ("aotc_pdl_fused_rows_gemm", ["out_ptr"])
+    ]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_fused_int4_product_lowers_and_writes_only_its_output(hopper, dtype, pdl):
     from aotc.kernels.fused_gemv import fused_int4_gemv
@@ -270,11 +309,11 @@ def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():
     Triton kernel of aotc's that waits for its predecessor is named with the prefix. The helpers
     (`_`-named, and programmatic.after_predecessor) are inlined into them, never launched."""
     from aotc.compiler.programmatic_launch import PDL_PREFIX
-    from aotc.kernels import attention, fused_gemv
+    from aotc.kernels import attention, fused_gemv, fused_rows
 
     names = {
         kernel.fn.__name__
-        for module in (attention, fused_gemv)
+        for module in (attention, fused_gemv, fused_rows)
         for kernel in vars(module).values()
         if hasattr(kernel, "fn")
         and kernel.fn.__module__ == module.__name__
@@ -287,6 +326,7 @@ def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():
         "aotc_pdl_tiled_attention",
         "aotc_pdl_fused_gemv",
         "aotc_pdl_fused_int4_gemv",
+        "aotc_pdl_fused_rows_gemm",
     }
     assert all(name.startswith(PDL_PREFIX) for name in names)
 

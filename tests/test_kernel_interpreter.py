@@ -102,3 +102,64 @@ def test_the_fused_products_prologues_compute_the_unfused_ones(
     assert got.dtype == want.dtype and got.shape == want.shape
     tolerance = 1e-5 if dtype == torch.float32 else 7e-2
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows, k_in, n_out", [(5, 96, 40), (19, 200, 24)])
+def test_the_rows_product_computes_the_unfused_one(form, dtype, rows, k_in, n_out):
+    """The kernel for 5 to 16 rows (aotc/kernels/fused_rows.py): a block of rows cut short by the
+    step's end, a second block, input features not a multiple of the tile. fp16, not bf16: the
+    interpreter's bf16 tensor-core product is wrong (the front-end test lowers the bf16 form)."""
+    from aotc.kernels.fused_rows import fused_rows_gemm
+
+    norm, norm_bias, gelu, bias, residual = FORMS[form]
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(rows, k_in, generator=g) + 0.5).to(dtype)
+    weight = (torch.randn(n_out, k_in, generator=g) / k_in**0.5).to(dtype)
+    b = torch.randn(n_out, generator=g).to(dtype) if bias else None
+    nw = (1 + 0.3 * torch.randn(k_in, generator=g)).to(dtype) if norm else None
+    nb = torch.randn(k_in, generator=g).to(dtype) if norm_bias else None
+    r = torch.randn(rows, n_out, generator=g).to(dtype) if residual else None
+    shape = {"norm_bias": nb, "layer_norm": norm == "layer", "gelu": gelu}
+    if norm == "rms_rounded":
+        x = x.float()
+        shape["norm_rounded"] = True
+    got = fused_rows_gemm(x, weight, b, nw, r, 1e-5, False, 0.0, shape=(16, 64, 4, 1), **shape)
+    want = reference(x, weight, b, nw, r, 1e-5, False, 0.0, **shape)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    # fp32 to the sums' order (IEEE products, not TF32), fp16 to an output's rounding or two
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-3
+    scale = want.float().abs().max().item()
+    torch.testing.assert_close(got.float(), want.float(), atol=tolerance * scale, rtol=tolerance)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+@pytest.mark.parametrize("rows", [5, 19])
+def test_the_rows_product_of_quantized_weights_is_the_per_row_kernels(scheme, rows):
+    """int8 rows (a scale per output feature) and fp8 blocks (a scale per 128 input features),
+    with the RMSNorm, bias and residual: what the per-row kernel computes (held to the unfused
+    product on the GPU), bit for bit."""
+    from aotc.kernels.fused_gemv import fused_gemv
+    from aotc.kernels.fused_rows import fused_rows_gemm
+
+    g = torch.Generator().manual_seed(0)
+    k_in, n_out = 384, 24
+    x = 3 * torch.randn(rows, k_in, generator=g)
+    nw = (1 + 0.3 * torch.randn(k_in, generator=g)).half()
+    r = torch.randn(rows, n_out, generator=g).half()
+    b = torch.randn(n_out, generator=g).half()
+    w = torch.randn(n_out, k_in, generator=g) / k_in**0.5
+    if scheme == "int8":
+        scale = w.abs().amax(1) / 127
+        q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        scale = scale.half()
+    else:
+        blocks = w.reshape(n_out, k_in // 128, 128)
+        scale = blocks.abs().amax(2) / 448
+        q = (blocks / scale[..., None]).to(torch.float8_e4m3fn).reshape(n_out, k_in)
+    quantized = {"scale": scale, "operand_dtype": torch.float16}
+    args = (x, q, b, nw, r, 1e-5, False, 0.0)
+    got = fused_rows_gemm(*args, shape=(16, 128, 4, 1), **quantized)
+    want = fused_gemv(*args, shape=(8, 128, 4), **quantized)
+    assert torch.equal(got, want)

@@ -324,18 +324,19 @@ def say_fused_rows(batch: int, int4: bool, progress: Progress) -> None:
     their own, where the norm before and the residual add after cannot fuse with their
     neighbours: 3.5% slower than `--pdl` alone at the 1B's batch 8 (2.7% at GPT-2's 32), while
     4 rows or fewer run faster fused; a note."""
-    from aotc.kernels.product_tiles import MAX_ROWS
+    from aotc.export.fused_products import fused_rows_limit
 
-    if batch > MAX_ROWS and not int4:
+    limit = fused_rows_limit(int4)
+    if batch > limit and not int4:
         progress.note(
-            f"fused products run aotc's kernels up to {MAX_ROWS} rows; a decode of more (up to "
+            f"fused products run aotc's kernels up to {limit} rows; a decode of more (up to "
             f"{batch}) runs the unfused products, about 3% slower than a build with --pdl alone "
             "(1B shape, batch 8, H200)"
         )
-    elif batch > MAX_ROWS:
+    elif batch > limit:
         progress.warn(
-            f"int4 products fused run aotc's int4 kernel up to {MAX_ROWS} rows; a decode of "
+            f"int4 products fused run aotc's int4 kernel up to {limit} rows; a decode of "
             f"{batch} rows dequantizes every weight each step (1B shape, batch 8, H200: 2,727 "
             "against 5,828 tokens/s for tinygemm's); for a batch above "
-            f"{MAX_ROWS}, build int4 without --fused-products"
+            f"{limit}, build int4 without --fused-products"
         )
