@@ -73,6 +73,24 @@ FORMS = {
 }
 
 
+def product_inputs(form: str, dtype, rows: int, k_in: int, n_out: int, norm_spread: float):
+    """((x, weight, bias, norm weight, residual), the fused product's options) of a FORMS form,
+    seeded; the norm's weights 1 +- `norm_spread`."""
+    norm, norm_bias, gelu, bias, residual = FORMS[form]
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(rows, k_in, generator=g) + 0.5).to(dtype)
+    weight = (torch.randn(n_out, k_in, generator=g) / k_in**0.5).to(dtype)
+    b = torch.randn(n_out, generator=g).to(dtype) if bias else None
+    nw = (1 + norm_spread * torch.randn(k_in, generator=g)).to(dtype) if norm else None
+    nb = torch.randn(k_in, generator=g).to(dtype) if norm_bias else None
+    r = torch.randn(rows, n_out, generator=g).to(dtype) if residual else None
+    shape = {"norm_bias": nb, "layer_norm": norm == "layer", "gelu": gelu}
+    if norm == "rms_rounded":
+        x = x.float()  # the graph's x.to(float32), which the fused product reads
+        shape["norm_rounded"] = True
+    return (x, weight, b, nw, r), shape
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
@@ -85,18 +103,7 @@ def test_the_fused_products_prologues_compute_the_unfused_ones(
     power of two: fp32 to the sums' order, bf16 to an output's rounding."""
     from aotc.kernels.fused_gemv import fused_gemv
 
-    norm, norm_bias, gelu, bias, residual = FORMS[form]
-    g = torch.Generator().manual_seed(0)
-    x = (3 * torch.randn(rows, k_in, generator=g) + 0.5).to(dtype)
-    weight = (torch.randn(n_out, k_in, generator=g) / k_in**0.5).to(dtype)
-    b = torch.randn(n_out, generator=g).to(dtype) if bias else None
-    nw = (1 + 0.1 * torch.randn(k_in, generator=g)).to(dtype) if norm else None
-    nb = torch.randn(k_in, generator=g).to(dtype) if norm_bias else None
-    r = torch.randn(rows, n_out, generator=g).to(dtype) if residual else None
-    shape = {"norm_bias": nb, "layer_norm": norm == "layer", "gelu": gelu}
-    if norm == "rms_rounded":
-        x = x.float()  # the graph's x.to(float32), which the fused product reads
-        shape["norm_rounded"] = True
+    (x, weight, b, nw, r), shape = product_inputs(form, dtype, rows, k_in, n_out, norm_spread=0.1)
     got = fused_gemv(x, weight, b, nw, r, 1e-5, False, 0.0, shape=tile, **shape)
     want = reference(x, weight, b, nw, r, 1e-5, False, 0.0, **shape)
     assert got.dtype == want.dtype and got.shape == want.shape
@@ -113,18 +120,7 @@ def test_the_rows_product_computes_the_unfused_one(form, dtype, rows, k_in, n_ou
     interpreter's bf16 tensor-core product is wrong (the front-end test lowers the bf16 form)."""
     from aotc.kernels.fused_rows import fused_rows_gemm
 
-    norm, norm_bias, gelu, bias, residual = FORMS[form]
-    g = torch.Generator().manual_seed(0)
-    x = (3 * torch.randn(rows, k_in, generator=g) + 0.5).to(dtype)
-    weight = (torch.randn(n_out, k_in, generator=g) / k_in**0.5).to(dtype)
-    b = torch.randn(n_out, generator=g).to(dtype) if bias else None
-    nw = (1 + 0.3 * torch.randn(k_in, generator=g)).to(dtype) if norm else None
-    nb = torch.randn(k_in, generator=g).to(dtype) if norm_bias else None
-    r = torch.randn(rows, n_out, generator=g).to(dtype) if residual else None
-    shape = {"norm_bias": nb, "layer_norm": norm == "layer", "gelu": gelu}
-    if norm == "rms_rounded":
-        x = x.float()
-        shape["norm_rounded"] = True
+    (x, weight, b, nw, r), shape = product_inputs(form, dtype, rows, k_in, n_out, norm_spread=0.3)
     got = fused_rows_gemm(x, weight, b, nw, r, 1e-5, False, 0.0, shape=(16, 64, 4, 1), **shape)
     want = reference(x, weight, b, nw, r, 1e-5, False, 0.0, **shape)
     assert got.dtype == want.dtype and got.shape == want.shape
