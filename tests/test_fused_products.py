@@ -319,27 +319,41 @@ def test_reference_is_transformers_rmsnorm_and_the_gated_mlp():
 
 
 def test_a_fused_build_for_more_rows_than_the_kernels_take_says_what_decode_costs():
-    """Above the fused kernels' rows an int4 product dequantizes its whole weight every step: a
-    build for such a batch warns once, with the figure and the flag. A float one runs the unfused
-    products there, a little slower than without the fusion: one note. A build within the rows
-    says nothing."""
+    """A package that replays its decode as a CUDA graph feeds all its rows each step: above the
+    fused kernels' rows they would never run, so the build leaves the fusion out, with one note
+    naming the export flag. Without the graph a step feeds the rows in use: an int4 build warns
+    that more rows dequantize every weight each step, a float one notes that they run the
+    unfused products. A build within the rows fuses and says nothing."""
     import io
 
-    from aotc.compiler.backends.inductor import say_fused_rows
+    from aotc.compiler.backends.inductor import fused_products_reach_decode
     from aotc.kernels.product_tiles import MAX_ROWS
     from aotc.progress import Progress
 
-    said = {}
+    said, fused = {}, {}
     for batch in (MAX_ROWS, MAX_ROWS * 2):
         for int4 in (True, False):
-            said[batch, int4] = io.StringIO()
-            say_fused_rows(batch, int4, Progress(stream=said[batch, int4]))
-    assert said[MAX_ROWS, True].getvalue() == said[MAX_ROWS, False].getvalue() == ""
-    lines = said[MAX_ROWS * 2, True].getvalue().splitlines()
+            for graphs in (True, False):
+                said[batch, int4, graphs] = io.StringIO()
+                progress = Progress(stream=said[batch, int4, graphs])
+                fused[batch, int4, graphs] = fused_products_reach_decode(
+                    batch, graphs, int4, progress
+                )
+    for int4 in (True, False):
+        for graphs in (True, False):
+            assert fused[MAX_ROWS, int4, graphs] and said[MAX_ROWS, int4, graphs].getvalue() == ""
+    for int4 in (True, False):  # a graph of more rows: left out, one note
+        assert fused[MAX_ROWS * 2, int4, True] is False
+        lines = said[MAX_ROWS * 2, int4, True].getvalue().splitlines()
+        assert len(lines) == 1 and not lines[0].startswith("warning: "), lines
+        assert f"CUDA graph of all {MAX_ROWS * 2} rows" in lines[0]
+        assert f"export with --batch-size {MAX_ROWS} or less" in lines[0]
+    assert fused[MAX_ROWS * 2, True, False] and fused[MAX_ROWS * 2, False, False]
+    lines = said[MAX_ROWS * 2, True, False].getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: ")
-    assert f"a decode of {MAX_ROWS * 2} rows dequantizes every weight" in lines[0]
+    assert f"a decode of more (up to {MAX_ROWS * 2}) dequantizes every weight" in lines[0]
     assert "without --fused-products" in lines[0]
-    lines = said[MAX_ROWS * 2, False].getvalue().splitlines()
+    lines = said[MAX_ROWS * 2, False, False].getvalue().splitlines()
     assert len(lines) == 1 and not lines[0].startswith("warning: ")
     wanted = f"up to {MAX_ROWS} rows; a decode of more (up to {MAX_ROWS * 2}) runs the unfused"
     assert wanted in lines[0], lines

@@ -45,31 +45,6 @@ def test_the_kernel_computes_the_unfused_product(form, dtype, rows, k_in, n_out)
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows, k_in, n_out", [(5, 576, 960), (8, 2048, 200), (16, 96, 64)])
-def test_the_rows_kernel_computes_the_unfused_product(form, dtype, rows, k_in, n_out):
-    """The kernel for 5 to 16 rows (aotc/kernels/fused_rows.py), as the per-row kernel above:
-    its bf16 tensor-core products are checked here only (Triton's interpreter gets them wrong)."""
-    from aotc.export.fused_products import reference
-    from aotc.kernels.fused_rows import fused_rows_gemm
-
-    norm, gated, bias, residual, clamp = FORMS[form]
-    torch.manual_seed(0)
-    device = "cuda"
-    x = torch.randn(rows, 2 * k_in if gated else k_in, device=device)
-    x = x if norm else x.to(dtype)
-    weight = (torch.randn(n_out, k_in, device=device) / k_in**0.5).to(dtype)
-    b = torch.randn(n_out, device=device).to(dtype) if bias else None
-    nw = (1 + 0.1 * torch.randn(k_in, device=device)).to(dtype) if norm else None
-    r = torch.randn(rows, n_out, device=device) if residual else None
-    got = fused_rows_gemm(x, weight, b, nw, r, 1e-6, gated, clamp)
-    expected = reference(x, weight, b, nw, r, 1e-6, gated, clamp)
-    assert got.dtype == expected.dtype and got.shape == expected.shape
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("rows, k_in, n_out", [(1, 576, 960), (3, 2048, 72)])

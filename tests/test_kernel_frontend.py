@@ -110,26 +110,6 @@ def test_the_fused_product_lowers_and_writes_only_its_output(hopper, form, dtype
 
 
 @pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize(
-    "form, dtype",  # a quantized product's operand is a half dtype
-    [("float", torch.float32), ("float", torch.bfloat16), ("float", torch.float16),
-     ("int8", torch.bfloat16), ("int8", torch.float16), ("fp8", torch.bfloat16)],
-)  # fmt: skip
-@pytest.mark.parametrize("neighbours", ["norm", "gated+residual", "layer_norm+residual", "gelu"])
-def test_the_rows_product_lowers_and_writes_only_its_output(hopper, form, dtype, neighbours, pdl):
-    """The kernel for 5 to 16 rows (tensor-core products of the rows' operand tiles), in every
-    form: Triton's interpreter cannot check its bf16 products (its bf16 dot is wrong), so this is
-    where the bf16 form meets Triton's compiler before a GPU."""
-    from aotc.kernels.fused_rows import fused_rows_gemm
-
-    args, options = product_case(form, dtype, neighbours, rows=8)
-    launches = recorded(fused_rows_gemm, *args, pdl=pdl, **options)
-    assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
-        ("aotc_pdl_fused_rows_gemm", ["out_ptr"])
-    ]
-
-
-@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_fused_int4_product_lowers_and_writes_only_its_output(hopper, dtype, pdl):
     from aotc.kernels.fused_gemv import fused_int4_gemv
@@ -297,11 +277,11 @@ def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():
     Triton kernel of aotc's that waits for its predecessor is named with the prefix. The helpers
     (`_`-named, and programmatic.after_predecessor) are inlined into them, never launched."""
     from aotc.compiler.programmatic_launch import PDL_PREFIX
-    from aotc.kernels import attention, fused_gemv, fused_rows
+    from aotc.kernels import attention, fused_gemv
 
     names = {
         kernel.fn.__name__
-        for module in (attention, fused_gemv, fused_rows)
+        for module in (attention, fused_gemv)
         for kernel in vars(module).values()
         if hasattr(kernel, "fn")
         and kernel.fn.__module__ == module.__name__
@@ -314,7 +294,6 @@ def test_aotcs_kernels_carry_the_prefix_the_pdl_launcher_picks():
         "aotc_pdl_tiled_attention",
         "aotc_pdl_fused_gemv",
         "aotc_pdl_fused_int4_gemv",
-        "aotc_pdl_fused_rows_gemm",
     }
     assert all(name.startswith(PDL_PREFIX) for name in names)
 

@@ -57,9 +57,6 @@ from aotc.export.graph_match import users as _users
 from aotc.export.linear_products import addmm_as_linear
 
 aten = torch.ops.aten
-# 5 to 16 rows on aotc's rows kernel (aotc/kernels/fused_rows.py) instead of the unfused products:
-# off until measured on a GPU
-ROWS_KERNEL = False
 
 
 @dataclass
@@ -134,9 +131,9 @@ def fused_linear(
     scale=None, operand_dtype=None, group: int = 0, norm_bias=None, layer_norm: bool = False,
     gelu: bool = False, norm_rounded: bool = False,
 ):  # fmt: skip
-    """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel (with ROWS_KERNEL,
-    up to fused_rows.ROWS rows, the rows kernel above MAX_ROWS), else `reference` (decided at
-    export when the row count is fixed there, else a cond node AOTInductor compiles to both)."""
+    """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
+    (decided at export when the row count is fixed there, else a cond node AOTInductor compiles to
+    both)."""
     settings = (eps, gated, clamp)
     shape = {"layer_norm": layer_norm, "gelu": gelu, "norm_rounded": norm_rounded}
     if not x.is_cuda:
@@ -170,39 +167,12 @@ def fused_linear(
             norm_rounded,
         )  # fmt: skip
 
-    def rows(x2, weight, *rest):
-        b, nw, r, sc, nb = unpack(rest)
-        return torch.ops.aotc.fused_rows_gemm_cuda(
-            x2, weight, b, nw, r, eps, gated, clamp, sc, product_dtype, nb, layer_norm, gelu,
-            norm_rounded,
-        )  # fmt: skip
-
     def large(x2, weight, *rest):
         b, nw, r, sc, nb = unpack(rest)
         return reference(x2, weight, b, nw, r, *settings, sc, operand_dtype, group, nb, **shape)
 
     operands = (x2, weight, *present)
-    limit = fused_rows_limit(bool(group))
-    if limit > MAX_ROWS:  # the per-row kernel up to MAX_ROWS, the rows kernel above
-        import aotc.kernels.fused_rows  # noqa: F401  (registers aotc::fused_rows_gemm_cuda)
-
-        per_row = small
-
-        def small(*operands):
-            return by_rows(operands[0], per_row, rows, operands, limit=MAX_ROWS)
-
-    return by_rows(x2, small, large, operands, limit=limit).reshape(*lead, n_out)
-
-
-def fused_rows_limit(int4: bool) -> int:
-    """The most rows a fused product runs on aotc's kernels; more run the unfused products."""
-    from aotc.kernels.product_tiles import MAX_ROWS
-
-    if ROWS_KERNEL and not int4:
-        from aotc.kernels.fused_rows import ROWS
-
-        return ROWS
-    return MAX_ROWS
+    return by_rows(x2, small, large, operands, limit=MAX_ROWS).reshape(*lead, n_out)
 
 
 def fuse_products(module) -> Fusions:

@@ -16,10 +16,6 @@ a GPU, and a marked GPU test (tests/test_gpu_*.py) holds the kernel to that refe
   gelu_new, and its residual add (aotc::fused_gemv_cuda, `aotc build --fused-products`), over
   float, int8, fp8 or int4 weights; its reference is aotc/export/fused_products.py's `reference`
   (tests/test_fused_products.py on the CPU, tests/test_gpu_fused_products.py on the GPU).
-- fused_rows.py: the same product for 5 to 16 rows, each weight tile read once for all of them on
-  the tensor cores (aotc::fused_rows_gemm_cuda; off until timed: fused_products.ROWS_KERNEL);
-  held to the same reference, and checked in Triton's interpreter and front end
-  (tests/test_kernel_interpreter.py, tests/test_kernel_frontend.py).
 - product_tiles.py: the fused products' tiles a `--fused-products` build times on its GPU and
   records in the manifest (`product_tiles`); tests/test_product_tiles.py, and the candidates'
   kernels lowered by tests/test_kernel_frontend.py.

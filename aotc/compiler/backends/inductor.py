@@ -34,7 +34,7 @@ from aotc.compiler.state_file import write_state
 from aotc.compiler.tolerances import scale_relative, tolerance
 from aotc.compiler.toolchain import compiler_options, use_compiler
 from aotc.compiler.verify import check_numerics, reference_program
-from aotc.config import BuildConfig, Precision
+from aotc.config import BuildConfig, Precision, preset_runtime
 from aotc.errors import BuildError, DiskFullError, UserInputError
 from aotc.export.artifact import load_artifact, peek_artifact_meta
 from aotc.export.cached_attention import implementation_for, lower_cached_attention
@@ -111,15 +111,21 @@ def _build(
     generation = bool(meta.task) and meta.task.get("name") == "text-generation"
     if generation:
         options = generation_options(cfg.device, options)
-    # a decode step's products with their neighbours in aotc's kernels (fused_products.py)
-    fusions = Fusions() if generation and cfg.device == "cuda" and cfg.fused_products else None
+    quantization = cfg.quantization()
+    int4 = quantization is not None and quantization.scheme == "int4-weight-only"
+    # a decode step's products with their neighbours in aotc's kernels (fused_products.py), where
+    # the decode's rows reach them
+    fused = generation and cfg.device == "cuda" and cfg.fused_products
+    if fused:
+        cuda_graphs = bool(preset_runtime(cfg.mode).get("cuda_graphs"))
+        fused = fused_products_reach_decode(meta.task["batch_size"], cuda_graphs, int4, progress)
+    fusions = Fusions() if fused else None
     nodes = len(ep.graph.nodes)  # what lowering, compiling and checking take time in proportion to
     progress.set_plan(
         {"load": progress.plan.get("load")}
         | {stage: estimates.seconds(stage, nodes) for stage in ("lower", "compile", "check")}
     )
     signature = meta.signature
-    quantization = cfg.quantization()
     if quantization is not None and quantization.method == "gptq":
         quantization.calibration_chunks = calibration_for(cfg.artifact, meta)
     scheme = f", {quantization.scheme}" if quantization else ""
@@ -135,8 +141,6 @@ def _build(
             )
             if fusions is not None and fusions.total():
                 progress.note(fusions.describe())
-                int4 = quantization is not None and quantization.scheme == "int4-weight-only"
-                say_fused_rows(meta.task["batch_size"], int4, progress)
             # a generation step's attention, as this device runs it best
             placed = lower_cached_attention(placed, implementation_for(cfg.device))
             # the fused products' tiles, timed on this GPU (aotc/kernels/product_tiles.py)
@@ -316,27 +320,44 @@ def chosen_tiles(placed, progress) -> tuple[dict, dict]:
     return table, {"tuned_on": name, "tiles": record}
 
 
-def say_fused_rows(batch: int, int4: bool, progress: Progress) -> None:
-    """What a fused package's decode does above the fused kernels' rows (fused_products.
-    fused_linear's large branch), measured on an H200 (docs/benchmarks.md). An int4 one
-    dequantizes every int4 weight each step: 2,727 tokens/s at the 1B shape and batch 8 against
-    5,828 for tinygemm's products, a warning. Another runs the unfused products in a branch of
-    their own, where the norm before and the residual add after cannot fuse with their
-    neighbours: 3.5% slower than `--pdl` alone at the 1B's batch 8 (2.7% at GPT-2's 32), while
-    4 rows or fewer run faster fused; a note."""
-    from aotc.export.fused_products import fused_rows_limit
+def fused_products_reach_decode(
+    batch: int, cuda_graphs: bool, int4: bool, progress: Progress
+) -> bool:
+    """Whether a `--fused-products` build fuses, and what it says when the decode's rows pass the
+    fused kernels' MAX_ROWS. Above them a fused product runs the unfused ops in a branch of their
+    own (fused_products.fused_linear), where the norm before and the residual add after cannot
+    fuse with their neighbours: on an H200 3.5% slower than `--pdl` alone at the 1B shape's batch
+    8, 2.7% at GPT-2's 32, and for int4 a dequantization of every weight each step (2,727 against
+    5,828 tokens/s for tinygemm's products at the 1B's batch 8) (docs/benchmarks.md).
 
-    limit = fused_rows_limit(int4)
-    if batch > limit and not int4:
+    - A package that replays its decode as a CUDA graph feeds every row of its batch each step
+      (aotc_runtime.cuda_graphs.DecodeGraph), so the kernels would never run at decode: the build
+      leaves the fusion out and says so in one note (False).
+    - Without the graph a step feeds only the rows in use, and up to MAX_ROWS of them run the
+      kernels: a float build notes what more rows cost, an int4 build warns (True)."""
+    from aotc.kernels.product_tiles import MAX_ROWS
+
+    if batch <= MAX_ROWS:
+        return True
+    if cuda_graphs:
         progress.note(
-            f"fused products run aotc's kernels up to {limit} rows; a decode of more (up to "
+            f"--fused-products left out: this package's decode replays a CUDA graph of all "
+            f"{batch} rows, more than the {MAX_ROWS} aotc's fused kernels take (fused, such a "
+            "step ran 3.5% slower than --pdl alone: 1B shape, batch 8, H200); export with "
+            f"--batch-size {MAX_ROWS} or less to use them"
+        )
+        return False
+    if int4:
+        progress.warn(
+            f"int4 products fused run aotc's int4 kernel up to {MAX_ROWS} rows; a decode of "
+            f"more (up to {batch}) dequantizes every weight each step (1B shape, batch 8, H200: "
+            f"2,727 against 5,828 tokens/s for tinygemm's); for a batch above {MAX_ROWS}, build "
+            "int4 without --fused-products"
+        )
+    else:
+        progress.note(
+            f"fused products run aotc's kernels up to {MAX_ROWS} rows; a decode of more (up to "
             f"{batch}) runs the unfused products, about 3% slower than a build with --pdl alone "
             "(1B shape, batch 8, H200)"
         )
-    elif batch > limit:
-        progress.warn(
-            f"int4 products fused run aotc's int4 kernel up to {limit} rows; a decode of "
-            f"{batch} rows dequantizes every weight each step (1B shape, batch 8, H200: 2,727 "
-            "against 5,828 tokens/s for tinygemm's); for a batch above "
-            f"{limit}, build int4 without --fused-products"
-        )
+    return True
