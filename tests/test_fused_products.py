@@ -125,7 +125,9 @@ def test_a_program_exported_in_bf16_fuses_the_same_products_and_computes_the_sam
     """A model exported in bf16 (`aotc export --dtype bfloat16`, or a folder whose config says
     bf16) writes its RMSNorm as transformers runs it in that dtype: the scaled row cast back to
     bf16 before the weight multiplies it, and each product's input cast to bf16 with nothing to
-    clamp. The fused program takes both in, and computes exactly what the unfused one does."""
+    clamp. The fused program takes both in, and computes exactly what the unfused one does. Its
+    residual stream stays in bf16: each RMSNorm's cast of it to fp32 is the kernel's (the
+    unfused program keeps one for every norm; a standalone cast kernel each on the GPU)."""
     from conftest import GENERATION_BATCH, GENERATION_MAX_LEN, invoke
 
     artifact = tmp_path / f"{family}_bf16.pt2"
@@ -145,11 +147,34 @@ def test_a_program_exported_in_bf16_fuses_the_same_products_and_computes_the_sam
     fused = place_program(ep, "cpu", Precision.BF16, meta.signature, fusions=fusions)
     assert fusions == expected
     plain = place_program(ep, "cpu", Precision.BF16, meta.signature)
+    if family == "llama":  # GPT-2's LayerNorm takes its input in bf16: no cast to take in
+        # the norms' casts, before the pass and after it (the CPU's program computes them again
+        # in `reference`; on the GPU the kernel loads the bf16 stream as fp32)
+        inner = copy.deepcopy(ep.module())
+        assert len(half_upcasts(inner)) == 2 * LAYERS + 1
+        fuse_products(inner)
+        assert half_upcasts(inner) == []
     example = list(ep.example_inputs[0])
     for ours, theirs in zip(
         fused.module()(*copy.deepcopy(example)), plain.module()(*copy.deepcopy(example))
     ):
         assert torch.equal(ours, theirs)
+
+
+def half_upcasts(module) -> list:
+    """The nodes of a graph module that cast a bf16 or fp16 value to fp32."""
+    casts = (torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default)
+    found = []
+    for node in module.graph.nodes:
+        if node.op != "call_function" or node.target not in casts:
+            continue
+        source = node.args[0].meta.get("val")
+        out = node.meta.get("val")
+        if getattr(out, "dtype", None) is torch.float32 and getattr(source, "dtype", None) in (
+            torch.bfloat16, torch.float16,
+        ):  # fmt: skip
+            found.append(node)
+    return found
 
 
 def quantized_program(generation_packages, low, scheme="int8-weight-only", group=None):

@@ -82,6 +82,35 @@ def test_a_half_precision_models_rmsnorm_rounds_its_scaled_row_as_the_unfused_on
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2 * scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rounded", [False, True])
+def test_the_kernels_read_a_half_precision_row_as_its_fp32_cast(dtype, rounded):
+    """A half-precision model's residual stream given to an RMSNorm product in its dtype (the
+    fused program's `norm_upcast`: the graph's cast to fp32 left to the kernel) and the same row
+    cast first: the same bits, in the float and the int4 kernel."""
+    from aotc.export.quantized_linear import int4_groups
+    from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
+
+    torch.manual_seed(0)
+    device = "cuda"
+    rows, k_in, n_out = 3, 576, 960
+    x = (3 * torch.randn(rows, k_in, device=device)).to(dtype)
+    weight = (torch.randn(n_out, k_in, device=device) / k_in**0.5).to(dtype)
+    nw = (1 + 0.3 * torch.randn(k_in, device=device)).to(dtype)
+    r = torch.randn(rows, n_out, device=device).to(dtype)
+    args = (weight, None, nw, r, 1e-6, False, 0.0)
+    assert torch.equal(
+        fused_gemv(x, *args, norm_rounded=rounded),
+        fused_gemv(x.float(), *args, norm_rounded=rounded),
+    )
+    packed, scale_zero = int4_groups(weight.float(), 64, dtype)
+    int4 = (packed, scale_zero, 64, None, nw, r, 1e-6, False, 0.0, dtype)
+    assert torch.equal(
+        fused_int4_gemv(x, *int4, norm_rounded=rounded),
+        fused_int4_gemv(x.float(), *int4, norm_rounded=rounded),
+    )
+
+
 GPT2_FORMS = {  # name -> (layer norm, its bias, gelu_new, product bias, residual)
     "layer_norm": (True, True, False, True, False),
     "layer_norm-without-bias+residual": (True, False, False, False, True),

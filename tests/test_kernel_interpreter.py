@@ -62,14 +62,16 @@ def test_the_spans_folded_give_what_the_combine_kernel_gives(
 
 
 # name -> (norm: None, "rms", "rms_rounded" (a model exported in the weights' dtype: the norm takes
-# the row in fp32 and rounds the scaled row to its weight's dtype) or "layer", the norm's bias,
-# gelu, bias, residual)
+# the row in fp32 and rounds the scaled row to its weight's dtype), "rms_upcast" (the same, the
+# row given in that dtype: the residual stream, whose cast to fp32 the kernel makes) or "layer",
+# the norm's bias, gelu, bias, residual)
 FORMS = {
     "layer_norm": ("layer", True, False, True, False),
     "layer_norm-without-bias+residual": ("layer", False, False, False, True),
     "gelu+bias+residual": (None, False, True, True, True),
     "rms+residual": ("rms", False, False, False, True),
     "rms_rounded+residual": ("rms_rounded", False, False, False, True),
+    "rms_upcast+residual": ("rms_upcast", False, False, False, True),
 }
 
 
@@ -88,6 +90,8 @@ def product_inputs(form: str, dtype, rows: int, k_in: int, n_out: int, norm_spre
     if norm == "rms_rounded":
         x = x.float()  # the graph's x.to(float32), which the fused product reads
         shape["norm_rounded"] = True
+    if norm == "rms_upcast":  # x in its dtype, its cast to fp32 the fused product's
+        shape.update(norm_rounded=True, norm_upcast=True)
     return (x, weight, b, nw, r), shape
 
 
@@ -104,8 +108,36 @@ def test_the_fused_products_prologues_compute_the_unfused_ones(
     from aotc.kernels.fused_gemv import fused_gemv
 
     (x, weight, b, nw, r), shape = product_inputs(form, dtype, rows, k_in, n_out, norm_spread=0.1)
-    got = fused_gemv(x, weight, b, nw, r, 1e-5, False, 0.0, shape=tile, **shape)
+    # the kernel reads any float row as fp32: `norm_upcast` tells the reference alone
+    kernel_shape = {key: value for key, value in shape.items() if key != "norm_upcast"}
+    got = fused_gemv(x, weight, b, nw, r, 1e-5, False, 0.0, shape=tile, **kernel_shape)
     want = reference(x, weight, b, nw, r, 1e-5, False, 0.0, **shape)
     assert got.dtype == want.dtype and got.shape == want.shape
     tolerance = 1e-5 if dtype == torch.float32 else 7e-2
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rounded", [False, True])
+def test_a_half_precision_row_gives_what_its_fp32_cast_gives(dtype, rounded):
+    """An RMSNorm's input in bf16 or fp16 (a half-precision model's residual stream) and the same
+    row cast to fp32 first (the cast the graph had, a kernel of its own on the GPU): the fused
+    product computes the same bits from both, in the float and the int4 kernel."""
+    from aotc.export.quantized_linear import int4_groups
+    from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
+
+    g = torch.Generator().manual_seed(0)
+    rows, k_in, n_out = 3, 256, 40
+    x = (3 * torch.randn(rows, k_in, generator=g)).to(dtype)
+    weight = (torch.randn(n_out, k_in, generator=g) / k_in**0.5).to(dtype)
+    nw = (1 + 0.3 * torch.randn(k_in, generator=g)).to(dtype)
+    r = torch.randn(rows, n_out, generator=g).to(dtype)
+    args = (weight, None, nw, r, 1e-5, False, 0.0)
+    options = {"shape": (8, 128, 4), "norm_rounded": rounded}
+    assert torch.equal(fused_gemv(x, *args, **options), fused_gemv(x.float(), *args, **options))
+    packed, scale_zero = int4_groups(weight.float(), 64, dtype)
+    int4 = (packed, scale_zero, 64, None, nw, r, 1e-5, False, 0.0, dtype)
+    int4_options = {"shape": (8, 2, 4), "norm_rounded": rounded}
+    assert torch.equal(
+        fused_int4_gemv(x, *int4, **int4_options), fused_int4_gemv(x.float(), *int4, **int4_options)
+    )

@@ -89,15 +89,17 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def reference(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
     scale=None, operand_dtype=None, group: int = 0, norm_bias=None, layer_norm: bool = False,
-    gelu: bool = False, norm_rounded: bool = False,
+    gelu: bool = False, norm_rounded: bool = False, norm_upcast: bool = False,
 ):  # fmt: skip
     """The unfused computation: x [..., K] (or [..., 2K], gate then up, when `gated`); with
     `scale`, `weight` is int8 rows (or with `group`, int4 groups whose scales and zeros `scale`
     holds) and the product takes the activations in `operand_dtype`. `layer_norm`: the norm is
     aten.layer_norm with `norm_bias`, not an RMSNorm; `gelu`: gelu_new before it;
     `norm_rounded`: the RMSNorm's scaled row is cast to its weight's dtype before the weight
-    multiplies it (transformers' RMSNorm in a bf16 or fp16 model)."""
-    a = x
+    multiplies it (transformers' RMSNorm in a bf16 or fp16 model); `norm_upcast`: x is the
+    half-precision residual stream, which the RMSNorm casts to fp32 first (the kernels load every
+    activation as fp32 anyway, so the cast is theirs, not a kernel of its own)."""
+    a = x.float() if norm_upcast else x
     if gated:
         gate, up = a.chunk(2, dim=-1)
         a = torch.nn.functional.silu(gate) * up
@@ -129,13 +131,14 @@ def reference(
 def fused_linear(
     x, weight, bias, norm_weight, residual, eps: float, gated: bool, clamp: float,
     scale=None, operand_dtype=None, group: int = 0, norm_bias=None, layer_norm: bool = False,
-    gelu: bool = False, norm_rounded: bool = False,
+    gelu: bool = False, norm_rounded: bool = False, norm_upcast: bool = False,
 ):  # fmt: skip
     """What a fused node computes: on CUDA at up to MAX_ROWS rows aotc's kernel, else `reference`
     (decided at export when the row count is fixed there, else a cond node AOTInductor compiles to
     both)."""
     settings = (eps, gated, clamp)
     shape = {"layer_norm": layer_norm, "gelu": gelu, "norm_rounded": norm_rounded}
+    shape["norm_upcast"] = norm_upcast
     if not x.is_cuda:
         return reference(
             x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype, group,
@@ -224,6 +227,12 @@ def fuse_products(module) -> Fusions:
                 shape.update(norm_bias=norm_bias, layer_norm=True)
             if rounded:
                 shape["norm_rounded"] = True
+            if not layer and _half_upcast(a):
+                # the norm's cast of a half-precision residual stream to fp32: the kernel loads
+                # the activations as fp32 itself, where the cast alone was a kernel a product
+                doomed.append(a)
+                a = a.args[0]
+                shape["norm_upcast"] = True
             fusions.norm += 1
         else:
             norm_weight, eps = None, 0.0
@@ -263,6 +272,15 @@ def fuse_products(module) -> Fusions:
         graph.lint()
         module.recompile()
     return fusions
+
+
+def _half_upcast(node) -> bool:
+    """Whether `node` casts a bf16 or fp16 value to fp32."""
+    return (
+        _is(node, aten.to.dtype)
+        and node.args[1] is torch.float32
+        and _dtype_of(node.args[0]) in (torch.bfloat16, torch.float16)
+    )
 
 
 def _dtype_of(node):
