@@ -68,9 +68,13 @@ DTYPES = [torch.float32, torch.bfloat16]
 FORMS = ["float", "int8", "fp8"]
 
 
-def product_case(form: str, dtype, neighbours: str, rows: int) -> tuple[tuple, dict]:
-    """A fused product's arguments and options, 96 x 256, in `form` (float, int8 rows or fp8
-    blocks) with the `neighbours` a build fuses ("norm", "gated+residual", ...)."""
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("neighbours", ["norm", "gated+residual", "layer_norm+residual", "gelu"])
+def test_the_fused_product_lowers_and_writes_only_its_output(hopper, form, dtype, neighbours, pdl):
+    from aotc.kernels.fused_gemv import fused_gemv
+
     if form == "fp8" and not hasattr(torch, "float8_e4m3fn"):
         pytest.skip("no fp8 dtype in this torch")
     n_out, k_in = 96, 256
@@ -83,27 +87,16 @@ def product_case(form: str, dtype, neighbours: str, rows: int) -> tuple[tuple, d
         scale = torch.ones(n_out, k_in // 128, dtype=torch.float32)
     gated, gelu = "gated" in neighbours, neighbours == "gelu"
     layer_norm = "layer_norm" in neighbours
-    x = torch.randn(rows, 2 * k_in if gated else k_in, dtype=dtype)
+    x = torch.randn(2, 2 * k_in if gated else k_in, dtype=dtype)
     norm = None if gated or gelu else torch.randn(k_in, dtype=dtype)
     norm_bias = torch.randn(k_in, dtype=dtype) if layer_norm else None
-    residual = torch.randn(rows, n_out, dtype=dtype) if "residual" in neighbours else None
-    options = {
-        "scale": scale, "operand_dtype": None if scale is None else dtype,
-        "norm_bias": norm_bias, "layer_norm": layer_norm, "gelu": gelu,
-    }  # fmt: skip
-    return (x, weight, None, norm, residual, 1e-5, gated, 0.0), options
-
-
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("neighbours", ["norm", "gated+residual", "layer_norm+residual", "gelu"])
-def test_the_fused_product_lowers_and_writes_only_its_output(hopper, form, dtype, neighbours, pdl):
-    from aotc.kernels.fused_gemv import fused_gemv
-
-    args, options = product_case(form, dtype, neighbours, rows=2)
+    residual = torch.randn(2, n_out, dtype=dtype) if "residual" in neighbours else None
     # two blocks of input features: the loop after the first tile is lowered too
-    launches = recorded(fused_gemv, *args, shape=(16, 128, 4), pdl=pdl, **options)
+    launches = recorded(
+        fused_gemv, x, weight, None, norm, residual, 1e-5, gated, 0.0,
+        shape=(16, 128, 4), pdl=pdl, scale=scale, operand_dtype=None if scale is None else dtype,
+        norm_bias=norm_bias, layer_norm=layer_norm, gelu=gelu,
+    )  # fmt: skip
     assert [(kernel.fn.__name__, written(kernel, values)) for kernel, values in launches] == [
         ("aotc_pdl_fused_gemv", ["out_ptr"])
     ]

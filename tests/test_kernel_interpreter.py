@@ -126,12 +126,7 @@ def test_a_half_precision_row_gives_what_its_fp32_cast_gives(dtype, rounded):
     from aotc.export.quantized_linear import int4_groups
     from aotc.kernels.fused_gemv import fused_gemv, fused_int4_gemv
 
-    g = torch.Generator().manual_seed(0)
-    rows, k_in, n_out = 3, 256, 40
-    x = (3 * torch.randn(rows, k_in, generator=g)).to(dtype)
-    weight = (torch.randn(n_out, k_in, generator=g) / k_in**0.5).to(dtype)
-    nw = (1 + 0.3 * torch.randn(k_in, generator=g)).to(dtype)
-    r = torch.randn(rows, n_out, generator=g).to(dtype)
+    (x, weight, _, nw, r), _ = product_inputs("rms_upcast+residual", dtype, 3, 256, 40, 0.3)
     args = (weight, None, nw, r, 1e-5, False, 0.0)
     options = {"shape": (8, 128, 4), "norm_rounded": rounded}
     assert torch.equal(fused_gemv(x, *args, **options), fused_gemv(x.float(), *args, **options))
