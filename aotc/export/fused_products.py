@@ -137,8 +137,10 @@ def fused_linear(
     (decided at export when the row count is fixed there, else a cond node AOTInductor compiles to
     both)."""
     settings = (eps, gated, clamp)
-    shape = {"layer_norm": layer_norm, "gelu": gelu, "norm_rounded": norm_rounded}
-    shape["norm_upcast"] = norm_upcast
+    shape = {
+        "layer_norm": layer_norm, "gelu": gelu, "norm_rounded": norm_rounded,
+        "norm_upcast": norm_upcast,  # `reference`'s alone: the kernels load any row as fp32
+    }  # fmt: skip
     if not x.is_cuda:
         return reference(
             x, weight, bias, norm_weight, residual, *settings, scale, operand_dtype, group,
